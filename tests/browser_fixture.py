@@ -1,0 +1,200 @@
+"""Shared headless-Chromium fixtures for browser tests.
+
+Use from a test module with::
+
+    from browser_fixture import chromium_browser, http_server, browser_page  # noqa: F401
+
+(``tests/`` is on ``sys.path`` under pytest's default import mode.) The browser, the
+Playwright driver and the HTTP server are process-wide singletons, so every module that
+imports these fixtures shares ONE Chromium and ONE server per test session, even though pytest
+registers the fixture once per importing module. They are shut down at the end of the session.
+
+Facts this relies on (see shared STACK_NOTES):
+- Debian's ``/usr/bin/chromium`` driven by Python Playwright via ``executable_path``; no
+  browser download is possible here.
+- WebGPU comes from SwiftShader with the flags in ``CHROMIUM_ARGS``; ``navigator.gpu`` exists
+  only in a secure context: ``http://127.0.0.1`` is one, ``about:blank`` opened by Playwright
+  is NOT. Use ``http_server`` for anything that touches WebGPU, workers or WASM threads.
+- The server sends COOP/COEP, so pages are ``crossOriginIsolated`` (SharedArrayBuffer,
+  WASM threads), and serves ``.mjs`` as text/javascript and ``.wasm`` as application/wasm.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import http.server
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--use-angle=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+]
+
+MIME_TYPES = {
+    ".mjs": "text/javascript",
+    ".js": "text/javascript",
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+    ".wgsl": "text/plain",
+    ".zip": "application/zip",
+    ".whl": "application/zip",
+    ".html": "text/html",
+}
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+# ----------------------------------------------------------------------------- HTTP server
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, format, *args):  # keep test output quiet
+        pass
+
+
+class StaticServer:
+    """Serve ``root`` on 127.0.0.1 (ephemeral port) from a daemon thread."""
+
+    def __init__(self, root: Path | str = REPO_ROOT):
+        self.root = Path(root)
+        handler = functools.partial(_Handler, directory=str(self.root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def get_server() -> StaticServer:
+    """The process-wide server for the repository root."""
+    with _lock:
+        if "server" not in _state:
+            _state["server"] = StaticServer(REPO_ROOT)
+        return _state["server"]
+
+
+# ----------------------------------------------------------------------------- browser
+def chromium_available() -> bool:
+    return Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is not None
+
+
+def get_browser():
+    """The process-wide headless Chromium (Playwright sync API), launched on first use."""
+    with _lock:
+        if "browser" not in _state:
+            if not chromium_available():
+                raise RuntimeError(f"{CHROMIUM} not found: run `bash tools/setup.sh`")
+            from playwright.sync_api import sync_playwright
+
+            pw = sync_playwright().start()
+            try:
+                browser = pw.chromium.launch(
+                    executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+                )
+            except Exception:
+                pw.stop()
+                raise
+            _state["playwright"] = pw
+            _state["browser"] = browser
+        return _state["browser"]
+
+
+def shutdown() -> None:
+    """Close browser, driver and server (idempotent)."""
+    with _lock:
+        browser = _state.pop("browser", None)
+        pw = _state.pop("playwright", None)
+        server = _state.pop("server", None)
+    for fn in (
+        browser and browser.close,
+        pw and pw.stop,
+        server and server.close,
+    ):
+        if fn:
+            try:
+                fn()
+            except Exception as exc:  # pragma: no cover - best effort at teardown
+                print(f"browser_fixture: shutdown: {exc!r}", file=sys.stderr)
+
+
+atexit.register(shutdown)
+
+
+def forward_console(page, sink: list | None = None, prefix: str = "browser") -> list:
+    """Print the page's console messages (its dedicated workers' included: Playwright reports
+    them as page console events) and uncaught page errors into the test output.
+
+    Returns the list that collects ``(kind, text)`` tuples, so tests can assert on it.
+    """
+    sink = [] if sink is None else sink
+
+    def on_console(msg):
+        sink.append((msg.type, msg.text))
+        print(f"[{prefix} console.{msg.type}] {msg.text}")
+
+    def on_error(err):
+        sink.append(("pageerror", str(err)))
+        print(f"[{prefix} pageerror] {err}")
+
+    page.on("console", on_console)
+    page.on("pageerror", on_error)
+    return sink
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def http_server() -> StaticServer:
+    """Static server for the repository root with COOP/COEP; ``http_server.url`` is the base."""
+    server = get_server()
+    yield server
+    # shut down in `chromium_browser`'s teardown / atexit; nothing to do per module
+
+
+@pytest.fixture(scope="session")
+def chromium_browser():
+    """One headless Chromium for the whole test session (fails, never skips, if missing)."""
+    browser = get_browser()
+    yield browser
+    shutdown()
+
+
+@pytest.fixture
+def browser_page(chromium_browser):
+    """A fresh context + page, with console/page errors forwarded; ``page.console_log`` holds
+    the collected ``(kind, text)`` messages."""
+    context = chromium_browser.new_context()
+    page = context.new_page()
+    page.console_log = forward_console(page)
+    try:
+        yield page
+    finally:
+        context.close()

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# One-command set-up for exactspec on Debian 12 (run as root, or with sudo-less root rights).
+#
+#   bash tools/setup.sh
+#
+# Installs (only what is missing):
+#   - Debian packages: chromium (browser tests), clang + lld (wasm32 SIMD draft kernels),
+#     nodejs + npm (only if `node`/`npm` are missing), python3-venv (only if venv can't work)
+#   - .venv/ with `pip install -e .[test]` (torch 2.13.0 CPU comes from the local wheel dir)
+#   - node_modules/ from package-lock.json (`npm ci`): pyodide 314.0.7
+# It never downloads a browser build (no `playwright install`): tests use /usr/bin/chromium.
+#
+# Idempotent and fast when everything is there: stamp files under .venv/ are keyed on the
+# sha256 of pyproject.toml and package-lock.json.
+set -Eeuo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.venv"
+STEP="start"
+T0=$SECONDS
+
+log() { printf 'setup: %s\n' "$*"; }
+step() { STEP="$1"; log "$1"; }
+on_error() {
+    local rc=$?
+    printf 'setup: FAILED at step "%s" (exit %s); see the output above\n' "$STEP" "$rc" >&2
+    exit "$rc"
+}
+trap on_error ERR
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# ---------------------------------------------------------------- system packages
+APT_UPDATED=0
+apt_install() {
+    # apt_install PKG... : install Debian packages, running `apt-get update` once, only when needed
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "apt-get not found: install these by hand: $*"
+        return 1
+    fi
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+            log "not root and no sudo: install these by hand: $*"
+            return 1
+        fi
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        $sudo apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+step "system packages"
+missing=()
+for p in chromium clang lld fonts-liberation; do
+    pkg_installed "$p" || missing+=("$p")
+done
+if ! command -v node >/dev/null 2>&1; then missing+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    step "install system packages: ${missing[*]}"
+    apt_install "${missing[@]}"
+fi
+step "check system tools"
+for tool in /usr/bin/chromium clang wasm-ld node npm; do
+    command -v "$tool" >/dev/null 2>&1 || { log "missing after install: $tool"; false; }
+done
+
+# ---------------------------------------------------------------- Python venv
+PY="${PYTHON:-python3}"
+step "python venv (.venv)"
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    log "existing .venv is broken: recreating"
+    rm -rf "$VENV"
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PY" >/dev/null 2>&1 || { log "no $PY on PATH"; false; }
+    if ! "$PY" -m venv "$VENV" >/dev/null 2>&1; then
+        rm -rf "$VENV"
+        step "install python3-venv"
+        pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+        apt_install python3-venv "python${pyver}-venv"
+        step "python venv (.venv), second try"
+        "$PY" -m venv "$VENV"
+    fi
+    log "created .venv with $("$VENV/bin/python" --version)"
+fi
+
+PIP_KEY="$(sha pyproject.toml) $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])')"
+PIP_STAMP="$VENV/.stamp-pip"
+if [ -f "$PIP_STAMP" ] && [ "$(cat "$PIP_STAMP")" = "$PIP_KEY" ]; then
+    log "python packages up to date"
+else
+    step "pip install -e .[test] (first run: a few minutes)"
+    rm -f "$PIP_STAMP"
+    pip_args=(--quiet --disable-pip-version-check)
+    # torch 2.13.0 CPU build lies on local disk on these machines; make sure pip looks there.
+    if compgen -G "/opt/wheels/torch-2.13.0*.whl" >/dev/null; then
+        pip_args+=(--find-links /opt/wheels)
+    fi
+    # (this machine's pip config names an extra local index whose missing folders make pip
+    # print one harmless "is ignored" warning per package: drop those lines only)
+    "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test]" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    step "check python packages"
+    "$VENV/bin/python" - <<'PYEOF'
+import importlib, sys
+for mod in ("exactspec", "pytest", "hypothesis", "playwright", "tokenizers",
+            "safetensors", "transformers", "torch", "numpy"):
+    importlib.import_module(mod)
+import torch
+if torch.__version__.split("+")[0] != "2.13.0":
+    sys.exit(f"torch {torch.__version__} installed, 2.13.0 expected")
+PYEOF
+    [ -x "$VENV/bin/exactspec" ] || { log "console script .venv/bin/exactspec missing"; false; }
+    echo "$PIP_KEY" > "$PIP_STAMP"
+fi
+
+# ---------------------------------------------------------------- npm (pyodide)
+step "node modules (pyodide)"
+if [ -f package-lock.json ]; then
+    NPM_KEY="$(sha package-lock.json) $(sha package.json)"
+else
+    NPM_KEY="nolock $(sha package.json)"
+fi
+NPM_STAMP="$VENV/.stamp-npm"
+if [ -f "$NPM_STAMP" ] && [ "$(cat "$NPM_STAMP")" = "$NPM_KEY" ] \
+        && [ -f node_modules/pyodide/pyodide.asm.wasm ]; then
+    log "node modules up to date"
+else
+    rm -f "$NPM_STAMP"
+    if [ -f package-lock.json ]; then
+        step "npm ci"
+        npm ci --no-audit --no-fund --loglevel=error
+    else
+        step "npm install (no package-lock.json)"
+        npm install --no-audit --no-fund --loglevel=error
+    fi
+    [ -f node_modules/pyodide/pyodide.asm.wasm ] || { log "node_modules/pyodide incomplete"; false; }
+    echo "$NPM_KEY" > "$NPM_STAMP"
+fi
+
+STEP="done"
+log "ready in $((SECONDS - T0)) s: run tests with .venv/bin/python -m pytest -q"
