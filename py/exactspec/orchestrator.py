@@ -1,0 +1,351 @@
+"""The speculative round loop over abstract champion and draft backends.
+
+One request: prefill both caches, then rounds until EOS / stop string / max length / cancel /
+error. Each round: draft proposes (draft transaction), champion verifies the block in one call
+(champion transaction), the pure acceptance function decides, both caches commit the accepted
+prefix and take the next authoritative token as pending, and the tokens are emitted once.
+Failure rules (spec): before the first emitted token a speculation failure silently falls back
+to champion-alone; after it, the answer ends visibly with a coded error; nothing is re-emitted.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .acceptance import baseline_step, greedy_round, stochastic_round
+from .backends import LookupProposer
+from .caches import LogicalCache
+from .deciders import RngDecider
+from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST,
+                     E_RESIDUAL_INVARIANT, ExactSpecError)
+from .processors import SamplingPolicy
+from .protocol import make_envelope
+from .receipts import build_receipt
+from .textstream import TextAssembler
+
+MODES = ("none", "draft", "lookup")
+SCHEDULER_POLICY = {"name": "static-k", "version": 1}
+MAX_K = 64
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 64
+    policy: SamplingPolicy = field(default_factory=SamplingPolicy)
+    draft_policy: Optional[SamplingPolicy] = None   # None: the champion's policy (best acceptance)
+    speculate: str = "draft"
+    k: int = 4
+    seed: int = 0
+    stop_token_ids: tuple = ()
+    stop_strings: tuple = ()
+
+    def validate(self, vocab_size: int) -> None:
+        def bad(name, why):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{name} {why}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            bad("max_new_tokens", f"must be a positive integer, got {self.max_new_tokens!r}")
+        if self.speculate not in MODES:
+            bad("speculate", f"must be one of {', '.join(MODES)}, got {self.speculate!r}")
+        if not isinstance(self.k, int) or not 0 <= self.k <= MAX_K:
+            bad("k", f"must be an integer in [0, {MAX_K}], got {self.k!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
+            bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or not 0 <= t < vocab_size:
+                bad("stop_token_ids", f"contains {t!r}, outside [0, {vocab_size})")
+        self.policy.validate(vocab_size)
+        if self.draft_policy is not None:
+            self.draft_policy.validate(vocab_size)
+
+
+class CancelToken:
+    """Cancellation epoch: cancel() bumps it; a request notices at its next round boundary."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def cancel(self):
+        self.epoch += 1
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_ids: list
+    token_ids: list
+    text: str
+    finish_reason: str              # eos | stop | length | cancelled | error
+    stats: dict
+    timing_ms: dict
+    error: Optional[dict]
+    receipt: dict
+    events: int = 0
+
+    def to_dict(self) -> dict:
+        return {"request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
+                "prompt_ids": self.prompt_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats, "timing_ms": self.timing_ms, "error": self.error,
+                "receipt": self.receipt}
+
+
+def _new_stats(k: int) -> dict:
+    return {"rounds": 0, "proposed": 0, "accepted": 0, "baseline_steps": 0, "draft_invalid": 0,
+            "target_calls": 0, "draft_calls": 0, "numeric_errors": 0,
+            "accepted_count_histogram": [0] * (k + 1), "rejection_position_histogram": [0] * k}
+
+
+class _Run:
+    """Mutable state of one request."""
+
+    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event):
+        self.config = config
+        self.greedy = config.policy.temperature == 0
+        self.draft_policy = config.draft_policy or config.policy
+        self.stop_ids = frozenset(config.stop_token_ids)
+        self.request_id, self.epoch, self.on_event = request_id, epoch, on_event
+        self.token_ids: list[int] = []
+        self.text = TextAssembler(decode, config.stop_strings)
+        self.finish: Optional[str] = None
+        self.error: Optional[ExactSpecError] = None
+        self.fallback_code: Optional[str] = None
+        self.seq = 0
+        self.stats = _new_stats(config.k)
+        self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "first_token": None, "total": 0.0}
+        self.mode = config.speculate
+        self.champion_cache: Optional[LogicalCache] = None
+        self.draft_cache: Optional[LogicalCache] = None
+        self.t_start = time.perf_counter()
+
+    def send(self, kind, payload):
+        if self.on_event is not None:
+            self.on_event(make_envelope(kind, self.request_id, self.seq, self.epoch, payload))
+        self.seq += 1
+
+
+class Orchestrator:
+    """Runs requests over a champion backend and an optional draft backend (see backends.py)."""
+
+    def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None):
+        self.champion = champion
+        self.draft = draft
+        self.vocab_size = champion.vocab_size
+        self.decode = decode or (lambda ids: "")
+        self.identities = dict(identities or {})
+        self.identities["champion"] = champion.identity
+        self.lookup = LookupProposer(self.vocab_size)
+
+    # ----------------------------------------------------------------------------------------
+    def generate(self, prompt_ids, config: GenerationConfig, on_event=None,
+                 cancel: Optional[CancelToken] = None, request_id: Optional[str] = None,
+                 decider=None) -> GenerationResult:
+        prompt_ids = list(prompt_ids)
+        config.validate(self.vocab_size)
+        if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be 1+ token ids in [0, {self.vocab_size})")
+        limit = self.champion.max_context
+        if len(prompt_ids) + config.max_new_tokens > limit:
+            raise ExactSpecError(E_CONTEXT_OVERFLOW, f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+                                 f"({config.max_new_tokens}) exceeds the champion's context of {limit}")
+        if config.speculate == "draft" and self.draft is None:
+            raise ExactSpecError(E_BAD_ARGUMENT, "speculate=draft needs a draft model")
+        epoch = cancel.epoch if cancel else 0
+        run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event)
+        decider = decider or RngDecider(config.seed)
+        proposer = self.draft if run.mode == "draft" else self.lookup
+        t0 = time.perf_counter()
+        run.champion_cache = LogicalCache(self.champion.identity, prompt_ids)
+        self._champion_call(run, self.champion.prefill, run.champion_cache)
+        if run.mode != "none":
+            if len(prompt_ids) + config.max_new_tokens > getattr(proposer, "max_context", limit):
+                self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
+            else:
+                run.draft_cache = LogicalCache(proposer.identity, prompt_ids)
+                try:
+                    proposer.prefill(run.draft_cache)
+                except Exception as exc:  # draft worker/backend failure of any kind
+                    self._speculation_failed(run, _as_draft_lost(exc))
+        run.timing["prefill"] += _ms(t0)
+
+        while run.finish is None:
+            if cancel is not None and cancel.epoch != epoch:
+                self._finish(run, "cancelled")
+                break
+            if run.mode == "none":
+                self._baseline_round(run, decider)
+            else:
+                self._speculative_round(run, proposer, decider)
+
+        run.timing["total"] = _ms(run.t_start)
+        return self._result(run, prompt_ids, proposer)
+
+    # ----------------------------------------------------------------------------------------
+    def _speculative_round(self, run: _Run, proposer, decider):
+        cfg = run.config
+        remaining = cfg.max_new_tokens - len(run.token_ids)
+        k = min(cfg.k, remaining)
+        round_id = len(run.token_ids)
+        if k == 0:
+            return self._baseline_round(run, decider)
+        t0 = time.perf_counter()
+        run.draft_cache.begin()
+        try:
+            proposal = proposer.propose(run.draft_cache, k, run.draft_policy, decider, round_id, run.stop_ids)
+        except Exception as exc:
+            if run.draft_cache.in_transaction:
+                run.draft_cache.rollback()
+            run.timing["draft"] += _ms(t0)
+            return self._speculation_failed(run, _as_draft_lost(exc))
+        run.stats["draft_calls"] = proposer.n_calls
+        run.timing["draft"] += _ms(t0)
+        if proposal.error is not None or not proposal.tokens:
+            run.draft_cache.rollback()
+            run.stats["draft_invalid"] += proposal.error is not None
+            return self._baseline_round(run, decider)
+
+        m = len(proposal.tokens)
+        t0 = time.perf_counter()
+        run.champion_cache.begin()
+        run.champion_cache.append_provisional(proposal.tokens)
+        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, cfg.policy)
+        run.timing["verify"] += _ms(t0)
+        if rows is None:
+            return
+        t0 = time.perf_counter()
+        if run.greedy:
+            decision = greedy_round(rows, proposal.tokens, run.stop_ids, remaining)
+        else:
+            decision = stochastic_round(rows, proposal.p_draft_rows, proposal.tokens, decider, round_id,
+                                        run.stop_ids, remaining)
+        run.timing["accept"] += _ms(t0)
+        if decision.error is not None:
+            run.champion_cache.rollback()
+            run.draft_cache.rollback()
+            run.stats["numeric_errors"] += 1
+            if decision.error.code == E_RESIDUAL_INVARIANT:
+                return self._speculation_failed(run, decision.error)
+            return self._fatal(run, decision.error)
+
+        n_accepted = decision.n_accepted
+        run.champion_cache.commit_prefix(n_accepted)
+        run.draft_cache.commit_prefix(n_accepted)
+        st = run.stats
+        st["rounds"] += 1
+        st["proposed"] += m
+        st["accepted"] += n_accepted
+        st["accepted_count_histogram"][n_accepted] += 1
+        if decision.rejected_at is not None:
+            st["rejection_position_histogram"][decision.rejected_at] += 1
+        tokens = list(proposal.tokens[:n_accepted])
+        if decision.next_token is not None:
+            tokens.append(decision.next_token)
+            run.champion_cache.append_authoritative(decision.next_token)
+            run.draft_cache.append_authoritative(decision.next_token)
+        self._emit(run, tokens)
+
+    def _baseline_round(self, run: _Run, decider):
+        """Champion-alone step; also the k == 0 round and the draft-invalid round."""
+        round_id = len(run.token_ids)
+        t0 = time.perf_counter()
+        run.champion_cache.begin()
+        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
+        run.timing["verify"] += _ms(t0)
+        if rows is None:
+            return
+        decision = baseline_step(rows[0], decider, round_id, run.greedy)
+        if decision.error is not None:
+            run.champion_cache.rollback()
+            run.stats["numeric_errors"] += 1
+            return self._fatal(run, decision.error)
+        run.champion_cache.commit_prefix(0)
+        run.champion_cache.append_authoritative(decision.next_token)
+        if run.mode != "none":
+            run.draft_cache.append_authoritative(decision.next_token)
+        run.stats["baseline_steps"] += 1
+        self._emit(run, [decision.next_token])
+
+    # ----------------------------------------------------------------------------------------
+    def _champion_call(self, run: _Run, fn, *args):
+        run.stats["target_calls"] += fn.__name__ == "verify_linear"
+        try:
+            return fn(*args)
+        except ExactSpecError as err:
+            if err.code == E_CACHE_STATE:
+                raise
+            self._fatal(run, err)
+        except Exception as exc:  # device or backend failure of any kind
+            self._fatal(run, ExactSpecError(E_DEVICE_LOST, f"champion backend failed: {type(exc).__name__}: {exc}"))
+        if run.champion_cache.in_transaction:
+            run.champion_cache.rollback()
+        return None
+
+    def _speculation_failed(self, run: _Run, err: ExactSpecError):
+        """Silent champion-alone fallback before the first token, visible failure after it."""
+        if run.token_ids:
+            return self._fatal(run, err)
+        run.mode = "none"
+        run.fallback_code = err.code
+        run.draft_cache = None
+
+    def _fatal(self, run: _Run, err: ExactSpecError):
+        run.error = err
+        run.send("error", err.to_dict())
+        self._finish(run, "error")
+
+    def _finish(self, run: _Run, reason: str):
+        run.finish = reason
+        for cache in (run.champion_cache, run.draft_cache):
+            if cache is not None:
+                cache.finalize(reason)
+
+    def _emit(self, run: _Run, tokens):
+        """Emit tokens once, in order, applying EOS / stop string / max length per token."""
+        emitted, text = [], []
+        for t in tokens:
+            run.token_ids.append(t)
+            emitted.append(t)
+            if run.timing["first_token"] is None:
+                run.timing["first_token"] = _ms(run.t_start)
+            if t in run.stop_ids:
+                self._finish(run, "eos")
+                break
+            text.append(run.text.push(t))
+            if run.text.stopped:
+                self._finish(run, "stop")
+                break
+            if len(run.token_ids) == run.config.max_new_tokens:
+                self._finish(run, "length")
+                break
+        if run.finish in ("eos", "length"):
+            text.append(run.text.finish())
+        run.send("tokens", {"token_ids": emitted, "text": "".join(text)})
+
+    def _result(self, run: _Run, prompt_ids, proposer) -> GenerationResult:
+        st = dict(run.stats)
+        st["draft_calls"] = proposer.n_calls if run.config.speculate != "none" else 0
+        st["tokens_per_round"] = (round((st["accepted"] + st["rounds"]) / st["rounds"], 4) if st["rounds"] else None)
+        st["mode"] = run.mode
+        st["fallback_code"] = run.fallback_code
+        timing = dict(run.timing)
+        identities = dict(self.identities)
+        identities["draft"] = proposer.identity if run.config.speculate != "none" else "none"
+        receipt = build_receipt(identities=identities, policy_canonical=run.config.policy.canonical(),
+                                scheduler={**SCHEDULER_POLICY, "k": run.config.k, "mode": run.config.speculate},
+                                seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if v is not None},
+                                failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code)
+        error = run.error.to_dict() if run.error else None
+        result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
+                                  st, timing, error, receipt, run.seq)
+        run.send("result", {"finish_reason": run.finish, "stats": st})
+        return result
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _as_draft_lost(exc: Exception) -> ExactSpecError:
+    if isinstance(exc, ExactSpecError) and exc.code == E_DRAFT_LOST:
+        return exc
+    return ExactSpecError(E_DRAFT_LOST, f"draft backend failed: {type(exc).__name__}: {exc}")
