@@ -291,15 +291,18 @@ class LlamaReference:
         self._layers = []
         for i in range(hp["num_layers"]):
             p = f"model.layers.{i}."
+            # q|k|v and gate|up are fused column-wise: one BLAS call each, same dot products.
             self._layers.append({
                 "attn_norm": w64(p + "input_layernorm.weight"),            # (D,)
                 "mlp_norm": w64(p + "post_attention_layernorm.weight"),    # (D,)
-                "wq": linear(p + "self_attn.q_proj.weight"),               # (D, H*hd)
-                "wk": linear(p + "self_attn.k_proj.weight"),               # (D, KV*hd)
-                "wv": linear(p + "self_attn.v_proj.weight"),               # (D, KV*hd)
-                "wo": linear(p + "self_attn.o_proj.weight"),               # (H*hd, D)
-                "w_gate": linear(p + "mlp.gate_proj.weight"),              # (D, F)
-                "w_up": linear(p + "mlp.up_proj.weight"),                  # (D, F)
+                "w_qkv": np.concatenate([linear(p + "self_attn.q_proj.weight"),
+                                         linear(p + "self_attn.k_proj.weight"),
+                                         linear(p + "self_attn.v_proj.weight")], axis=1),
+                                                                           # (D, (H+2KV)*hd)
+                "w_o": linear(p + "self_attn.o_proj.weight"),              # (H*hd, D)
+                "w_gate_up": np.concatenate([linear(p + "mlp.gate_proj.weight"),
+                                             linear(p + "mlp.up_proj.weight")], axis=1),
+                                                                           # (D, 2F)
                 "w_down": linear(p + "mlp.down_proj.weight"),              # (F, D)
             })
 
@@ -363,12 +366,13 @@ class LlamaReference:
         query_pos = np.arange(start_pos, end)[:, None]                    # (n, 1)
         mask = np.where(key_pos <= query_pos, 0.0, -np.inf)               # (n, T)
 
+        q_dim, kv_dim, f_dim = n_heads * hd, n_kv * hd, hp["intermediate_size"]
         x = self._embed[ids]                                              # (n, D)
         for layer, w in enumerate(self._layers):
-            h = rms_norm(x, w["attn_norm"], eps)
-            q = apply_rope((h @ w["wq"]).reshape(n, n_heads, hd), cos, sin)   # (n, H, hd)
-            k = apply_rope((h @ w["wk"]).reshape(n, n_kv, hd), cos, sin)      # (n, KV, hd)
-            v = (h @ w["wv"]).reshape(n, n_kv, hd)                            # (n, KV, hd)
+            qkv = rms_norm(x, w["attn_norm"], eps) @ w["w_qkv"]               # (n, (H+2KV)*hd)
+            q = apply_rope(qkv[:, :q_dim].reshape(n, n_heads, hd), cos, sin)  # (n, H, hd)
+            k = apply_rope(qkv[:, q_dim:q_dim + kv_dim].reshape(n, n_kv, hd), cos, sin)  # (n, KV, hd)
+            v = qkv[:, q_dim + kv_dim:].reshape(n, n_kv, hd)                  # (n, KV, hd)
             k_cache, v_cache = self._k_cache[layer], self._v_cache[layer]
             k_cache[:, start_pos:end] = k.transpose(1, 0, 2)
             v_cache[:, start_pos:end] = v.transpose(1, 0, 2)
@@ -378,9 +382,9 @@ class LlamaReference:
             values = v_cache[:, None, :end]                                   # (KV, 1, T, hd)
             scores = (qg @ keys.transpose(0, 1, 3, 2)) * self._scale + mask   # (KV, G, n, T)
             attn = softmax_rows(scores) @ values                              # (KV, G, n, hd)
-            attn = attn.transpose(2, 0, 1, 3).reshape(n, n_heads * hd)        # (n, H*hd)
-            x = x + attn @ w["wo"]
-            h = rms_norm(x, w["mlp_norm"], eps)
-            x = x + (silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
+            attn = attn.transpose(2, 0, 1, 3).reshape(n, q_dim)               # (n, H*hd)
+            x = x + attn @ w["w_o"]
+            gate_up = rms_norm(x, w["mlp_norm"], eps) @ w["w_gate_up"]        # (n, 2F)
+            x = x + (silu(gate_up[:, :f_dim]) * gate_up[:, f_dim:]) @ w["w_down"]
         self.length = end   # positions beyond end from earlier calls are forgotten
         return rms_norm(x, self._final_norm, eps) @ self._lm_head        # (n, V)
