@@ -263,3 +263,15 @@ def test_gumbel_max_frequencies_chi_square_alpha_1e4():
     assert counts[3] == 0
     expected = n * weights[pos] / weights.sum()
     assert ((counts[pos] - expected) ** 2 / expected).sum() < CHI2_ISF_1E4[4]
+
+
+def test_pure_python_import_has_no_numpy():
+    # The scalar module must import and sample in Pyodide without NumPy: check in a fresh interpreter.
+    import os
+    import subprocess
+    import sys
+    code = ("import sys; from exactspec import rng; "
+            "assert rng.sample_gumbel_max([1.0, 2.0], 1, rng.DRAFT_SAMPLE, 0, 0) in (0, 1); "
+            "assert 'numpy' not in sys.modules, 'numpy imported'")
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "py"))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
