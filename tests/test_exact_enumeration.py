@@ -222,7 +222,6 @@ def test_broken_skip_rejection_is_detected(monkeypatch):
             def categorical(self, *a):
                 return decider.categorical(*a)
         return real(p_target_rows, p_draft_rows, proposals, Yes(), *args)
-    import exactspec.orchestrator as orch_mod
-    monkeypatch.setattr(orch_mod, "stochastic_round", always_accept)
+    monkeypatch.setattr(acceptance, "stochastic_round", always_accept)
     got, expected = _draft_mode_distribution()
     assert got != expected

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from exactspec.backends import Proposal, RunnerChampion, RunnerDraft
+from exactspec.backends import FusedRunnerChampion, Proposal, RunnerChampion, RunnerDraft
 from exactspec.caches import LogicalCache
 from exactspec.errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST,
                               E_DRAFT_LOST, E_TARGET_NUMERIC_OR_MASK, ExactSpecError)
@@ -285,3 +285,19 @@ def test_receipt_is_privacy_safe_and_complete():
     assert "1234567" not in blob
     assert sum(receipt["accepted_count_histogram"]) == res.stats["rounds"]
     assert receipt["proposal_count"] == res.stats["proposed"]
+
+
+@pytest.mark.parametrize("policy", [GREEDY, SAMPLE, SamplingPolicy(temperature=0.7, top_k=8, top_p=0.9)])
+@pytest.mark.parametrize("mode", ["none", "draft", "lookup"])
+def test_fused_device_contract_equals_host_path(policy, mode):
+    """A champion that verifies and decides in one call (as the GPU does) gives identical output."""
+    for seed in range(4):
+        host = make_orchestrator(40, seed, overlap=0.6)
+        fused_runner = ToyRunner(40, seed)
+        fused = Orchestrator(FusedRunnerChampion(fused_runner), RunnerDraft(toy_draft(ToyRunner(40, seed), 0.6, seed + 1000)),
+                             decode=toy_decode)
+        kw = dict(max_new_tokens=20, policy=policy, speculate=mode, k=3, seed=seed, stop_token_ids=(5,))
+        a, _ = run(host, [1, 2, 3, 1, 2], **kw)
+        b, _ = run(fused, [1, 2, 3, 1, 2], **kw)
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.stats["accepted_count_histogram"] == b.stats["accepted_count_histogram"]

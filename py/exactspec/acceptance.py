@@ -141,3 +141,14 @@ def baseline_step(p_target_row, decider, round_id: int, greedy: bool) -> RoundDe
     if greedy:
         return RoundDecision(0, argmax_tie_low(p_target_row), None)
     return RoundDecision(0, decider.categorical(p_target_row, TARGET_BASELINE, round_id, 0), None)
+
+
+def decide_round(p_target_rows, p_draft_rows, proposals, decider, round_id: int, stop_token_ids,
+                 remaining: int, greedy: bool) -> RoundDecision:
+    """The whole decision of a round: champion-alone when there are no proposals, else greedy or
+    stochastic. This is the contract of a device's fused verify-and-decide call."""
+    if not proposals:
+        return baseline_step(p_target_rows[0], decider, round_id, greedy)
+    if greedy:
+        return greedy_round(p_target_rows, proposals, stop_token_ids, remaining)
+    return stochastic_round(p_target_rows, p_draft_rows, proposals, decider, round_id, stop_token_ids, remaining)

@@ -74,6 +74,20 @@ class RunnerChampion:
         return [_process(rows[i], cache.tokens[:base + i], policy) for i in range(m + 1)]
 
 
+class FusedRunnerChampion(RunnerChampion):
+    """Reference of the device contract: verification and decision in one call, from the seed.
+
+    The GPU backend implements the same method; this twin lets CPython tests check that the
+    orchestrator's fused path gives exactly what the host-side path gives."""
+
+    def verify_and_decide(self, cache, policy, p_draft_rows, seed, round_id, stop_token_ids, remaining, greedy):
+        from .acceptance import decide_round
+        from .deciders import RngDecider
+        rows = self.verify_linear(cache, policy)
+        return decide_round(rows, p_draft_rows, cache.provisional_ids, RngDecider(seed), round_id, stop_token_ids,
+                            remaining, greedy)
+
+
 class RunnerDraft:
     """Draft backend over a logits runner: samples proposals by the draft_sample address."""
 

@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .acceptance import baseline_step, greedy_round, stochastic_round
-from .backends import LookupProposer
+from .acceptance import decide_round
+from .backends import LookupProposer, Proposal
 from .caches import LogicalCache
 from .deciders import RngDecider
 from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST,
@@ -205,20 +205,11 @@ class Orchestrator:
             return self._baseline_round(run, decider)
 
         m = len(proposal.tokens)
-        t0 = time.perf_counter()
         run.champion_cache.begin()
         run.champion_cache.append_provisional(proposal.tokens)
-        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, cfg.policy)
-        run.timing["verify"] += _ms(t0)
-        if rows is None:
+        decision = self._verify_and_decide(run, decider, proposal, round_id, remaining)
+        if decision is None:
             return
-        t0 = time.perf_counter()
-        if run.greedy:
-            decision = greedy_round(rows, proposal.tokens, run.stop_ids, remaining)
-        else:
-            decision = stochastic_round(rows, proposal.p_draft_rows, proposal.tokens, decider, round_id,
-                                        run.stop_ids, remaining)
-        run.timing["accept"] += _ms(t0)
         if decision.error is not None:
             run.champion_cache.rollback()
             run.draft_cache.rollback()
@@ -247,13 +238,10 @@ class Orchestrator:
     def _baseline_round(self, run: _Run, decider):
         """Champion-alone step; also the k == 0 round and the draft-invalid round."""
         round_id = len(run.token_ids)
-        t0 = time.perf_counter()
         run.champion_cache.begin()
-        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
-        run.timing["verify"] += _ms(t0)
-        if rows is None:
+        decision = self._verify_and_decide(run, decider, Proposal(), round_id, 1)
+        if decision is None:
             return
-        decision = baseline_step(rows[0], decider, round_id, run.greedy)
         if decision.error is not None:
             run.champion_cache.rollback()
             run.stats["numeric_errors"] += 1
@@ -266,8 +254,31 @@ class Orchestrator:
         self._emit(run, [decision.next_token])
 
     # ----------------------------------------------------------------------------------------
+    def _verify_and_decide(self, run: _Run, decider, proposal, round_id: int, remaining: int):
+        """Champion verification of the open transaction plus the round's decision.
+
+        A backend with `verify_and_decide` (the GPU) runs both on the device from the seed; any
+        other backend returns rows and the decision is made here, by the same pure function.
+        Returns None when the champion call itself failed (already reported)."""
+        fused = getattr(self.champion, "verify_and_decide", None)
+        t0 = time.perf_counter()
+        if fused is not None and isinstance(decider, RngDecider):
+            decision = self._champion_call(run, fused, run.champion_cache, run.config.policy, proposal.p_draft_rows,
+                                           decider.seed, round_id, run.stop_ids, remaining, run.greedy)
+            run.timing["verify"] += _ms(t0)  # verification and decision, both on the device
+            return decision
+        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
+        run.timing["verify"] += _ms(t0)
+        if rows is None:
+            return None
+        t0 = time.perf_counter()
+        decision = decide_round(rows, proposal.p_draft_rows, proposal.tokens, decider, round_id, run.stop_ids,
+                                remaining, run.greedy)
+        run.timing["accept"] += _ms(t0)
+        return decision
+
     def _champion_call(self, run: _Run, fn, *args):
-        run.stats["target_calls"] += fn.__name__ == "verify_linear"
+        run.stats["target_calls"] += fn.__name__ in ("verify_linear", "verify_and_decide")
         try:
             return fn(*args)
         except ExactSpecError as err:
