@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import E_CACHE_STATE, E_PROCESSOR_INVALID, ExactSpecError
-from .processors import process_logits
 from .rng import DRAFT_SAMPLE
 from .acceptance import argmax_tie_low
 
@@ -42,6 +41,7 @@ def _materialize(runner, cache, upto: int):
 
 
 def _process(row, context_ids, policy):
+    from .processors import process_logits  # NumPy: host-side processors run on CPython only
     try:
         return process_logits(row, context_ids, policy)
     except ExactSpecError as err:

@@ -20,7 +20,7 @@ from .caches import LogicalCache
 from .deciders import RngDecider
 from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST,
                      E_RESIDUAL_INVARIANT, ExactSpecError)
-from .processors import SamplingPolicy
+from .policy import SamplingPolicy
 from .protocol import make_envelope
 from .receipts import build_receipt
 from .textstream import TextAssembler
