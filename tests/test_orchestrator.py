@@ -301,3 +301,30 @@ def test_fused_device_contract_equals_host_path(policy, mode):
         b, _ = run(fused, [1, 2, 3, 1, 2], **kw)
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.stats["accepted_count_histogram"] == b.stats["accepted_count_histogram"]
+
+
+def test_async_backends_give_the_same_answer():
+    """agenerate() with backends returning awaitables (as JS promises are in Pyodide)."""
+    import asyncio
+
+    class AsyncChampion(RunnerChampion):
+        def verify_linear(self, cache, policy):
+            async def later():
+                await asyncio.sleep(0)
+                return RunnerChampion.verify_linear(self, cache, policy)
+            return later()
+
+    class AsyncDraft(RunnerDraft):
+        async def propose(self, *args):
+            await asyncio.sleep(0)
+            return RunnerDraft.propose(self, *args)
+
+    cfg = GenerationConfig(max_new_tokens=16, policy=SAMPLE, speculate="draft", k=3, seed=5)
+    sync = make_orchestrator(40, 8, overlap=0.6).generate([1, 2, 3], cfg)
+    champion = ToyRunner(40, 8)
+    orch = Orchestrator(AsyncChampion(champion), AsyncDraft(toy_draft(ToyRunner(40, 8), 0.6, 1008)), decode=toy_decode)
+    res = asyncio.run(orch.agenerate([1, 2, 3], cfg))
+    assert res.token_ids == sync.token_ids and res.stats["accepted"] == sync.stats["accepted"]
+    with pytest.raises(ExactSpecError) as e:
+        orch.generate([1, 2, 3], cfg)   # a truly async backend needs agenerate
+    assert e.value.code == E_CACHE_STATE

@@ -140,6 +140,14 @@ class Orchestrator:
     def generate(self, prompt_ids, config: GenerationConfig, on_event=None,
                  cancel: Optional[CancelToken] = None, request_id: Optional[str] = None,
                  decider=None) -> GenerationResult:
+        """Synchronous entry (CPython backends): drives agenerate() without an event loop."""
+        return run_without_loop(self.agenerate(prompt_ids, config, on_event, cancel, request_id, decider))
+
+    async def agenerate(self, prompt_ids, config: GenerationConfig, on_event=None,
+                        cancel: Optional[CancelToken] = None, request_id: Optional[str] = None,
+                        decider=None) -> GenerationResult:
+        """The request loop. Backend methods may return values or awaitables (JS promises in
+        Pyodide); each is awaited only when it is one, so one code path serves both."""
         prompt_ids = list(prompt_ids)
         config.validate(self.vocab_size)
         if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
@@ -156,14 +164,14 @@ class Orchestrator:
         proposer = self.draft if run.mode == "draft" else self.lookup
         t0 = time.perf_counter()
         run.champion_cache = LogicalCache(self.champion.identity, prompt_ids)
-        self._champion_call(run, self.champion.prefill, run.champion_cache)
+        await self._champion_call(run, self.champion.prefill, run.champion_cache)
         if run.mode != "none":
             if len(prompt_ids) + config.max_new_tokens > getattr(proposer, "max_context", limit):
                 self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
             else:
                 run.draft_cache = LogicalCache(proposer.identity, prompt_ids)
                 try:
-                    proposer.prefill(run.draft_cache)
+                    await resolve(proposer.prefill(run.draft_cache))
                 except Exception as exc:  # draft worker/backend failure of any kind
                     self._speculation_failed(run, _as_draft_lost(exc))
         run.timing["prefill"] += _ms(t0)
@@ -173,25 +181,25 @@ class Orchestrator:
                 self._finish(run, "cancelled")
                 break
             if run.mode == "none":
-                self._baseline_round(run, decider)
+                await self._baseline_round(run, decider)
             else:
-                self._speculative_round(run, proposer, decider)
+                await self._speculative_round(run, proposer, decider)
 
         run.timing["total"] = _ms(run.t_start)
         return self._result(run, prompt_ids, proposer)
 
     # ----------------------------------------------------------------------------------------
-    def _speculative_round(self, run: _Run, proposer, decider):
+    async def _speculative_round(self, run: _Run, proposer, decider):
         cfg = run.config
         remaining = cfg.max_new_tokens - len(run.token_ids)
         k = min(cfg.k, remaining)
         round_id = len(run.token_ids)
         if k == 0:
-            return self._baseline_round(run, decider)
+            return await self._baseline_round(run, decider)
         t0 = time.perf_counter()
         run.draft_cache.begin()
         try:
-            proposal = proposer.propose(run.draft_cache, k, run.draft_policy, decider, round_id, run.stop_ids)
+            proposal = await resolve(proposer.propose(run.draft_cache, k, run.draft_policy, decider, round_id, run.stop_ids))
         except Exception as exc:
             if run.draft_cache.in_transaction:
                 run.draft_cache.rollback()
@@ -202,12 +210,12 @@ class Orchestrator:
         if proposal.error is not None or not proposal.tokens:
             run.draft_cache.rollback()
             run.stats["draft_invalid"] += proposal.error is not None
-            return self._baseline_round(run, decider)
+            return await self._baseline_round(run, decider)
 
         m = len(proposal.tokens)
         run.champion_cache.begin()
         run.champion_cache.append_provisional(proposal.tokens)
-        decision = self._verify_and_decide(run, decider, proposal, round_id, remaining)
+        decision = await self._verify_and_decide(run, decider, proposal, round_id, remaining)
         if decision is None:
             return
         if decision.error is not None:
@@ -235,11 +243,11 @@ class Orchestrator:
             run.draft_cache.append_authoritative(decision.next_token)
         self._emit(run, tokens)
 
-    def _baseline_round(self, run: _Run, decider):
+    async def _baseline_round(self, run: _Run, decider):
         """Champion-alone step; also the k == 0 round and the draft-invalid round."""
         round_id = len(run.token_ids)
         run.champion_cache.begin()
-        decision = self._verify_and_decide(run, decider, Proposal(), round_id, 1)
+        decision = await self._verify_and_decide(run, decider, Proposal(), round_id, 1)
         if decision is None:
             return
         if decision.error is not None:
@@ -254,7 +262,7 @@ class Orchestrator:
         self._emit(run, [decision.next_token])
 
     # ----------------------------------------------------------------------------------------
-    def _verify_and_decide(self, run: _Run, decider, proposal, round_id: int, remaining: int):
+    async def _verify_and_decide(self, run: _Run, decider, proposal, round_id: int, remaining: int):
         """Champion verification of the open transaction plus the round's decision.
 
         A backend with `verify_and_decide` (the GPU) runs both on the device from the seed; any
@@ -263,11 +271,11 @@ class Orchestrator:
         fused = getattr(self.champion, "verify_and_decide", None)
         t0 = time.perf_counter()
         if fused is not None and isinstance(decider, RngDecider):
-            decision = self._champion_call(run, fused, run.champion_cache, run.config.policy, proposal.p_draft_rows,
+            decision = await self._champion_call(run, fused, run.champion_cache, run.config.policy, proposal.p_draft_rows,
                                            decider.seed, round_id, run.stop_ids, remaining, run.greedy)
             run.timing["verify"] += _ms(t0)  # verification and decision, both on the device
             return decision
-        rows = self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
+        rows = await self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
         run.timing["verify"] += _ms(t0)
         if rows is None:
             return None
@@ -277,10 +285,10 @@ class Orchestrator:
         run.timing["accept"] += _ms(t0)
         return decision
 
-    def _champion_call(self, run: _Run, fn, *args):
+    async def _champion_call(self, run: _Run, fn, *args):
         run.stats["target_calls"] += fn.__name__ in ("verify_linear", "verify_and_decide")
         try:
-            return fn(*args)
+            return await resolve(fn(*args))
         except ExactSpecError as err:
             if err.code == E_CACHE_STATE:
                 raise
@@ -350,6 +358,23 @@ class Orchestrator:
                                   st, timing, error, receipt, run.seq)
         run.send("result", {"finish_reason": run.finish, "stats": st})
         return result
+
+
+async def resolve(value):
+    """Await value if it is awaitable (a coroutine or a JS promise), else return it."""
+    if hasattr(value, "__await__"):
+        return await value
+    return value
+
+
+def run_without_loop(coro):
+    """Run a coroutine that never truly suspends (all backends synchronous) to completion."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise ExactSpecError(E_CACHE_STATE, "a backend returned a pending awaitable: use agenerate() in an event loop")
 
 
 def _ms(t0: float) -> float:
