@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--eval-windows", type=int, default=64,
+                    help="held-out 256-token windows for the draft's final acceptance print")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -185,6 +187,14 @@ def main():
             last_ckpt = elapsed
     checkpoint("final")
     log(fh, f"done steps={step} tokens={tokens_seen} elapsed={elapsed:.0f}s")
+    if teacher is not None:
+        from evaluate import acceptance
+        model.eval()
+        held = build_stream(args.corpus, args.tokenizer, "heldout", args.seed, 0.0,
+                            os.path.join(args.outdir, "cache"))
+        a, g, n = acceptance(teacher, model, held, max_windows=args.eval_windows)
+        log(fh, f"held-out mean sum(min(p_champion, p_draft)) @T=1 = {a:.4f}; "
+                f"greedy top-1 agreement = {g:.4f} ({n} positions)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Export a training checkpoint to a Hugging Face Llama directory + int8 browser weights.
+
+  python3 tools/train/export_hf.py --ckpt build/train/champion/ckpt.pt --out web/models/champion
+  python3 tools/train/export_hf.py --ckpt build/train/draft/ckpt.pt    --out web/models/draft
+  python3 tools/train/export_hf.py --manifest web/models          # (re)write manifest.json
+
+Files written in --out:
+  config.json, generation_config.json, model.safetensors (float32, HF names, lm_head tied so
+  not stored), model.q8.safetensors (each 2-D linear weight as "<name>.q8" int8 symmetric per
+  output row + "<name>.scale" float32 [rows]; w ~= q8 * scale[:, None]; embedding and norms
+  float32 under their own names), tokenizer.json, tokenizer_config.json,
+  special_tokens_map.json.
+With --check (default on) the directory is loaded with transformers.LlamaForCausalLM and its
+logits are compared with the training model's (max abs diff printed; must be < 1e-3).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import Llama, LlamaConf, hf_config  # noqa: E402
+from train_tokenizer import tokenizer_config  # noqa: E402
+
+SPECIAL_MAP = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>",
+               "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]}
+
+
+def quantize_rows(w: torch.Tensor):
+    """Symmetric per-output-row int8: w ~= q * scale[:, None]."""
+    amax = w.abs().amax(dim=1).clamp_min(1e-12)
+    scale = (amax / 127.0).float()
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def dequantize_state(q8: dict) -> dict:
+    out = {}
+    for k, v in q8.items():
+        if k.endswith(".q8"):
+            base = k[:-3]
+            out[base] = v.float() * q8[base + ".scale"][:, None]
+        elif not k.endswith(".scale"):
+            out[k] = v
+    return out
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def export(ckpt_path, out, tokenizer_dir, check=True, meta=None):
+    ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    conf = LlamaConf(**ck["conf"])
+    model = Llama(conf)
+    model.load_state_dict(ck["model"])
+    model.eval()
+    sd = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    os.makedirs(out, exist_ok=True)
+
+    info = {"format": "pt", "exactspec_step": str(ck["step"]),
+            "exactspec_tokens_seen": str(ck["tokens_seen"])}
+    if meta:
+        info.update({k: str(v) for k, v in meta.items()})
+    save_file(sd, os.path.join(out, "model.safetensors"), metadata=info)
+
+    q8 = {}
+    for k, v in sd.items():
+        if v.dim() == 2 and k != "model.embed_tokens.weight":
+            q, s = quantize_rows(v)
+            q8[k + ".q8"] = q
+            q8[k + ".scale"] = s
+        else:
+            q8[k] = v
+    save_file(q8, os.path.join(out, "model.q8.safetensors"),
+              metadata=dict(info, quantization="int8 symmetric per output row; w = q8 * scale[:,None]"))
+
+    cfg = hf_config(conf)
+    write_json(os.path.join(out, "config.json"), cfg)
+    write_json(os.path.join(out, "generation_config.json"),
+               {"bos_token_id": 0, "eos_token_id": [1, 6], "pad_token_id": 2,
+                "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                "max_length": conf.max_position_embeddings})
+    shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
+    write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
+    write_json(os.path.join(out, "special_tokens_map.json"), SPECIAL_MAP)
+    print(f"exported {ckpt_path} (step {ck['step']}, params {model.num_params()}) -> {out}")
+
+    if check:
+        from transformers import LlamaForCausalLM
+        hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+        hf.eval()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(7, conf.vocab_size, (2, 128), generator=g)
+        x[:, 0] = 0
+        with torch.no_grad():
+            a = model(x)
+            b = hf(input_ids=x).logits
+            m2 = Llama(conf)
+            m2.load_state_dict(dequantize_state(q8), strict=True)
+            c = m2(x)
+        d = (a - b).abs().max().item()
+        dq = (a - c).abs().max().item()
+        print(f"max |logits(train model) - logits(HF LlamaForCausalLM)| = {d:.3e}")
+        print(f"max |logits(fp32) - logits(int8-dequantised)| = {dq:.3e}")
+        if d > 1e-3:
+            raise SystemExit("HF logits mismatch")
+        return {"hf_max_abs_diff": d, "q8_max_abs_diff": dq, "step": ck["step"],
+                "params": model.num_params()}
+    return {"step": ck["step"], "params": model.num_params()}
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(root, extra=None):
+    files = []
+    for dp, _dn, fns in os.walk(root):
+        for fn in sorted(fns):
+            p = os.path.join(dp, fn)
+            rel = os.path.relpath(p, root).replace(os.sep, "/")
+            if rel == "manifest.json":
+                continue
+            files.append({"path": rel, "bytes": os.path.getsize(p), "sha256": sha256_file(p)})
+    files.sort(key=lambda f: f["path"])
+    man = {"version": 1, "total_bytes": sum(f["bytes"] for f in files), "files": files}
+    if extra:
+        man.update(extra)
+    write_json(os.path.join(root, "manifest.json"), man)
+    print(f"manifest: {len(files)} files, {man['total_bytes']} bytes")
+    if man["total_bytes"] > 40 * 1000 * 1000:
+        raise SystemExit("model bytes exceed 40 MB")
+    return man
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt")
+    ap.add_argument("--out")
+    ap.add_argument("--tokenizer-dir", default="build/tokenizer")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--manifest", metavar="ROOT", help="write ROOT/manifest.json and exit")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    if args.manifest:
+        models = {}
+        for name in ("champion", "draft"):
+            p = os.path.join(args.manifest, name, "model.safetensors")
+            if os.path.exists(p):
+                from safetensors import safe_open
+                with safe_open(p, "pt") as f:
+                    md = f.metadata() or {}
+                with open(os.path.join(args.manifest, name, "config.json")) as f:
+                    cfg = json.load(f)
+                models[name] = {"dir": name, "step": int(md.get("exactspec_step", -1)),
+                                "tokens_seen": int(md.get("exactspec_tokens_seen", -1)),
+                                "hidden_size": cfg["hidden_size"],
+                                "num_hidden_layers": cfg["num_hidden_layers"]}
+        write_manifest(args.manifest, {"models": models, "tokenizer_shared": True})
+        return
+    if not (args.ckpt and args.out):
+        ap.error("--ckpt and --out are required (or --manifest)")
+    export(args.ckpt, args.out, args.tokenizer_dir, check=not args.no_check)
+
+
+if __name__ == "__main__":
+    main()
