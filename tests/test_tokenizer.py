@@ -20,7 +20,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers  #
 
 from exactspec.errors import E_MODEL_LOAD, ExactSpecError  # noqa: E402
 from exactspec.tokenizer import (  # noqa: E402
-    BYTE_TO_CHAR, LETTER, NUMBER, OTHER, SPACE, Tokenizer, char_class,
+    BYTE_TO_CHAR, LETTER, NUMBER, OTHER, SPACE, Tokenizer, char_class, split_gpt2,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,6 +171,18 @@ def test_char_classes_match_tokenizers_for_every_code_point():
     for cls, chars in groups.items():
         check(cls, chars)
     assert sum(map(len, groups.values())) == 1_112_064
+
+
+# One representative per class and every character the regex treats specially.
+_SPLIT_ALPHABET = " \t\n\r\x0b\x0c\x85\xa0\u2028\u3000\x1c'strevlmdSTa1!é٣\u0301\u200d😀Ⅻ_"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(text=st.text(st.sampled_from(_SPLIT_ALPHABET), max_size=24))
+def test_split_matches_tokenizers_regex(text):
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    ours = ["".join(BYTE_TO_CHAR[b] for b in w.encode("utf-8")) for w in split_gpt2(text)]
+    assert ours == [w for w, _ in pre.pre_tokenize_str(text)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,6 +450,17 @@ def test_unsupported_components_are_refused_by_name(trained_path, needle):
         Tokenizer.from_json_str(json.dumps(spec))
     assert err.value.code == E_MODEL_LOAD
     assert needle in err.value.message
+
+
+def test_bad_arguments_are_refused(trained_path):
+    ours = Tokenizer.from_file(trained_path)
+    for bad_ids in ([ours.vocab_size], [-1], [True], ["3"]):
+        with pytest.raises(ExactSpecError) as err:
+            ours.decode(bad_ids)
+        assert err.value.code == "E_BAD_ARGUMENT"
+    with pytest.raises(ExactSpecError) as err:
+        ours.encode("a\ud800b")
+    assert err.value.code == "E_BAD_ARGUMENT"
 
 
 def test_unreadable_files_are_refused(tmp_path):

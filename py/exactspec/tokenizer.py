@@ -573,6 +573,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise ExactSpecError(E_BAD_ARGUMENT, "encode expects a str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"text has a lone surrogate at index {e.start}") from None
         ids: list[int] = []
         for piece, tok in self._raw_matcher.split(text):
             if tok is not None:
@@ -593,7 +597,7 @@ class Tokenizer:
     def token_bytes(self, i: int) -> bytes:
         """The bytes the ByteLevel decoder produces for one id (raw UTF-8 when a token has a
         character outside the byte alphabet, e.g. most added tokens)."""
-        tok = self.id_to_token(i)
+        tok = self.id_to_token(i) if isinstance(i, int) and not isinstance(i, bool) else None
         if tok is None:
             raise ExactSpecError(E_BAD_ARGUMENT, f"token id {i} is outside the vocabulary")
         try:
