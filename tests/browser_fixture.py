@@ -22,8 +22,6 @@ Facts this relies on (see shared STACK_NOTES):
 from __future__ import annotations
 
 import atexit
-import functools
-import http.server
 import os
 import shutil
 import sys
@@ -31,6 +29,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from exactspec.server import StaticServer  # the same server `exactspec serve` runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
@@ -46,52 +46,8 @@ CHROMIUM_ARGS = [
     "--use-webgpu-adapter=swiftshader",
 ]
 
-MIME_TYPES = {
-    ".mjs": "text/javascript",
-    ".js": "text/javascript",
-    ".wasm": "application/wasm",
-    ".json": "application/json",
-    ".wgsl": "text/plain",
-    ".zip": "application/zip",
-    ".whl": "application/zip",
-    ".html": "text/html",
-}
-
 _lock = threading.Lock()
 _state: dict = {}
-
-
-# ----------------------------------------------------------------------------- HTTP server
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
-
-    def end_headers(self):
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
-        self.send_header("Cache-Control", "no-store")
-        super().end_headers()
-
-    def log_message(self, format, *args):  # keep test output quiet
-        pass
-
-
-class StaticServer:
-    """Serve ``root`` on 127.0.0.1 (ephemeral port) from a daemon thread."""
-
-    def __init__(self, root: Path | str = REPO_ROOT):
-        self.root = Path(root)
-        handler = functools.partial(_Handler, directory=str(self.root))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def get_server() -> StaticServer:

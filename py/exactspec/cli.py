@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the reference generation demo (main job)")
     demo.add_argument("--toy", action="store_true", help="use the NumPy toy models even if real ones exist")
     demo.add_argument("--json", action="store_true")
+    serve = sub.add_parser("serve", help="serve the browser runtime on 127.0.0.1 (COOP/COEP, offline)")
+    serve.add_argument("--port", type=int, default=8000)
     _add_generation_args(sub.add_parser("generate", help="generate one answer"))
     sample = sub.add_parser("sample", help="N independent samples, seeds derived from --seed")
     _add_generation_args(sample)
@@ -136,6 +138,10 @@ def main(argv=None) -> int:
         if args.command == "demo":
             from .demo import run_demo
             return run_demo(toy=args.toy, as_json=args.json)
+        if args.command == "serve":
+            from .server import serve_forever
+            serve_forever("127.0.0.1", args.port)
+            return 0
         return {"generate": cmd_generate, "sample": cmd_sample}[args.command](args)
     except ExactSpecError as err:
         print(f"exactspec: {err.code}: {err.message}", file=sys.stderr)
