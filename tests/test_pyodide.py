@@ -1,0 +1,69 @@
+"""The orchestrator runs inside real Pyodide (offline, from this origin) and agrees with CPython."""
+import json
+import os
+import subprocess
+import sys
+
+from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A pure-Python champion with list rows and prompt-lookup proposals: runs on CPython and Pyodide.
+SCENARIO = r'''
+import json
+from exactspec.orchestrator import GenerationConfig, Orchestrator
+from exactspec.policy import SamplingPolicy
+class ListChampion:
+    vocab_size, max_context, identity, n_calls = 7, 200, "list-champion", 0
+    def prefill(self, cache):
+        cache.mark_materialized(cache.n_committed - 1)
+    def verify_linear(self, cache, policy):
+        m, base = len(cache.provisional_ids), cache.n_committed
+        cache.mark_materialized(len(cache.tokens))
+        rows = []
+        for i in range(m + 1):
+            ctx = cache.tokens[:base + i]
+            row = [1.0 + ((ctx[-1] * 3 + x * 5 + len(ctx)) % 7) for x in range(7)]
+            total = sum(row)
+            rows.append([w / total for w in row])
+        return rows
+orch = Orchestrator(ListChampion())
+out = []
+for temperature in (0, 1.0):
+    for seed in range(6):
+        r = orch.generate([1, 2, 3, 1, 2, 3, 1], GenerationConfig(max_new_tokens=16, speculate="lookup", k=3,
+                          policy=SamplingPolicy(temperature=temperature), seed=seed, stop_token_ids=(0,)))
+        out.append([r.token_ids, r.finish_reason, r.stats["accepted"]])
+json.dumps(out)
+'''
+
+
+def cpython_answer():
+    code = "import sys; sys.path.insert(0, %r)\n" % os.path.join(ROOT, "py") + SCENARIO.replace(
+        "json.dumps(out)\n", "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_orchestrator_in_pyodide_matches_cpython(browser_page, http_server):
+    page = browser_page
+    page.goto(http_server.url + "/web/tests/pyodide_harness.html")
+    page.wait_for_function("window.harnessReady === true")
+    res = page.evaluate("(code) => window.runPy(code)", SCENARIO)
+    assert res["ok"], res.get("error")
+    assert json.loads(res["value"]) == cpython_answer()
+    assert res["timing_ms"]["pyodide"] > 0
+
+
+def test_pyodide_has_no_numpy_and_only_pure_modules_are_installed(browser_page, http_server):
+    page = browser_page
+    page.goto(http_server.url + "/web/tests/pyodide_harness.html")
+    page.wait_for_function("window.harnessReady === true")
+    res = page.evaluate("(code) => window.runPy(code)", """
+import importlib.util
+str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exactspec.processors") is None,
+     importlib.util.find_spec("exactspec.orchestrator") is not None])
+""")
+    assert res["ok"], res.get("error")
+    assert res["value"] == "[True, True, True]"
