@@ -20,7 +20,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers  #
 
 from exactspec.errors import E_MODEL_LOAD, ExactSpecError  # noqa: E402
 from exactspec.tokenizer import (  # noqa: E402
-    BYTE_TO_CHAR, LETTER, NUMBER, OTHER, SPACE, Tokenizer, char_class, split_gpt2,
+    BYTE_TO_CHAR, LETTER, NUMBER, OTHER, SPACE, Tokenizer, char_class, is_word_char, split_gpt2,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,6 +171,36 @@ def test_char_classes_match_tokenizers_for_every_code_point():
     for cls, chars in groups.items():
         check(cls, chars)
     assert sum(map(len, groups.values())) == 1_112_064
+
+
+def test_single_word_boundaries_match_tokenizers_for_every_code_point(trained_path):
+    # Added tokens with single_word=True use Rust regex \w on their neighbours. A token "₪"
+    # between every pair of characters of one predicted kind matches either everywhere
+    # (non-word neighbours) or nowhere (word neighbours); bisect on any disagreement.
+    with open(trained_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    new_id = max(spec["model"]["vocab"].values()) + 1
+    spec["added_tokens"].append({"id": new_id, "content": "₪", "single_word": True, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": False})
+    hf = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    groups = {True: [], False: []}
+    for cp in range(0x110000):
+        if not 0xD800 <= cp <= 0xDFFF and cp != 0x20AA:
+            groups[is_word_char(chr(cp))].append(chr(cp))
+
+    def check(word, chars):
+        got = hf.encode("₪" + "₪".join(chars) + "₪", add_special_tokens=False).ids.count(new_id)
+        if got == (0 if word else len(chars) + 1):
+            return
+        if len(chars) == 1:
+            pytest.fail(f"U+{ord(chars[0]):04X} word={word} disagrees with tokenizers")
+        half = len(chars) // 2
+        check(word, chars[:half])
+        check(word, chars[half:])
+
+    for word, chars in groups.items():
+        for i in range(0, len(chars), 200_000):
+            check(word, chars[i:i + 200_000])
 
 
 # One representative per class and every character the regex treats specially.

@@ -108,13 +108,32 @@ def is_white_space(ch: str) -> bool:
     return char_class(ch) == SPACE
 
 
-# Rust regex \w = Alphabetic + M + Nd + Pc + Join_Control. Alphabetic = L + Nl + Other_Alphabetic;
-# Other_Alphabetic is almost all Mn/Mc (already in M) plus the circled/squared letters below.
+# Rust regex \w (added tokens' single_word test) = Alphabetic + M + Nd + Pc + Join_Control.
+# Alphabetic = L + Nl + Other_Alphabetic; Other_Alphabetic is almost all Mn/Mc (already in M)
+# plus the circled/squared letters below. _NEWER_WORD: \w code points assigned after Unicode
+# 14.0, used when the local table says Cn (generated from tokenizers, re-checked by the tests).
 _OTHER_ALPHABETIC_SO = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+_NEWER_WORD = (
+    (0x00897, 0x00897), (0x00CF3, 0x00CF3), (0x00ECE, 0x00ECE), (0x01C89, 0x01C8A),
+    (0x0A7CB, 0x0A7CD), (0x0A7DA, 0x0A7DC), (0x105C0, 0x105F3), (0x10D40, 0x10D65),
+    (0x10D69, 0x10D6D), (0x10D6F, 0x10D85), (0x10EC2, 0x10EC4), (0x10EFC, 0x10EFF),
+    (0x1123F, 0x11241), (0x11380, 0x11389), (0x1138B, 0x1138B), (0x1138E, 0x1138E),
+    (0x11390, 0x113B5), (0x113B7, 0x113C0), (0x113C2, 0x113C2), (0x113C5, 0x113C5),
+    (0x113C7, 0x113CA), (0x113CC, 0x113D3), (0x113E1, 0x113E2), (0x116D0, 0x116E3),
+    (0x11BC0, 0x11BE0), (0x11BF0, 0x11BF9), (0x11F00, 0x11F10), (0x11F12, 0x11F3A),
+    (0x11F3E, 0x11F42), (0x11F50, 0x11F5A), (0x1342F, 0x1342F), (0x13440, 0x13455),
+    (0x13460, 0x143FA), (0x16100, 0x16139), (0x16D40, 0x16D6C), (0x16D70, 0x16D79),
+    (0x18CFF, 0x18CFF), (0x1B132, 0x1B132), (0x1B155, 0x1B155), (0x1CCF0, 0x1CCF9),
+    (0x1DF25, 0x1DF2A), (0x1E030, 0x1E06D), (0x1E08F, 0x1E08F), (0x1E4D0, 0x1E4F9),
+    (0x1E5D0, 0x1E5FA), (0x2B739, 0x2B739), (0x2EBF0, 0x2EE5D), (0x31350, 0x323AF),
+)
 
 
 def is_word_char(ch: str) -> bool:
     cat = unicodedata.category(ch)
+    if cat == "Cn":
+        o = ord(ch)
+        return any(lo <= o <= hi for lo, hi in _NEWER_WORD)
     if cat[0] in ("L", "M") or cat in ("Nd", "Nl", "Pc") or ch in ("\u200c", "\u200d"):
         return True
     o = ord(ch)
