@@ -1,0 +1,303 @@
+// draft.mjs — JS side of the WASM-SIMD draft (wasm/draft.c): loads config.json +
+// model.safetensors (f32) into the module's memory and exposes forward / propose with the
+// semantics of exactspec.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
+// Runs in a page, a module worker or Node (pass bytes instead of URLs there).
+
+const STATUS_CODES = {
+  1: "E_PROCESSOR_INVALID",
+  2: "E_BAD_ARGUMENT",
+  3: "E_CONTEXT_OVERFLOW",
+  4: "E_MODEL_LOAD",
+  5: "E_MODEL_LOAD",
+};
+
+// tensor kinds of draft_set_tensor (wasm/draft.c)
+const T = { embed: 0, final_norm: 1, lm_head: 2, attn_norm: 10, wq: 11, wk: 12, wv: 13, wo: 14,
+  mlp_norm: 15, w_gate: 16, w_up: 17, w_down: 18 };
+const LAYER_TENSORS = [
+  ["input_layernorm.weight", T.attn_norm, (c) => [c.hidden_size]],
+  ["self_attn.q_proj.weight", T.wq, (c) => [c.num_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.k_proj.weight", T.wk, (c) => [c.num_kv_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.v_proj.weight", T.wv, (c) => [c.num_kv_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.o_proj.weight", T.wo, (c) => [c.hidden_size, c.num_heads * c.head_dim]],
+  ["post_attention_layernorm.weight", T.mlp_norm, (c) => [c.hidden_size]],
+  ["mlp.gate_proj.weight", T.w_gate, (c) => [c.intermediate_size, c.hidden_size]],
+  ["mlp.up_proj.weight", T.w_up, (c) => [c.intermediate_size, c.hidden_size]],
+  ["mlp.down_proj.weight", T.w_down, (c) => [c.hidden_size, c.intermediate_size]],
+];
+
+export class DraftError extends Error {
+  constructor(code, message) {
+    super(`${code}: ${message}`);
+    this.code = code;
+    this.detail = message;
+  }
+}
+
+function loadError(message) { return new DraftError("E_MODEL_LOAD", message); }
+function badArgument(message) { return new DraftError("E_BAD_ARGUMENT", message); }
+
+// config.json -> the hyper-parameters the C side needs (the checks of reference_llama._parse_config)
+export function parseConfig(config) {
+  const get = (key, fallback) => (config[key] === undefined || config[key] === null ? fallback : config[key]);
+  if (get("model_type", "llama") !== "llama") throw loadError(`model_type ${config.model_type} is not llama`);
+  if (get("hidden_act", "silu") !== "silu") throw loadError(`hidden_act ${config.hidden_act} is not silu`);
+  if (config.attention_bias || config.mlp_bias) throw loadError("bias terms are not supported");
+  for (const key of ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "max_position_embeddings"]) {
+    if (!Number.isInteger(config[key]) || config[key] <= 0) throw loadError(`config field ${key} missing or invalid`);
+  }
+  const params = config.rope_parameters;
+  let ropeTheta = get("rope_theta", 10000.0);
+  if (params && typeof params === "object") {
+    const type = params.rope_type ?? params.type ?? "default";
+    if (type !== "default") throw loadError(`rope_type ${type} is not supported`);
+    ropeTheta = params.rope_theta ?? ropeTheta;
+  }
+  const scaling = config.rope_scaling;
+  if (scaling !== undefined && scaling !== null) {
+    const type = typeof scaling === "object" ? (scaling.rope_type ?? scaling.type) : scaling;
+    if (type !== "default") throw loadError(`rope_scaling ${JSON.stringify(scaling)} is not supported`);
+  }
+  const numHeads = config.num_attention_heads;
+  const c = {
+    vocab_size: config.vocab_size,
+    hidden_size: config.hidden_size,
+    intermediate_size: config.intermediate_size,
+    num_layers: config.num_hidden_layers,
+    num_heads: numHeads,
+    num_kv_heads: get("num_key_value_heads", numHeads),
+    head_dim: get("head_dim", Math.floor(config.hidden_size / numHeads)),
+    rms_norm_eps: get("rms_norm_eps", 1e-6),
+    max_context: config.max_position_embeddings,
+    rope_theta: Number(ropeTheta),
+    tie_word_embeddings: Boolean(get("tie_word_embeddings", false)),
+  };
+  if (c.num_heads % c.num_kv_heads !== 0) throw loadError("num_attention_heads is not a multiple of num_key_value_heads");
+  for (const key of ["head_dim", "hidden_size", "intermediate_size"]) {
+    if (c[key] % 4 !== 0) throw loadError(`${key} ${c[key]} must be a multiple of 4 for the SIMD kernels`);
+  }
+  return c;
+}
+
+// safetensors bytes -> {headerBytes (8 + n), tensors: {name: {dtype, shape, begin, end}}}
+export function parseSafetensorsHeader(bytes) {
+  if (bytes.byteLength < 8) throw loadError("model.safetensors is shorter than its 8-byte header length");
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const n = Number(view.getBigUint64(0, true));
+  if (8 + n > bytes.byteLength) throw loadError("model.safetensors header runs past the end of the file");
+  let header;
+  try {
+    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n)));
+  } catch (err) {
+    throw loadError(`model.safetensors header is not JSON (${err.message})`);
+  }
+  const tensors = {};
+  const dataBytes = bytes.byteLength - 8 - n;
+  for (const [name, entry] of Object.entries(header)) {
+    if (name === "__metadata__") continue;
+    const [begin, end] = entry.data_offsets;
+    if (!(begin >= 0 && begin <= end && end <= dataBytes)) throw loadError(`tensor ${name} lies outside the file`);
+    tensors[name] = { dtype: entry.dtype, shape: entry.shape, begin, end };
+  }
+  return { headerBytes: 8 + n, tensors };
+}
+
+async function fetchBytes(fetchFn, url) {
+  const response = await fetchFn(url);
+  if (!response.ok) throw loadError(`cannot fetch ${url}: HTTP ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+function policyNumbers(policy) {
+  const p = policy || {};
+  return {
+    temperature: p.temperature ?? 1.0,
+    top_k: p.top_k ?? 0,
+    top_p: p.top_p ?? 1.0,
+    repetition_penalty: p.repetition_penalty ?? 1.0,
+    suppress: p.suppress_token_ids ?? [],
+    allowed: p.allowed_token_ids ?? null,
+  };
+}
+
+/**
+ * createDraft({wasmUrl, modelUrl}) in the browser, or
+ * createDraft({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
+ */
+export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, weightsBytes, fetchFn } = {}) {
+  fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
+  const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
+  const [wasm, config, file] = await Promise.all([
+    wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
+    configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => JSON.parse(new TextDecoder().decode(b))),
+    weightsBytes ?? fetchBytes(fetchFn, base + "model.safetensors"),
+  ]);
+  const { instance } = await WebAssembly.instantiate(wasm, {});
+  return new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);
+}
+
+export class Draft {
+  constructor(exports, config, file) {
+    this.wasm = exports;
+    this.config = config;
+    const c = parseConfig(config);
+    this.hp = c;
+    this.vocabSize = c.vocab_size;
+    this.maxContext = c.max_context;
+    const { headerBytes, tensors } = parseSafetensorsHeader(file);
+
+    // copy the whole file so that its data section starts 16-byte aligned in wasm memory
+    const raw = this.wasm.draft_alloc(file.byteLength + 16);
+    if (!raw) throw loadError("out of wasm memory for the weights");
+    const base = raw + ((16 - ((raw + headerBytes) % 16)) % 16);
+    this._u8().set(file, base);
+    const dataStart = base + headerBytes;
+
+    check(this.wasm.draft_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
+      c.num_heads, c.num_kv_heads, c.head_dim, c.max_context, c.rms_norm_eps, c.rope_theta), "build");
+    const place = (name, kind, layer, shape) => {
+      const t = tensors[name];
+      if (!t) throw loadError(`missing tensor ${name}`);
+      if (t.dtype !== "F32") throw loadError(`tensor ${name} is ${t.dtype}; the WASM draft needs F32 weights`);
+      if (JSON.stringify(t.shape) !== JSON.stringify(shape)) {
+        throw loadError(`tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
+      }
+      check(this.wasm.draft_set_tensor(kind, layer, dataStart + t.begin), name);
+    };
+    place("model.embed_tokens.weight", T.embed, 0, [c.vocab_size, c.hidden_size]);
+    place("model.norm.weight", T.final_norm, 0, [c.hidden_size]);
+    if (!c.tie_word_embeddings) place("lm_head.weight", T.lm_head, 0, [c.vocab_size, c.hidden_size]);
+    for (let l = 0; l < c.num_layers; l++) {
+      for (const [suffix, kind, shape] of LAYER_TENSORS) place(`model.layers.${l}.${suffix}`, kind, l, shape(c));
+    }
+    check(this.wasm.draft_check(), "check");
+
+    // argument / result buffers, allocated once (re-made only if k or a list grows)
+    this._idsCap = Math.max(c.max_context, 1024);
+    this._ids = this.wasm.draft_alloc(4 * this._idsCap);        // (idsCap,) int32 scratch
+    this._ids2 = this.wasm.draft_alloc(4 * this._idsCap);       // (idsCap,) int32 scratch
+    this._logitsIn = this.wasm.draft_alloc(4 * c.vocab_size);   // (V,) f32 (processRow input)
+    this._rowOut = this.wasm.draft_alloc(4 * c.vocab_size);     // (V,) f32 (processRow output)
+    this._kCap = 0;
+    this._ensureK(16);
+  }
+
+  _u8() { return new Uint8Array(this.wasm.memory.buffer); }
+  _i32(ptr, n) { return new Int32Array(this.wasm.memory.buffer, ptr, n); }
+  _f32(ptr, n) { return new Float32Array(this.wasm.memory.buffer, ptr, n); }
+  _f64(ptr, n) { return new Float64Array(this.wasm.memory.buffer, ptr, n); }
+
+  _ensureK(k) {
+    if (k <= this._kCap) return;
+    this._kCap = Math.max(k, 2 * this._kCap);
+    this._outTokens = this.wasm.draft_alloc(4 * this._kCap);                   // (kCap,) int32
+    this._outRows = this.wasm.draft_alloc(4 * this._kCap * this.vocabSize);    // (kCap, V) f32
+    if (!this._outTokens || !this._outRows) throw loadError("out of wasm memory for k rows");
+  }
+
+  _ensureIds(n) {
+    if (n <= this._idsCap) return;
+    this._idsCap = Math.max(n, 2 * this._idsCap);
+    this._ids = this.wasm.draft_alloc(4 * this._idsCap);
+    this._ids2 = this.wasm.draft_alloc(4 * this._idsCap);
+  }
+
+  _writeIds(ptr, ids) {
+    const arr = Int32Array.from(ids, (v) => {
+      if (!Number.isInteger(Number(v))) throw badArgument(`token id ${v} is not an integer`);
+      return Number(v);
+    });
+    this._i32(ptr, arr.length).set(arr);
+    return arr.length;
+  }
+
+  /** positions occupied in the KV cache (forward(…, startPos) needs startPos <= nCached) */
+  get nCached() { return this.wasm.draft_n_cached(); }
+
+  /** feed tokenIds at [startPos, startPos + n); returns the logits (V,) of the last one */
+  forward(tokenIds, startPos) {
+    this._ensureIds(tokenIds.length);
+    const n = this._writeIds(this._ids, tokenIds);
+    check(this.wasm.draft_forward(this._ids, n, startPos), "forward");
+    return this._f32(this.wasm.draft_logits(), this.vocabSize).slice();
+  }
+
+  /** policy + context (+ stop ids) into the C side; throws E_BAD_ARGUMENT on a bad policy */
+  _setPolicy(policy, contextIds, stopTokenIds) {
+    const p = policyNumbers(policy);
+    const V = this.vocabSize;
+    if (!(p.temperature >= 0 && Number.isFinite(p.temperature))) throw badArgument(`temperature: ${p.temperature}`);
+    if (!Number.isInteger(p.top_k) || p.top_k < 0) throw badArgument(`top_k: ${p.top_k}`);
+    if (!(p.top_p > 0 && p.top_p <= 1)) throw badArgument(`top_p: ${p.top_p}`);
+    if (!(p.repetition_penalty > 0 && Number.isFinite(p.repetition_penalty))) {
+      throw badArgument(`repetition_penalty: ${p.repetition_penalty}`);
+    }
+    check(this.wasm.draft_set_policy(p.temperature, p.top_k, p.top_p, p.repetition_penalty), "policy");
+    for (const id of [...p.suppress, ...(p.allowed ?? [])]) {
+      if (!Number.isInteger(Number(id)) || id < 0 || id >= V) throw badArgument(`token id ${id} not in [0, ${V})`);
+    }
+    this._ensureIds(Math.max(p.suppress.length, p.allowed ? p.allowed.length : 0, contextIds.length, stopTokenIds.length));
+    const nS = this._writeIds(this._ids, p.suppress);
+    const nA = p.allowed === null ? -1 : this._writeIds(this._ids2, p.allowed);
+    check(this.wasm.draft_set_masks(this._ids, nS, this._ids2, nA), "masks");
+    check(this.wasm.draft_set_context(this._ids, this._writeIds(this._ids, contextIds)), "context_ids");
+    check(this.wasm.draft_set_stops(this._ids, this._writeIds(this._ids, stopTokenIds)), "stop_token_ids");
+  }
+
+  /**
+   * RunnerDraft.propose: feed the unmaterialised ids at startPos, then up to k proposals, each
+   * drawn from its processed row (processors-v1) at address (seed, draft_sample, roundId, i);
+   * stops after a stop token. Row i's context is contextIds + tokens[:i].
+   * -> {tokens: Int32Array m, pDraft: Float32Array m*V, error_code: "" | "E_PROCESSOR_INVALID"}
+   */
+  propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
+    if (!Number.isInteger(k) || k < 0) throw badArgument(`k: ${k}`);
+    const [lo, hi] = seed ?? [0, 0];
+    this._setPolicy(policy, contextIds, stopTokenIds);
+    this._ensureK(k);
+    this._ensureIds(feed.length);
+    const nFeed = this._writeIds(this._ids, feed);
+    const status = this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0, roundId >>> 0,
+      this._outTokens, this._outRows);
+    const m = this.wasm.draft_n_proposed();
+    const V = this.vocabSize;
+    const tokens = this._i32(this._outTokens, m).slice();
+    const pDraft = this._f32(this._outRows, m * V).slice();
+    if (status === 1) return { tokens, pDraft, error_code: "E_PROCESSOR_INVALID" };
+    check(status, "propose");
+    return { tokens, pDraft, error_code: "" };
+  }
+
+  /** processors-v1 on one logits row (tests): {probs (V,) f32, probs64 (V,) f64, error_code} */
+  processRow(logits, contextIds = [], policy = {}) {
+    this._setPolicy(policy, contextIds, []);
+    this._f32(this._logitsIn, this.vocabSize).set(logits);
+    const status = this.wasm.draft_process(this._logitsIn, this._rowOut);
+    if (status === 1) return { probs: null, probs64: null, error_code: "E_PROCESSOR_INVALID" };
+    check(status, "process");
+    return {
+      probs: this._f32(this._rowOut, this.vocabSize).slice(),
+      probs64: this._f64(this.wasm.draft_work(), this.vocabSize).slice(),
+      error_code: "",
+    };
+  }
+
+  /** Gumbel-max over float64 weights at (seed, domain, round, position) (tests); -1 if invalid */
+  sampleWeights(weights, seed, domain, roundId, position) {
+    const n = weights.length;
+    if (!(n <= this._weightsCap)) {                 // grown on demand; the arena never shrinks
+      this._weightsCap = Math.max(n, this.vocabSize);
+      this._weights = this.wasm.draft_alloc(8 * this._weightsCap);   // (cap,) f64
+    }
+    this._f64(this._weights, n).set(weights);
+    return this.wasm.draft_sample(this._weights, n, seed[0] >>> 0, seed[1] >>> 0, domain, roundId >>> 0,
+      position >>> 0);
+  }
+}
+
+function check(status, what) {
+  if (status === 0) return;
+  const code = STATUS_CODES[status] ?? "E_MODEL_LOAD";
+  throw new DraftError(code, `draft ${what} failed (status ${status})`);
+}
