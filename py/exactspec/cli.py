@@ -31,7 +31,8 @@ def _add_generation_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--backend", default="reference", choices=["reference"])
+    p.add_argument("--backend", default="reference", choices=["reference", "browser"],
+                   help="reference: CPython/NumPy; browser: headless Chromium (WebGPU champion, WASM draft, Pyodide)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -57,13 +58,9 @@ def _policy(args):
 
 
 def _load(args):
-    from .models import default_models_dir, load_pair
-    base = default_models_dir()
-    champion = args.champion or os.path.join(base, "champion")
-    draft = None
-    if args.speculate == "draft":
-        draft = args.draft or os.path.join(base, "draft")
-    return load_pair(champion, draft, args.backend)
+    from .models import load_pair
+    champion, draft = _model_dirs(args)
+    return load_pair(champion, draft)
 
 
 def _prompt_ids(pair, args):
@@ -81,13 +78,6 @@ def _config(pair, args, seed):
                             k=args.k, seed=seed, stop_token_ids=pair.stop_token_ids, stop_strings=tuple(args.stop))
 
 
-def _summary(result) -> dict:
-    out = result.to_dict()
-    st = out["stats"]
-    st.setdefault("tokens_per_round", None)
-    return out
-
-
 def derive_seed(seed: int, index: int) -> int:
     """Seed of sample `index`: Threefry of (seed, 'SAMP', index), 64 bits."""
     from .rng import threefry2x32
@@ -95,21 +85,55 @@ def derive_seed(seed: int, index: int) -> int:
     return x0 | (x1 << 32)
 
 
-def cmd_generate(args) -> int:
+def _model_dirs(args):
+    from .models import default_models_dir
+    base = default_models_dir()
+    champion = args.champion or os.path.join(base, "champion")
+    draft = (args.draft or os.path.join(base, "draft")) if args.speculate == "draft" else None
+    return champion, draft
+
+
+def _browser_payload(args, seed: int) -> dict:
+    return {"prompt": args.prompt, "chat": args.chat, "config": {
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "repetition_penalty": args.repetition_penalty, "speculate": args.speculate,
+        "k": args.k, "seed": seed, "stop_strings": list(args.stop)}}
+
+
+def _run(args, seeds, on_event=None) -> list:
+    """Run one request per seed on the chosen backend; returns result dicts (same shape for both)."""
+    if args.backend == "browser":
+        from .browser_run import BrowserRuntime
+        champion, draft = _model_dirs(args)
+        with BrowserRuntime(champion, draft) as rt:
+            outs = []
+            for seed in seeds:
+                out = rt.generate(_browser_payload(args, seed))
+                result = dict(out["result"])
+                result["timing_ms"] = {**result.get("timing_ms", {}), "load": rt.ready["timing_ms"],
+                                       "wall": result.pop("wall_ms", None)}
+                outs.append(result)
+            return outs
     pair = _load(args)
     ids = _prompt_ids(pair, args)
+    return [pair.orchestrator.generate(ids, _config(pair, args, seed), on_event=on_event).to_dict() for seed in seeds]
+
+
+def cmd_generate(args) -> int:
     stream = None if args.json else (lambda env: env["kind"] == "tokens" and
                                      (sys.stdout.write(env["payload"]["text"]), sys.stdout.flush()))
-    result = pair.orchestrator.generate(ids, _config(pair, args, args.seed), on_event=stream)
+    result = _run(args, [args.seed], stream)[0]
     if args.json:
-        print(json.dumps(_summary(result)))
+        print(json.dumps(result))
     else:
-        st = result.stats
+        if args.backend == "browser":
+            sys.stdout.write(result["text"])
+        st = result["stats"]
         print()
-        print(f"[{result.finish_reason}] {len(result.token_ids)} tokens, {st['rounds']} rounds, "
-              f"{st['accepted']}/{st['proposed']} accepted, {result.timing_ms['total']:.0f} ms", file=sys.stderr)
-    if result.error:
-        print(f"exactspec: {result.error['code']}: {result.error['message']}", file=sys.stderr)
+        print(f"[{result['finish_reason']}] {len(result['token_ids'])} tokens, {st['rounds']} rounds, "
+              f"{st['accepted']}/{st['proposed']} accepted, {result['timing_ms']['total']:.0f} ms", file=sys.stderr)
+    if result["error"]:
+        print(f"exactspec: {result['error']['code']}: {result['error']['message']}", file=sys.stderr)
         return EXIT_ERROR
     return 0
 
@@ -117,19 +141,15 @@ def cmd_generate(args) -> int:
 def cmd_sample(args) -> int:
     if args.n < 1:
         raise ExactSpecError(E_BAD_ARGUMENT, "--n must be at least 1")
-    pair = _load(args)
-    ids = _prompt_ids(pair, args)
-    samples, failed = [], False
-    for i in range(args.n):
-        r = pair.orchestrator.generate(ids, _config(pair, args, derive_seed(args.seed, i)))
-        failed |= r.error is not None
-        samples.append({"token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason,
-                        "stats": r.stats, "error": r.error})
-        if not args.json:
-            print(json.dumps(r.text))
+    results = _run(args, [derive_seed(args.seed, i) for i in range(args.n)])
+    samples = [{"token_ids": r["token_ids"], "text": r["text"], "finish_reason": r["finish_reason"],
+                "stats": r["stats"], "error": r["error"]} for r in results]
     if args.json:
-        print(json.dumps({"prompt_ids": ids, "samples": samples}))
-    return EXIT_ERROR if failed else 0
+        print(json.dumps({"prompt_ids": results[0]["prompt_ids"], "samples": samples}))
+    else:
+        for r in samples:
+            print(json.dumps(r["text"]))
+    return EXIT_ERROR if any(r["error"] for r in samples) else 0
 
 
 def main(argv=None) -> int:

@@ -47,10 +47,8 @@ def stop_ids_from(model_dir: str) -> tuple:
     return tuple(eos if isinstance(eos, list) else [eos])
 
 
-def load_pair(champion_dir: str, draft_dir: Optional[str] = None, backend: str = "reference") -> LoadedPair:
+def load_pair(champion_dir: str, draft_dir: Optional[str] = None) -> LoadedPair:
     from .reference_llama import LlamaReference  # numpy: CPython only
-    if backend != "reference":
-        raise ExactSpecError(E_MODEL_LOAD, f"backend {backend!r} is not available here")
     manifest = None
     if draft_dir is not None:
         from .manifest import check_pair

@@ -33,9 +33,18 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         super().end_headers()
 
+    mounts: dict = {}   # URL prefix ("/models/x/") -> directory, for models outside the repository
+
     def _allowed(self) -> bool:
         path = self.path.split("?", 1)[0].split("#", 1)[0]
-        return ".." not in path and path.startswith(ALLOWED_PREFIXES)
+        return ".." not in path and path.startswith(ALLOWED_PREFIXES + tuple(self.mounts))
+
+    def translate_path(self, path):
+        clean = path.split("?", 1)[0].split("#", 1)[0]
+        for prefix, directory in self.mounts.items():
+            if clean.startswith(prefix):
+                return os.path.join(directory, clean[len(prefix):])
+        return super().translate_path(path)
 
     def do_GET(self):
         if self.path in ("/", "/index.html"):
@@ -65,9 +74,10 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 class StaticServer:
     """Serve `root` on host:port (port 0: ephemeral) from a daemon thread."""
 
-    def __init__(self, root: Path | str = REPO_ROOT, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, root: Path | str = REPO_ROOT, host: str = "127.0.0.1", port: int = 0, mounts=None):
         self.root = Path(root)
-        handler = functools.partial(Handler, directory=str(self.root))
+        handler_class = type("MountedHandler", (Handler,), {"mounts": dict(mounts or {})})
+        handler = functools.partial(handler_class, directory=str(self.root))
         self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]

@@ -1,0 +1,89 @@
+"""Run generations in headless Chromium (WebGPU champion, WASM draft, Pyodide orchestrator) from
+CPython: `exactspec generate --backend browser` and the browser tests use this."""
+from __future__ import annotations
+
+import os
+import time
+
+from .errors import E_DEVICE_LOST, E_MODEL_LOAD, ExactSpecError
+from .server import REPO_ROOT, StaticServer
+
+CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-first-run", "--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-angle=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+]
+
+
+def _url_for(model_dir: str, name: str, mounts: dict) -> str:
+    """URL under which the server exposes model_dir (mounted when outside web/)."""
+    full = os.path.realpath(model_dir)
+    web = os.path.realpath(os.path.join(REPO_ROOT, "web"))
+    if full.startswith(web + os.sep):
+        return "/web/" + os.path.relpath(full, web).replace(os.sep, "/") + "/"
+    prefix = f"/models/{name}/"
+    mounts[prefix] = full
+    return prefix
+
+
+class BrowserRuntime:
+    """One server, one Chromium page, one loaded engine; `generate(payload)` per request."""
+
+    def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600):
+        for d in filter(None, (champion_dir, draft_dir)):
+            if not os.path.isfile(os.path.join(d, "config.json")):
+                raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
+        mounts: dict = {}
+        models = {"champion": _url_for(champion_dir, "champion", mounts),
+                  "draft": _url_for(draft_dir, "draft", mounts) if draft_dir else None}
+        self.server = StaticServer(mounts=mounts)
+        self._pw = None
+        self.log: list = []
+        if browser is None:
+            from playwright.sync_api import sync_playwright
+            self._pw = sync_playwright().start()
+            browser = self._pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        self.browser = browser
+        self.context = browser.new_context()
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(timeout_s * 1000)
+        self.page.on("console", lambda m: self.log.append(f"console.{m.type}: {m.text}"))
+        self.page.on("pageerror", lambda e: self.log.append(f"pageerror: {e}"))
+        t0 = time.perf_counter()
+        self.page.goto(self.server.url + "/web/runner.html")
+        self.page.wait_for_function("window.runnerReady === true")
+        try:
+            self.ready = self.page.evaluate("(m) => window.exactspecRunner.load(m)", models)
+        except Exception as exc:
+            self.close()
+            raise ExactSpecError(E_DEVICE_LOST, f"browser engine failed to load: {_first_line(exc)}") from None
+        self.ready["timing_ms"]["page_total"] = (time.perf_counter() - t0) * 1000
+
+    def generate(self, payload: dict) -> dict:
+        try:
+            out = self.page.evaluate("(p) => window.exactspecRunner.generate(p)", payload)
+        except Exception as exc:
+            msg = _first_line(exc)
+            code = msg.split(":", 1)[0] if msg.startswith("E_") else E_DEVICE_LOST
+            raise ExactSpecError(code if code.startswith("E_") else E_DEVICE_LOST, msg) from None
+        return out
+
+    def close(self):
+        for fn in (self.context.close, self._pw and self.browser.close, self._pw and self._pw.stop, self.server.close):
+            if fn:
+                try:
+                    fn()
+                except Exception:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.replace("Error: ", "", 1) if text.startswith("Error: E_") else text
