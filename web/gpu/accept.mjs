@@ -1,0 +1,294 @@
+// accept.mjs: processors, acceptance and sampling on WebGPU (docs/browser_contract.md, docs/gpu_accept.md).
+//
+//   const acceptor = await createAcceptor({ device, vocabSize, maxBlock });
+//   await acceptor.decide({...})      -> { n_accepted, next_token, rejected_at, ended_by, error_code }
+//   await acceptor.processRows({...}) -> Float32Array (nRows * V) processed rows (tests only)
+//   await acceptor.drawBits(addrs)    -> Uint32Array of RNG words per address (tests only)
+//
+// One decide() = one submission: processors_rows (one workgroup per row) + accept_decide (one
+// workgroup), then 8 u32 words are copied back. Semantics: exactspec.acceptance.decide_round with
+// exactspec.processors.process_logits (processors-v1) and the RNG contract of docs/rng.md.
+
+const WG = 256;
+const MAX_BLOCK_LIMIT = 32;                    // stop_mask is one u32 word
+const NONE = 0xffffffff;
+const RESULT_WORDS = 8;
+const ROWINFO_WORDS = 4;
+const ROW_INVALID = 1;
+const ROW_NEAR_TOP_P = 2;
+const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
+const ENDED_BY = ["", "stop", "length"];
+const SHADER_FILES = {
+  common: "accept_common.wgsl",
+  threefry: "threefry_addr.wgsl",
+  gumbel: "sample_gumbel.wgsl",
+  processors: "processors_rows.wgsl",
+  decide: "accept_decide.wgsl",
+  bits: "threefry_bits.wgsl",
+};
+
+function badArgument(message) {
+  return Object.assign(new Error(message), { code: "E_BAD_ARGUMENT" });
+}
+
+function isUint(v, limit) {
+  return Number.isInteger(v) && v >= 0 && v < limit;
+}
+
+async function fetchShaders(baseUrl) {
+  const entries = await Promise.all(Object.entries(SHADER_FILES).map(async ([name, file]) => {
+    const response = await fetch(new URL(file, baseUrl));
+    if (!response.ok) throw Object.assign(new Error(`shader ${file}: HTTP ${response.status}`), { code: "E_MODEL_LOAD" });
+    return [name, await response.text()];
+  }));
+  return Object.fromEntries(entries);
+}
+
+function shaderHeader(V) {
+  const per = Math.ceil(V / WG);
+  const idBits = Math.max(1, Math.ceil(Math.log2(V)));
+  return `const V: u32 = ${V}u;\nconst PER: u32 = ${per}u;\nconst WG: u32 = ${WG}u;\n` +
+         `const NWORDS: u32 = ${Math.ceil(V / 32)}u;\nconst IDBITS: u32 = ${idBits}u;\n`;
+}
+
+async function compile(device, label, code, layout) {
+  device.pushErrorScope("validation");
+  const module = device.createShaderModule({ label, code });
+  const info = await module.getCompilationInfo();
+  const errors = info.messages.filter((m) => m.type === "error");
+  if (errors.length) {
+    await device.popErrorScope();
+    throw new Error(`${label}: ${errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join("; ")}`);
+  }
+  const pipeline = await device.createComputePipelineAsync({
+    label, layout: device.createPipelineLayout({ bindGroupLayouts: [layout] }), compute: { module, entryPoint: "main" },
+  });
+  const err = await device.popErrorScope();
+  if (err) throw new Error(`${label}: ${err.message}`);
+  return pipeline;
+}
+
+function layoutOf(device, kinds) {
+  return device.createBindGroupLayout({
+    entries: kinds.map((type, binding) => ({
+      binding, visibility: GPUShaderStage.COMPUTE,
+      buffer: { type: type === "uniform" ? "uniform" : type === "ro" ? "read-only-storage" : "storage" },
+    })),
+  });
+}
+
+// policy -> checked numbers (same refusals as SamplingPolicy.validate, field name first).
+function checkPolicy(policy, V) {
+  const p = { temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0,
+              suppress_token_ids: [], allowed_token_ids: null, ...(policy || {}) };
+  if (!(Number.isFinite(p.temperature) && p.temperature >= 0)) throw badArgument(`temperature: ${p.temperature}`);
+  if (!(Number.isInteger(p.top_k) && p.top_k >= 0)) throw badArgument(`top_k: ${p.top_k}`);
+  if (!(p.top_p > 0 && p.top_p <= 1)) throw badArgument(`top_p: ${p.top_p}`);
+  if (!(Number.isFinite(p.repetition_penalty) && p.repetition_penalty > 0)) {
+    throw badArgument(`repetition_penalty: ${p.repetition_penalty}`);
+  }
+  for (const id of p.suppress_token_ids) if (!isUint(id, V)) throw badArgument(`suppress_token_ids: ${id}`);
+  if (p.allowed_token_ids !== null) for (const id of p.allowed_token_ids) {
+    if (!isUint(id, V)) throw badArgument(`grammar: ${id}`);
+  }
+  return p;
+}
+
+export async function createAcceptor({ device, vocabSize, maxBlock, shaderBaseUrl = new URL("../../shaders/", import.meta.url) }) {
+  const V = vocabSize;
+  if (!(Number.isInteger(V) && V >= 1)) throw badArgument(`vocabSize: ${V}`);
+  if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) throw badArgument(`maxBlock: ${maxBlock}`);
+  const nWords = Math.ceil(V / 32);
+  const src = await fetchShaders(shaderBaseUrl);
+  const head = shaderHeader(V);
+
+  const procLayout = layoutOf(device, ["ro", "rw", "rw", "ro", "ro", "uniform"]);
+  const decideLayout = layoutOf(device, ["ro", "ro", "ro", "ro", "rw", "uniform"]);
+  const bitsLayout = layoutOf(device, ["ro", "rw"]);
+  const [procPipeline, decidePipeline, bitsPipeline] = await Promise.all([
+    compile(device, "processors_rows", head + src.common + src.processors, procLayout),
+    compile(device, "accept_decide", head + src.common + src.threefry + src.gumbel + src.decide, decideLayout),
+    compile(device, "threefry_bits", src.threefry + src.gumbel + src.bits, bitsLayout),
+  ]);
+
+  const S = GPUBufferUsage.STORAGE, CD = GPUBufferUsage.COPY_DST, CS = GPUBufferUsage.COPY_SRC;
+  const buffer = (label, size, usage) => device.createBuffer({ label, size: Math.max(16, size), usage });
+  const rowBytes = maxBlock * V * 4;
+  const params = buffer("accept params", 64, GPUBufferUsage.UNIFORM | CD);                 // (16,) Params
+  const probs = buffer("accept probs", rowBytes, S | CS);                                   // (maxBlock, V) f32
+  const rowinfo = buffer("accept rowinfo", maxBlock * ROWINFO_WORDS * 4, S | CS);           // (maxBlock, 4) u32
+  const bitmaps = buffer("accept bitmaps", 2 * nWords * 4, S | CD);                         // (2, NWORDS) u32
+  const proposalsBuf = buffer("accept proposals", maxBlock * 4, S | CD);                    // (maxBlock,) u32
+  const pDraftBuf = buffer("accept p_draft", rowBytes, S | CD);                             // (maxBlock, V) f32
+  const result = buffer("accept result", RESULT_WORDS * 4, S | CS);                         // (8,) u32
+  const readback = buffer("accept readback", RESULT_WORDS * 4, GPUBufferUsage.MAP_READ | CD);
+  const logitsUpload = buffer("accept logits upload", rowBytes, S | CD);                    // processRows input
+
+  const entries = (buffers) => buffers.map((b, binding) => ({ binding, resource: { buffer: b } }));
+  const decideGroup = device.createBindGroup({
+    layout: decideLayout, entries: entries([probs, rowinfo, pDraftBuf, proposalsBuf, result, params]),
+  });
+  const procGroups = new WeakMap();            // logits buffer -> bind group
+  function procGroupFor(logitsBuffer) {
+    let g = procGroups.get(logitsBuffer);
+    if (!g) {
+      g = device.createBindGroup({
+        layout: procLayout, entries: entries([logitsBuffer, probs, rowinfo, bitmaps, proposalsBuf, params]),
+      });
+      procGroups.set(logitsBuffer, g);
+    }
+    return g;
+  }
+
+  let tail = Promise.resolve();                 // decide/processRows share buffers: run one at a time
+  const serial = (fn) => {
+    const run = tail.then(fn, fn);
+    tail = run.catch(() => {});
+    return run;
+  };
+
+  // Writes Params, bitmaps and proposals for nRows rows; returns nothing.
+  function upload({ nRows, proposals, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
+    const pol = checkPolicy(policy, V);
+    const props = Int32Array.from(proposals || []);
+    if (!(Number.isInteger(nRows) && nRows >= 1 && nRows <= maxBlock)) throw badArgument(`nRows: ${nRows}`);
+    if (props.length > nRows) throw badArgument(`proposals: ${props.length} > nRows ${nRows}`);
+    for (const y of props) if (!isUint(y, V)) throw badArgument(`proposals: ${y}`);
+    const bits = new Uint32Array(2 * nWords);  // [0] masked ids, [1] context ids
+    const setBit = (word0, j) => { bits[word0 + (j >>> 5)] |= (1 << (j & 31)) >>> 0; };
+    for (const id of pol.suppress_token_ids) setBit(0, id);
+    if (pol.allowed_token_ids !== null) {
+      const allowed = new Uint8Array(V);
+      for (const id of pol.allowed_token_ids) allowed[id] = 1;
+      for (let j = 0; j < V; j++) if (!allowed[j]) setBit(0, j);
+    }
+    for (const id of contextIds || []) {
+      if (!isUint(id, V)) throw badArgument(`context_ids: ${id}`);
+      setBit(nWords, id);
+    }
+    const stops = new Set(stopTokenIds || []);
+    let stopMask = 0;
+    props.forEach((y, i) => { if (stops.has(y)) stopMask |= 1 << i; });
+    const [seedLo, seedHi] = seed || [0, 0];
+    if (!isUint(seedLo, 2 ** 32) || !isUint(seedHi, 2 ** 32)) throw badArgument(`seed: ${seed}`);
+    if (!isUint(roundId ?? 0, 2 ** 32)) throw badArgument(`roundId: ${roundId}`);
+    const words = new ArrayBuffer(64);
+    const u = new Uint32Array(words), f = new Float32Array(words);
+    u[0] = nRows; u[1] = props.length; u[2] = seedLo; u[3] = seedHi;
+    u[4] = roundId ?? 0; u[5] = remaining ?? NONE; u[6] = greedy ? 1 : 0; u[7] = stopMask >>> 0;
+    f[8] = pol.temperature; f[9] = pol.top_p; f[10] = pol.repetition_penalty; u[11] = pol.top_k;
+    u[12] = pol.repetition_penalty !== 1.0 ? 1 : 0;
+    u[13] = pol.suppress_token_ids.length || pol.allowed_token_ids !== null ? 1 : 0;
+    u[14] = 0xff800000; u[15] = 0;
+    device.queue.writeBuffer(params, 0, words);
+    device.queue.writeBuffer(bitmaps, 0, bits);
+    const propWords = new Uint32Array(maxBlock);
+    propWords.set(props);
+    device.queue.writeBuffer(proposalsBuf, 0, propWords);
+  }
+
+  function encodeProcessors(encoder, logitsBuffer, nRows) {
+    const pass = encoder.beginComputePass({ label: "processors_rows" });
+    pass.setPipeline(procPipeline);
+    pass.setBindGroup(0, procGroupFor(logitsBuffer));
+    pass.dispatchWorkgroups(nRows);
+    pass.end();
+  }
+
+  async function decideNow(args) {
+    const { logitsBuffer, nRows, proposals, pDraft, greedy, remaining } = args;
+    const m = (proposals || []).length;
+    if (nRows !== m + 1) throw badArgument(`nRows: need m + 1 = ${m + 1}, got ${nRows}`);
+    if (m > 0 && !(Number.isInteger(remaining) && remaining >= m)) throw badArgument(`remaining: ${remaining} < m ${m}`);
+    upload(args);
+    if (m > 0 && !greedy) {
+      if (!pDraft || pDraft.length !== m * V) throw badArgument(`pDraft: need ${m} * ${V} floats`);
+      device.queue.writeBuffer(pDraftBuf, 0, pDraft instanceof Float32Array ? pDraft : Float32Array.from(pDraft));
+    }
+    const encoder = device.createCommandEncoder({ label: "accept decide" });
+    encodeProcessors(encoder, logitsBuffer, nRows);
+    const pass = encoder.beginComputePass({ label: "accept_decide" });
+    pass.setPipeline(decidePipeline);
+    pass.setBindGroup(0, decideGroup);
+    pass.dispatchWorkgroups(1);
+    pass.end();
+    encoder.copyBufferToBuffer(result, 0, readback, 0, RESULT_WORDS * 4);
+    device.queue.submit([encoder.finish()]);
+    await readback.mapAsync(GPUMapMode.READ);
+    const w = new Uint32Array(readback.getMappedRange().slice(0));
+    readback.unmap();
+    const f = new Float32Array(w.buffer);
+    const error_code = ERROR_CODES[w[4]];
+    return {
+      n_accepted: w[0],
+      next_token: w[1] === NONE ? -1 : w[1],
+      rejected_at: w[2] === NONE ? -1 : w[2],
+      ended_by: ENDED_BY[w[3]],
+      error_code,
+      diag: { score: f[5], u: f[6], a: f[7] },  // winning Gumbel score; u and a of the last accept test
+    };
+  }
+
+  async function processRowsNow({ logits, logitsBuffer, nRows, proposals, contextIds, policy, greedy }) {
+    upload({ nRows, proposals, contextIds, policy, greedy });
+    let source = logitsBuffer;
+    if (!source) {
+      if (!logits || logits.length !== nRows * V) throw badArgument(`logits: need ${nRows} * ${V} floats`);
+      device.queue.writeBuffer(logitsUpload, 0, logits instanceof Float32Array ? logits : Float32Array.from(logits));
+      source = logitsUpload;
+    }
+    const probBytes = nRows * V * 4, infoBytes = nRows * ROWINFO_WORDS * 4;
+    const staging = device.createBuffer({ size: probBytes + infoBytes, usage: GPUBufferUsage.MAP_READ | CD });
+    const encoder = device.createCommandEncoder({ label: "accept processRows" });
+    encodeProcessors(encoder, source, nRows);
+    encoder.copyBufferToBuffer(probs, 0, staging, 0, probBytes);
+    encoder.copyBufferToBuffer(rowinfo, 0, staging, probBytes, infoBytes);
+    device.queue.submit([encoder.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const bytes = staging.getMappedRange().slice(0);
+    staging.unmap();
+    staging.destroy();
+    const out = new Float32Array(bytes, 0, nRows * V);
+    const info = new Uint32Array(bytes, probBytes, nRows * ROWINFO_WORDS);
+    out.status = Array.from({ length: nRows }, (_, r) => info[r * ROWINFO_WORDS]);
+    out.errorCodes = out.status.map((s) => (s & ROW_INVALID ? "E_PROCESSOR_INVALID" : ""));
+    out.nearTopP = out.status.map((s) => (s & ROW_NEAR_TOP_P) !== 0);
+    out.argmax = Array.from({ length: nRows }, (_, r) => info[r * ROWINFO_WORDS + 1]);
+    out.nKept = Array.from({ length: nRows }, (_, r) => info[r * ROWINFO_WORDS + 2]);
+    for (let r = 0; r < nRows; r++) if (out.status[r] & ROW_INVALID) out.fill(NaN, r * V, (r + 1) * V);
+    return out;
+  }
+
+  // addrs: Uint32Array (n, 8) = seed_lo, seed_hi, domain, round, position, token, weight f32 bits, 0.
+  async function drawBitsNow(addrs) {
+    const n = addrs.length / 8;
+    const input = device.createBuffer({ size: addrs.byteLength, usage: S | CD });
+    const output = device.createBuffer({ size: addrs.byteLength, usage: S | CS });
+    const staging = device.createBuffer({ size: addrs.byteLength, usage: GPUBufferUsage.MAP_READ | CD });
+    device.queue.writeBuffer(input, 0, addrs);
+    const encoder = device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    pass.setPipeline(bitsPipeline);
+    pass.setBindGroup(0, device.createBindGroup({ layout: bitsLayout, entries: entries([input, output]) }));
+    pass.dispatchWorkgroups(Math.ceil(n / 64));
+    pass.end();
+    encoder.copyBufferToBuffer(output, 0, staging, 0, addrs.byteLength);
+    device.queue.submit([encoder.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const words = new Uint32Array(staging.getMappedRange().slice(0));
+    staging.unmap();
+    for (const b of [input, output, staging]) b.destroy();
+    return words;
+  }
+
+  return {
+    vocabSize: V,
+    maxBlock,
+    decide: (args) => serial(() => decideNow(args)),
+    processRows: (args) => serial(() => processRowsNow(args)),
+    drawBits: (addrs) => serial(() => drawBitsNow(addrs)),
+    destroy() {
+      for (const b of [params, probs, rowinfo, bitmaps, proposalsBuf, pDraftBuf, result, readback, logitsUpload]) b.destroy();
+    },
+  };
+}
