@@ -21,22 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
-try:
-    from .safetensors import load_safetensors
-except ImportError:  # TEMPORARY FALLBACK until py/exactspec/safetensors.py lands; remove then.
-    from types import SimpleNamespace
-
-    def load_safetensors(path):
-        with open(path, "rb") as fh:
-            blob = fh.read()
-        n = int.from_bytes(blob[:8], "little")
-        header = json.loads(blob[8:8 + n])
-        header.pop("__metadata__", None)
-        body = memoryview(blob)[8 + n:]
-        return {name: SimpleNamespace(dtype=e["dtype"], shape=tuple(e["shape"]),
-                                      data=body[e["data_offsets"][0]:e["data_offsets"][1]])
-                for name, e in header.items()}
-
+from .safetensors import load_safetensors
 
 # Agreement the tests demand (tests/test_reference_llama.py; docs/reference_model.md explains).
 REFERENCE_TOLERANCES = {
@@ -47,6 +32,7 @@ REFERENCE_TOLERANCES = {
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+Q8_WEIGHTS_FILE = "model.q8.safetensors"   # browser weights: int8 per-row linears (docs/browser_contract.md)
 
 # Tensors a checkpoint may carry that the forward pass does not need (old HF exports).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -81,6 +67,36 @@ def _tensor_to_float32(name: str, tensor, path: str) -> np.ndarray:
         raise _load_error(f"tensor {name!r} in {path} holds {arr.size} values, shape {shape} "
                           f"needs {count}", tensor=name, file=path)
     return arr.reshape(shape).astype(np.float32, copy=False)
+
+
+def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
+    """model.q8.safetensors -> float32 tensors under HF names: ``<n>.q8`` int8 (out, in) times
+    ``<n>.scale`` float32 (out,) becomes ``<n>`` (the product is formed in float32, as the
+    exporter's check does); every other tensor (norms, embedding) is decoded as usual."""
+    tensors = {}
+    for name, t in raw.items():
+        if name.endswith(".scale") and name[:-6] + ".q8" in raw:
+            continue
+        if not name.endswith(".q8"):
+            tensors[name] = _tensor_to_float32(name, t, path)
+            continue
+        base = name[:-3]
+        if str(t.dtype).upper() != "I8" or len(t.shape) != 2:
+            raise _load_error(f"tensor {name!r} in {path} must be 2-D I8", tensor=name, file=path)
+        scale_t = raw.get(base + ".scale")
+        if scale_t is None:
+            raise _load_error(f"{path}: {name!r} has no {base + '.scale'!r}", tensor=name, file=path)
+        scale = _tensor_to_float32(base + ".scale", scale_t, path)
+        rows, cols = (int(d) for d in t.shape)
+        if scale.shape != (rows,):
+            raise _load_error(f"{path}: {base + '.scale'!r} has shape {scale.shape}, expected ({rows},)",
+                              tensor=base + ".scale", file=path)
+        q8 = np.frombuffer(t.data, dtype=np.int8)
+        if q8.size != rows * cols:
+            raise _load_error(f"tensor {name!r} in {path} holds {q8.size} values, shape {t.shape} "
+                              f"needs {rows * cols}", tensor=name, file=path)
+        tensors[base] = q8.reshape(rows, cols).astype(np.float32) * scale[:, None]
+    return tensors
 
 
 def _rope_theta(config: dict, path: str) -> float:
@@ -236,10 +252,14 @@ class LlamaReference:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, model_dir) -> "LlamaReference":
+    def from_dir(cls, model_dir, weights: str = "f32") -> "LlamaReference":
+        """Load config.json + model.safetensors, or with weights="q8" model.q8.safetensors
+        dequantised as the browser champion sees it (``W = q8 * scale[:, None]`` in float32)."""
+        if weights not in ("f32", "q8"):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"weights must be 'f32' or 'q8', got {weights!r}")
         model_dir = os.fspath(model_dir)
         config_path = os.path.join(model_dir, CONFIG_FILE)
-        weights_path = os.path.join(model_dir, WEIGHTS_FILE)
+        weights_path = os.path.join(model_dir, WEIGHTS_FILE if weights == "f32" else Q8_WEIGHTS_FILE)
         for p in (config_path, weights_path):
             if not os.path.isfile(p):
                 raise _load_error(f"model file not found: {p}", file=p)
@@ -256,7 +276,10 @@ class LlamaReference:
             raise
         except Exception as exc:  # the reader's own failure, re-coded for callers
             raise _load_error(f"cannot read {weights_path}: {exc}", file=weights_path) from None
-        tensors = {name: _tensor_to_float32(name, t, weights_path) for name, t in raw.items()}
+        if weights == "q8":
+            tensors = _dequantise_q8(raw, weights_path)
+        else:
+            tensors = {name: _tensor_to_float32(name, t, weights_path) for name, t in raw.items()}
         return cls(config, tensors, _sha256_file(weights_path), source=weights_path)
 
     def _load_weights(self, tensors: dict[str, np.ndarray], source: str) -> None:
