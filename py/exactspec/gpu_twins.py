@@ -1,0 +1,84 @@
+"""NumPy twins of the champion's WebGPU kernels (shaders/<name>.wgsl): same names, float64 math.
+
+Each twin takes the kernel's inputs as arrays (the f32/int8 values the GPU sees) and returns what
+the kernel writes, computed in float64 with the reference Llama's building blocks
+(py/exactspec/reference_llama.py). tests/test_gpu_champion.py compares kernel and twin within
+tests/tolerances.py. Shapes: n = block rows, H = hidden, F = intermediate, hd = head_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .reference_llama import apply_rope, rms_norm, rope_inv_freq, silu, softmax_rows
+
+
+def _f64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def embed_gather(embed, ids) -> np.ndarray:
+    """embed (V, H), ids (n,) -> (n, H): exact rows."""
+    return _f64(embed)[np.asarray(ids, dtype=np.int64)]
+
+
+def rmsnorm_f32(x, weight, eps: float) -> np.ndarray:
+    """x (n, H), weight (H,) -> (n, H)."""
+    return rms_norm(_f64(x), _f64(weight), eps)
+
+
+def matmul_q8(q8, scale, x) -> np.ndarray:
+    """q8 (out, in) int8, scale (out,), x (n, in) -> (n, out) = x @ (q8 * scale[:, None])^T."""
+    return (_f64(x) @ _f64(q8).T) * _f64(scale)[None, :]
+
+
+def matmul_q8_residual(q8, scale, x, residual) -> np.ndarray:
+    """residual (n, out) + matmul_q8(q8, scale, x)."""
+    return _f64(residual) + matmul_q8(q8, scale, x)
+
+
+def lm_head_f32(embed, x) -> np.ndarray:
+    """Tied head: embed (V, H), x (n, H) -> logits (n, V)."""
+    return _f64(x) @ _f64(embed).T
+
+
+def rope_table(max_context: int, head_dim: int, theta: float) -> np.ndarray:
+    """(max_context, hd/2, 2) float64 (cos, sin): the table champion.mjs uploads (as float32)."""
+    angles = np.arange(max_context, dtype=np.float64)[:, None] * rope_inv_freq(head_dim, theta)[None, :]
+    return np.stack((np.cos(angles), np.sin(angles)), axis=-1)
+
+
+def rope_qkv(qkv, start_pos: int, heads: int, kv_heads: int, head_dim: int, theta: float):
+    """qkv (n, (heads + 2 KV) hd) -> (q (n, heads, hd), k (n, KV, hd), v (n, KV, hd)): q and k
+    rotated at positions start_pos + j (HF rotate_half); rope_qkv writes k, v to the cache."""
+    qkv = _f64(qkv)
+    n = qkv.shape[0]
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    angles = np.arange(start_pos, start_pos + n, dtype=np.float64)[:, None] * rope_inv_freq(head_dim, theta)
+    angles = np.concatenate((angles, angles), axis=-1)[:, None, :]      # (n, 1, hd)
+    cos, sin = np.cos(angles), np.sin(angles)
+    q = apply_rope(qkv[:, :q_dim].reshape(n, heads, head_dim), cos, sin)
+    k = apply_rope(qkv[:, q_dim:q_dim + kv_dim].reshape(n, kv_heads, head_dim), cos, sin)
+    v = qkv[:, q_dim + kv_dim:].reshape(n, kv_heads, head_dim)
+    return q, k, v
+
+
+def attention_f32(q, k_cache, v_cache, start_pos: int) -> np.ndarray:
+    """q (n, heads, hd); k_cache, v_cache (T, KV, hd) of one layer -> (n, heads * hd).
+    Query j attends over keys [0, start_pos + j]; head h uses kv head h // (heads / KV)."""
+    q, k_cache, v_cache = _f64(q), _f64(k_cache), _f64(v_cache)
+    n, heads, hd = q.shape
+    group = heads // k_cache.shape[1]
+    out = np.empty((n, heads, hd))
+    for j in range(n):
+        keys = start_pos + j + 1
+        for h in range(heads):
+            scores = k_cache[:keys, h // group] @ q[j, h] * hd ** -0.5       # (keys,)
+            out[j, h] = softmax_rows(scores) @ v_cache[:keys, h // group]
+    return out.reshape(n, heads * hd)
+
+
+def swiglu_f32(gate_up) -> np.ndarray:
+    """gate_up (n, 2F) -> (n, F) = silu(gate) * up."""
+    gate_up = _f64(gate_up)
+    f = gate_up.shape[1] // 2
+    return silu(gate_up[:, :f]) * gate_up[:, f:]

@@ -1,0 +1,363 @@
+"""WebGPU champion (shaders/*.wgsl, web/gpu/champion.mjs) in headless Chromium on SwiftShader.
+
+(a) each kernel vs its NumPy twin (py/exactspec/gpu_twins.py) on awkward shapes; (b) batch
+invariance: a position's logits are bit-identical decoded alone or inside any block; (c) whole
+champion vs LlamaReference.from_dir(dir, weights="q8") on a random tiny HF Llama (GQA, tied)
+built here, and on the trained champion in web/models/champion/ when it is present.
+Also the CPU-only test of the q8 loading option of LlamaReference.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
+from tolerances import TOLERANCES, within
+
+from exactspec import gpu_twins
+from exactspec.errors import ExactSpecError
+from exactspec.reference_llama import LlamaReference
+
+TEST_MODELS = REPO_ROOT / "build" / "test_models"   # gitignored, served by the test server
+TRAINED_CHAMPION = REPO_ROOT / "web" / "models" / "champion"
+
+
+# ----------------------------------------------------------------------------- helpers
+def b64(a) -> str:
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
+
+
+def unb64(s: str, dtype, count: int) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype=dtype)[:count]
+
+
+def quantize_rows(w: np.ndarray):
+    """Symmetric per-output-row int8 (the exporter's rule, in float32): w ~= q * scale[:, None]."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = (np.maximum(np.abs(w).max(axis=1), np.float32(1e-12)) / np.float32(127.0)).astype(np.float32)
+    q = np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def write_q8(model_dir: Path) -> None:
+    """model.safetensors (f32) -> model.q8.safetensors per docs/browser_contract.md."""
+    from safetensors.numpy import load_file, save_file
+    out = {}
+    for name, w in load_file(str(model_dir / "model.safetensors")).items():
+        if w.ndim == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight"):
+            out[name + ".q8"], out[name + ".scale"] = quantize_rows(w)
+        elif name != "lm_head.weight":
+            out[name] = w.astype(np.float32)
+    save_file(out, str(model_dir / "model.q8.safetensors"))
+
+
+def build_tiny_llama(model_dir: Path, seed: int = 0) -> Path:
+    """A random HF Llama: GQA (4 heads / 2 kv), tied embeddings, V = 1000 (not a multiple of
+    the workgroup size), H = 96, rope_theta 500, non-unit norm weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                      max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, initializer_range=0.08)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    write_q8(model_dir)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    return build_tiny_llama(TEST_MODELS / "tiny_llama")
+
+
+@pytest.fixture(scope="module")
+def gpu_page(chromium_browser, http_server):  # noqa: F811
+    context = chromium_browser.new_context()
+    page = context.new_page()
+    forward_console(page, prefix="gpu")
+    page.goto(f"{http_server.url}/web/tests/gpu_harness.html")
+    page.wait_for_function("window.harnessReady === true", timeout=60_000)
+    page.evaluate("window.harness.init()")
+    yield page
+    context.close()
+
+
+def run_kernel(page, name, dims, tensors, read):
+    return page.evaluate("([n, d, t, r]) => window.harness.runKernel(n, d, t, r)", [name, dims, tensors, read])
+
+
+def assert_close(got, want, name):
+    err = np.abs(np.asarray(got, np.float64) - want)
+    assert within(got, want, name), f"{name}: max abs err {err.max():.3e} (tolerance {TOLERANCES[name]})"
+
+
+def url_of(model_dir: Path) -> str:
+    return "/" + model_dir.resolve().relative_to(REPO_ROOT).as_posix() + "/"
+
+
+# ----------------------------------------------------------------------------- (a) kernels
+@pytest.mark.parametrize("vocab,hidden,n", [(1000, 96, 1), (1000, 100, 9), (4097, 64, 5)])
+def test_embed_gather(gpu_page, vocab, hidden, n):
+    rng = np.random.default_rng(vocab + n)
+    embed = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    ids = rng.integers(0, vocab, n).astype(np.uint32)
+    ids[0] = vocab - 1
+    (x,) = run_kernel(gpu_page, "embed_gather", {"n": n, "hidden": hidden, "vocab": vocab},
+                      [{"b64": b64(embed)}, {"b64": b64(ids)}, {"bytes": 9 * hidden * 4}], [2])
+    assert_close(unb64(x, np.float32, n * hidden).reshape(n, hidden), gpu_twins.embed_gather(embed, ids), "embed")
+
+
+@pytest.mark.parametrize("hidden,n", [(96, 1), (260, 9), (4097, 3)])
+def test_rmsnorm_f32(gpu_page, hidden, n):
+    rng = np.random.default_rng(hidden + n)
+    x = (rng.standard_normal((n, hidden)) * rng.uniform(0.01, 30, (n, 1))).astype(np.float32)
+    w = (1 + 0.3 * rng.standard_normal(hidden)).astype(np.float32)
+    (y,) = run_kernel(gpu_page, "rmsnorm_f32", {"n": n, "hidden": hidden, "eps": 1e-5},
+                      [{"b64": b64(x)}, {"b64": b64(w)}, {"bytes": n * hidden * 4}], [2])
+    assert_close(unb64(y, np.float32, n * hidden).reshape(n, hidden), gpu_twins.rmsnorm_f32(x, w, 1e-5), "rmsnorm")
+
+
+def _q8_case(rng, rows, cols):
+    q8 = rng.integers(-127, 128, (rows, cols)).astype(np.int8)
+    q8[0, :] = 127
+    q8[-1, :] = -127                                 # extreme rows: every word saturated
+    scale = (rng.uniform(0.5, 2.0, rows) / (127 * np.sqrt(cols))).astype(np.float32)
+    return q8, scale
+
+
+@pytest.mark.parametrize("rows,cols,n", [(1000, 96, 1), (4097, 96, 9), (130, 260, 5), (7, 8, 3), (512, 256, 4)])
+def test_matmul_q8(gpu_page, rows, cols, n):
+    rng = np.random.default_rng(rows * cols + n)
+    q8, scale = _q8_case(rng, rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    (y,) = run_kernel(gpu_page, "matmul_q8", {"n": n, "rows": rows, "cols": cols},
+                      [{"b64": b64(q8)}, {"b64": b64(scale)}, {"b64": b64(x)}, {"bytes": n * rows * 4}], [3])
+    assert_close(unb64(y, np.float32, n * rows).reshape(n, rows), gpu_twins.matmul_q8(q8, scale, x), "matmul_q8")
+
+
+@pytest.mark.parametrize("rows,cols,n", [(1001, 96, 9), (6, 12, 2)])
+def test_matmul_q8_residual(gpu_page, rows, cols, n):
+    rng = np.random.default_rng(rows + cols + n)
+    q8, scale = _q8_case(rng, rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    resid = rng.standard_normal((n, rows)).astype(np.float32)
+    (y,) = run_kernel(gpu_page, "matmul_q8_residual", {"n": n, "rows": rows, "cols": cols},
+                      [{"b64": b64(q8)}, {"b64": b64(scale)}, {"b64": b64(x)}, {"b64": b64(resid)}], [3])
+    assert_close(unb64(y, np.float32, n * rows).reshape(n, rows),
+                 gpu_twins.matmul_q8_residual(q8, scale, x, resid), "matmul_q8")
+
+
+@pytest.mark.parametrize("vocab,hidden,n", [(1000, 96, 1), (4097, 96, 9), (4096, 256, 2)])
+def test_lm_head_f32(gpu_page, vocab, hidden, n):
+    rng = np.random.default_rng(vocab + hidden + n)
+    embed = (rng.standard_normal((vocab, hidden)) * 0.1).astype(np.float32)
+    x = rng.standard_normal((n, hidden)).astype(np.float32)
+    (y,) = run_kernel(gpu_page, "lm_head_f32", {"n": n, "rows": vocab, "cols": hidden},
+                      [{"b64": b64(embed)}, {"b64": b64(x)}, {"bytes": n * vocab * 4}], [2])
+    assert_close(unb64(y, np.float32, n * vocab).reshape(n, vocab), gpu_twins.lm_head_f32(embed, x), "lm_head")
+
+
+@pytest.mark.parametrize("heads,kv_heads,hd,n,start_pos", [(4, 2, 24, 9, 30), (6, 3, 64, 1, 0), (4, 4, 8, 5, 3)])
+def test_rope_qkv(gpu_page, heads, kv_heads, hd, n, start_pos):
+    rng = np.random.default_rng(heads * hd + n)
+    layers, layer, ctx, theta = 2, 1, 48, 10000.0
+    qkv = rng.standard_normal((n, (heads + 2 * kv_heads) * hd)).astype(np.float32)
+    table = gpu_twins.rope_table(ctx, hd, theta).astype(np.float32)
+    cache_bytes = layers * ctx * kv_heads * hd * 4
+    dims = {"n": n, "startPos": start_pos, "heads": heads, "kvHeads": kv_heads, "headDim": hd,
+            "layerOffset": layer * ctx * kv_heads * hd}
+    q, kc, vc = run_kernel(gpu_page, "rope_qkv", dims,
+                           [{"b64": b64(qkv)}, {"b64": b64(table)}, {"bytes": n * heads * hd * 4},
+                            {"bytes": cache_bytes}, {"bytes": cache_bytes}], [2, 3, 4])
+    want_q, want_k, want_v = gpu_twins.rope_qkv(qkv, start_pos, heads, kv_heads, hd, theta)
+    kc = unb64(kc, np.float32, cache_bytes // 4).reshape(layers, ctx, kv_heads, hd)
+    vc = unb64(vc, np.float32, cache_bytes // 4).reshape(layers, ctx, kv_heads, hd)
+    assert_close(unb64(q, np.float32, n * heads * hd).reshape(n, heads, hd), want_q, "rope")
+    assert_close(kc[layer, start_pos:start_pos + n], want_k, "rope")
+    assert np.array_equal(vc[layer, start_pos:start_pos + n], want_v.astype(np.float32))
+    untouched = np.ones((layers, ctx), bool)
+    untouched[layer, start_pos:start_pos + n] = False
+    assert not kc[untouched].any() and not vc[untouched].any()
+
+
+@pytest.mark.parametrize("heads,kv_heads,hd,n,start_pos,ctx", [
+    (4, 2, 24, 9, 70, 80),      # > 64 keys: every invocation strides over several
+    (6, 3, 64, 3, 0, 16),       # first positions: 1..3 keys
+    (2, 1, 128, 2, 200, 256),   # hd > workgroup size, MQA
+])
+def test_attention_f32(gpu_page, heads, kv_heads, hd, n, start_pos, ctx):
+    rng = np.random.default_rng(heads + hd + start_pos)
+    layers, layer = 2, 1
+    q = (rng.standard_normal((n, heads, hd)) * 3.0).astype(np.float32)     # peaked softmax rows
+    kc = rng.standard_normal((layers, ctx, kv_heads, hd)).astype(np.float32)
+    vc = rng.standard_normal((layers, ctx, kv_heads, hd)).astype(np.float32)
+    dims = {"n": n, "startPos": start_pos, "heads": heads, "kvHeads": kv_heads, "headDim": hd,
+            "layerOffset": layer * ctx * kv_heads * hd, "scale": hd ** -0.5}
+    (out,) = run_kernel(gpu_page, "attention_f32", dims,
+                        [{"b64": b64(q)}, {"b64": b64(kc)}, {"b64": b64(vc)}, {"bytes": n * heads * hd * 4}], [3])
+    assert_close(unb64(out, np.float32, n * heads * hd).reshape(n, heads * hd),
+                 gpu_twins.attention_f32(q, kc[layer], vc[layer], start_pos), "attention")
+
+
+@pytest.mark.parametrize("inter,n", [(160, 1), (1000, 9)])
+def test_swiglu_f32(gpu_page, inter, n):
+    rng = np.random.default_rng(inter + n)
+    gate_up = (rng.standard_normal((n, 2 * inter)) * 4).astype(np.float32)
+    gate_up[0, :3] = [-100.0, 100.0, 0.0]            # exp overflow / underflow / zero
+    (a,) = run_kernel(gpu_page, "swiglu_f32", {"n": n, "inter": inter},
+                      [{"b64": b64(gate_up)}, {"bytes": n * inter * 4}], [1])
+    assert_close(unb64(a, np.float32, n * inter).reshape(n, inter), gpu_twins.swiglu_f32(gate_up), "swiglu")
+
+
+# ----------------------------------------------------------------------------- whole champion
+def model_dirs():
+    dirs = ["tiny"]
+    if (TRAINED_CHAMPION / "model.q8.safetensors").exists():
+        dirs.append("champion")
+    return dirs
+
+
+def resolve(which, tiny_model) -> Path:
+    return tiny_model if which == "tiny" else TRAINED_CHAMPION
+
+
+def load_champion(page, model_dir: Path, max_block=9, max_context=0):
+    return page.evaluate("([u, b, c]) => window.harness.loadChampion(u, b, c)", [url_of(model_dir), max_block, max_context])
+
+
+def forward_blocks(page, blocks, vocab):
+    """[(ids, start_pos)] in order -> list of (n, V) float32 logits."""
+    out = page.evaluate("(b) => window.harness.forwardBlocks(b)", [[list(map(int, ids)), int(s)] for ids, s in blocks])
+    return [unb64(s, np.float32, len(ids) * vocab).reshape(len(ids), vocab) for s, (ids, _) in zip(out, blocks)]
+
+
+def split(ids, sizes):
+    """Blocks [(ids[a:b], a)] of the given sizes (cycled) covering ids."""
+    blocks, pos, i = [], 0, 0
+    while pos < len(ids):
+        n = sizes[i % len(sizes)]
+        blocks.append((ids[pos:pos + n], pos))
+        pos, i = pos + n, i + 1
+    return blocks
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_block_logits_bitwise_equal_single(gpu_page, tiny_model, which):
+    model_dir = resolve(which, tiny_model)
+    info = load_champion(gpu_page, model_dir)
+    vocab = info["vocabSize"]
+    ids = np.random.default_rng(7).integers(0, vocab, 27)
+    singles = np.concatenate(forward_blocks(gpu_page, split(ids, [1]), vocab))
+    for sizes in ([9], [2, 7, 4], [5, 1, 8, 3, 6, 9]):
+        blocks = np.concatenate(forward_blocks(gpu_page, split(ids, sizes), vocab))
+        differ = np.flatnonzero((blocks.view(np.uint32) != singles.view(np.uint32)).any(axis=1))
+        assert differ.size == 0, f"{which}: block sizes {sizes}: positions {differ.tolist()} not bit-identical"
+    # rollback: re-decode a suffix inside a block after a different continuation was cached
+    other = ids.copy()
+    other[20:] = (other[20:] + 1) % vocab
+    forward_blocks(gpu_page, [(other[18:27], 18)], vocab)
+    again = forward_blocks(gpu_page, [(ids[18:27], 18)], vocab)[0]
+    assert np.array_equal(again.view(np.uint32), singles[18:27].view(np.uint32))
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_champion_logits_vs_q8_reference(gpu_page, tiny_model, which):
+    model_dir = resolve(which, tiny_model)
+    info = load_champion(gpu_page, model_dir)
+    vocab = info["vocabSize"]
+    ref = LlamaReference.from_dir(model_dir, weights="q8")
+    rng = np.random.default_rng(11)
+    worst_abs = worst_rel = 0.0
+    for length, sizes in ((5, [5]), (17, [9, 1, 7]), (40, [8, 9, 3])):
+        ids = rng.integers(0, vocab, length)
+        ids[0] = 0
+        blocks = split(ids, sizes)
+        got = forward_blocks(gpu_page, blocks, vocab)
+        ref.reset()
+        for (block, start), logits in zip(blocks, got):
+            want = ref.forward(block, start)
+            err = np.abs(logits - want)
+            worst_abs = max(worst_abs, float(err.max()))
+            worst_rel = max(worst_rel, float((err / np.maximum(np.abs(want), 1e-30)).max()))
+            assert_close(logits, want, "champion_logits_vs_reference")
+            assert np.array_equal(logits.argmax(axis=1), want.argmax(axis=1)) or err.max() < 1e-4
+    print(f"[{which}] champion vs q8 reference: max abs err {worst_abs:.3e}, max rel err {worst_rel:.3e}")
+
+
+def test_champion_refuses_bad_calls(gpu_page, tiny_model):
+    load_champion(gpu_page, tiny_model, max_block=4, max_context=32)
+    for call, code in (("[[1,2,3,4,5], 0]", "E_BAD_ARGUMENT"),          # block > maxBlock
+                       ("[[1], 3]", "E_BAD_ARGUMENT"),                  # skips uncached positions
+                       ("[[1000], 0]", "E_BAD_ARGUMENT")):              # id >= V
+        with pytest.raises(Exception, match=code):
+            gpu_page.evaluate(f"window.harness.forwardBlocks([{call}])")
+    forward_blocks(gpu_page, [(list(range(4)), 0)] + [([1, 2, 3, 4], s) for s in range(4, 32, 4)], 1000)
+    with pytest.raises(Exception, match="E_CONTEXT_OVERFLOW"):
+        gpu_page.evaluate("window.harness.forwardBlocks([[[1], 32]])")
+
+
+def test_safetensors_reader_refuses_corruption(gpu_page, tiny_model):
+    res = gpu_page.evaluate("""async (u) => {
+      const { parseSafetensors } = await import('/web/gpu/safetensors.mjs');
+      const buf = await (await fetch(u)).arrayBuffer();
+      const ok = parseSafetensors(buf, 'ok').tensors.size;
+      const tries = {
+        short: buf.slice(0, 5),
+        truncated: buf.slice(0, buf.byteLength - 4),
+        header_too_long: (() => { const b = buf.slice(0); new DataView(b).setUint32(0, b.byteLength, true); return b; })(),
+        trailing: (() => { const b = new Uint8Array(buf.byteLength + 4); b.set(new Uint8Array(buf)); return b.buffer; })(),
+      };
+      const errors = {};
+      for (const [k, b] of Object.entries(tries)) {
+        try { parseSafetensors(b, k); errors[k] = null; } catch (e) { errors[k] = e.message; }
+      }
+      return { ok, errors };
+    }""", url_of(tiny_model) + "model.q8.safetensors")
+    assert res["ok"] > 10
+    for kind, message in res["errors"].items():
+        assert message and message.startswith("E_MODEL_LOAD"), (kind, message)
+
+
+# ----------------------------------------------------------------------------- q8 reference (CPU)
+def test_reference_q8_weights_dequantise(tiny_model, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    q8 = load_file(str(tiny_model / "model.q8.safetensors"))
+    deq = {}
+    for name, t in q8.items():
+        if name.endswith(".q8"):
+            deq[name[:-3]] = t.astype(np.float32) * q8[name[:-3] + ".scale"][:, None]
+        elif not name.endswith(".scale"):
+            deq[name] = t
+    f32_dir = tmp_path / "deq"
+    f32_dir.mkdir()
+    shutil.copy(tiny_model / "config.json", f32_dir / "config.json")
+    save_file(deq, str(f32_dir / "model.safetensors"))
+    ids = [0, 5, 999, 17, 3]
+    want = LlamaReference.from_dir(f32_dir).forward(ids, 0)
+    got = LlamaReference.from_dir(tiny_model, weights="q8").forward(ids, 0)
+    assert np.array_equal(got, want)                     # same float32 weights -> same float64 math
+    full = LlamaReference.from_dir(tiny_model).forward(ids, 0)
+    assert 0 < np.abs(full - got).max() < 0.05 * np.abs(full).max()   # int8 rounding: visible, small
+    with pytest.raises(ExactSpecError, match="weights must be"):
+        LlamaReference.from_dir(tiny_model, weights="q4")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(tiny_model / "config.json", broken / "config.json")
+    save_file({k: v for k, v in q8.items() if k != "model.layers.0.mlp.up_proj.weight.scale"},
+              str(broken / "model.q8.safetensors"))
+    with pytest.raises(ExactSpecError, match="scale"):
+        LlamaReference.from_dir(broken, weights="q8")

@@ -1,0 +1,203 @@
+// Champion Llama forward on WebGPU: q8 weights, KV cache on the GPU, batch-invariant blocks.
+import {
+  bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
+} from "./device.mjs";
+import { expectTensor, parseSafetensors } from "./safetensors.mjs";
+
+export const KERNELS = [
+  "embed_gather", "rmsnorm_f32", "matmul_q8", "matmul_q8_residual", "rope_qkv", "attention_f32",
+  "swiglu_f32", "lm_head_f32",
+];
+const MAX_CONTEXT_LIMIT = 4096;     // attention_f32.wgsl MAX_CTX (workgroup score buffer)
+const cdiv = (a, b) => Math.ceil(a / b);
+const u = (v) => [v, "u32"];
+
+/** Meta fields and dispatch grid of each kernel, from its dims: the one place both the forward
+ *  and the test harness compute them. `matmul_*`/`lm_head_f32` dims: {n, rows: out, cols: in}. */
+export const OPS = {
+  embed_gather: (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab)], grid: [cdiv(d.hidden, 64), d.n, 1] }),
+  rmsnorm_f32: (d) => ({ meta: [u(d.n), u(d.hidden), [d.eps, "f32"]], grid: [d.n, 1, 1] }),
+  matmul_q8: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4)], grid: [cdiv(d.rows, 256), 1, 1] }),
+  matmul_q8_residual: (d) => OPS.matmul_q8(d),
+  lm_head_f32: (d) => OPS.matmul_q8(d),
+  rope_qkv: (d) => ({
+    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset)],
+    grid: [cdiv(d.n * (d.heads + 2 * d.kvHeads) * d.headDim / 2, 64), 1, 1],
+  }),
+  attention_f32: (d) => ({
+    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset), [d.scale, "f32"]],
+    grid: [d.heads, d.n, 1],
+  }),
+  swiglu_f32: (d) => ({ meta: [u(d.n), u(d.inter)], grid: [cdiv(d.inter, 64), d.n, 1] }),
+};
+
+/** Hyper-parameters from config.json (HF Llama), refusing what the kernels cannot run. */
+export function parseConfig(cfg) {
+  const need = (k) => { if (cfg[k] === undefined) throw new Error(`E_MODEL_LOAD: config.json lacks ${k}`); return cfg[k]; };
+  const heads = need("num_attention_heads");
+  const hp = {
+    vocab: need("vocab_size"), hidden: need("hidden_size"), inter: need("intermediate_size"),
+    layers: need("num_hidden_layers"), heads, kvHeads: cfg.num_key_value_heads || heads,
+    headDim: cfg.head_dim || need("hidden_size") / heads, eps: cfg.rms_norm_eps ?? 1e-6,
+    ropeTheta: cfg.rope_parameters?.rope_theta ?? cfg.rope_theta ?? 10000.0,
+    maxPositions: need("max_position_embeddings"),
+  };
+  const refuse = (why) => { throw new Error(`E_MODEL_LOAD: config.json: ${why}`); };
+  if ((cfg.model_type ?? "llama") !== "llama") refuse(`model_type ${cfg.model_type} is not llama`);
+  if ((cfg.hidden_act ?? "silu") !== "silu") refuse(`hidden_act ${cfg.hidden_act} is not silu`);
+  if (cfg.tie_word_embeddings !== true) refuse("the WebGPU champion needs tie_word_embeddings=true");
+  if (cfg.rope_scaling) refuse("rope_scaling is not supported");
+  if (heads % hp.kvHeads) refuse("num_attention_heads must be a multiple of num_key_value_heads");
+  for (const k of ["hidden", "inter", "headDim"]) if (hp[k] % 4) refuse(`${k} must be a multiple of 4 (int8 packed 4 per word)`);
+  return hp;
+}
+
+/** RoPE table (maxContext, hd/2) of (cos, sin) pairs, angles in float64 like the reference. */
+function ropeTable(hp, maxContext) {
+  const half = hp.headDim / 2, table = new Float32Array(maxContext * half * 2);
+  for (let p = 0; p < maxContext; p++) {
+    for (let i = 0; i < half; i++) {
+      const angle = p * (1.0 / Math.pow(hp.ropeTheta, (2 * i) / hp.headDim));
+      table[2 * (p * half + i)] = Math.cos(angle);
+      table[2 * (p * half + i) + 1] = Math.sin(angle);
+    }
+  }
+  return table;
+}
+
+/** Upload the q8 linears of one layer, fusing q|k|v and gate|up row-wise (same dot products). */
+function uploadLayer(device, tensors, hp, i, label) {
+  const p = `model.layers.${i}.`, H = hp.hidden, F = hp.inter;
+  const qDim = hp.heads * hp.headDim, kvDim = hp.kvHeads * hp.headDim;
+  const fused = (parts, cols) => {
+    const rows = parts.reduce((a, [, r]) => a + r, 0);
+    const w = storageBuffer(device, rows * cols, null, `${p}w`), s = storageBuffer(device, rows * 4, null, `${p}s`);
+    let row = 0;
+    for (const [name, r] of parts) {
+      writeBytes(device, w, row * cols, expectTensor(tensors, `${p}${name}.weight.q8`, "I8", [r, cols], label).bytes);
+      writeBytes(device, s, row * 4, expectTensor(tensors, `${p}${name}.weight.scale`, "F32", [r], label).bytes);
+      row += r;
+    }
+    return { w, s, rows, cols };
+  };
+  const norm = (name) => storageBuffer(device, H * 4, expectTensor(tensors, `${p}${name}.weight`, "F32", [H], label).bytes);
+  return {
+    attnNorm: norm("input_layernorm"), mlpNorm: norm("post_attention_layernorm"),
+    qkv: fused([["self_attn.q_proj", qDim], ["self_attn.k_proj", kvDim], ["self_attn.v_proj", kvDim]], H),
+    o: fused([["self_attn.o_proj", H]], qDim),
+    gateUp: fused([["mlp.gate_proj", F], ["mlp.up_proj", F]], H),
+    down: fused([["mlp.down_proj", H]], F),
+  };
+}
+
+/** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline. */
+export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null }) {
+  const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
+  const config = JSON.parse(await fetchText(new URL("config.json", base)));
+  const hp = parseConfig(config);
+  maxContext = maxContext || hp.maxPositions;
+  if (maxContext > Math.min(hp.maxPositions, MAX_CONTEXT_LIMIT)) {
+    throw new Error(`E_BAD_ARGUMENT: maxContext ${maxContext} exceeds ${Math.min(hp.maxPositions, MAX_CONTEXT_LIMIT)}`);
+  }
+  if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
+  const weightsUrl = new URL("model.q8.safetensors", base);
+  const res = await fetch(weightsUrl);
+  if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${weightsUrl} -> ${res.status}`);
+  const { tensors } = parseSafetensors(await res.arrayBuffer(), weightsUrl.pathname);
+  const pipelines = await createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
+
+  const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
+  const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
+  const label = weightsUrl.pathname;
+  device.pushErrorScope("validation");
+  device.pushErrorScope("out-of-memory");
+  const bufs = {
+    embed: storageBuffer(device, V * H * 4, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label).bytes, "embed"),
+    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], label).bytes, "norm"),
+    ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
+    ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
+    x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
+    xn: storageBuffer(device, B * H * 4, null, "xn"),                   // (B, H) normed
+    qkv: storageBuffer(device, B * qkvDim * 4, null, "qkv"),            // (B, (heads + 2 KV) hd)
+    q: storageBuffer(device, B * qDim * 4, null, "q"),                  // (B, heads hd) after RoPE
+    att: storageBuffer(device, B * qDim * 4, null, "att"),              // (B, heads hd)
+    gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
+    act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
+    logits: storageBuffer(device, B * V * 4, null, "logits"),           // (B, V)
+    kCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "k_cache"), // (L, ctx, KV, hd)
+    vCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "v_cache"),
+  };
+  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, label));
+
+  // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
+  // rewrites the Meta slab and re-encodes the same bind groups.
+  const steps = [];
+  const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
+  const mm = (op, w, xBuf, yBuf) => step(op, [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols }));
+  step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
+  layerW.forEach((w, layer) => {
+    const attnDims = (n, startPos) => ({
+      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5,
+    });
+    step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+    mm("matmul_q8", w.qkv, bufs.xn, bufs.qkv);
+    step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
+    step("attention_f32", [bufs.q, bufs.kCache, bufs.vCache, bufs.att], attnDims);
+    mm("matmul_q8_residual", w.o, bufs.att, bufs.x);
+    step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+    mm("matmul_q8", w.gateUp, bufs.xn, bufs.gateUp);
+    step("swiglu_f32", [bufs.gateUp, bufs.act], (n) => ({ n, inter: F }));
+    mm("matmul_q8_residual", w.down, bufs.act, bufs.x);
+  });
+  step("rmsnorm_f32", [bufs.x, bufs.finalNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+  step("lm_head_f32", [bufs.embed, bufs.xn, bufs.logits], (n) => ({ n, rows: V, cols: H }));
+
+  const metas = metaBuffer(device, steps.length, "meta");
+  const metaWords = new ArrayBuffer(steps.length * META_STRIDE);
+  for (const [slot, s] of steps.entries()) {
+    s.pipeline = pipelines[s.op];
+    s.groups = bindGroups(device, s.pipeline, s.tensorsOf, metas, slot);
+  }
+  const oom = await device.popErrorScope();
+  const invalid = await device.popErrorScope();
+  if (oom || invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${(oom || invalid).message}`);
+
+  let length = 0;   // positions [0, length) hold valid K/V
+  const champion = {
+    config, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    logitsBuffer: bufs.logits,
+    get length() { return length; },
+    /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */
+    async forward(tokenIds, startPos) {
+      const n = tokenIds.length;
+      if (!(n >= 1 && n <= B)) throw new Error(`E_BAD_ARGUMENT: block of ${n} tokens outside [1, ${B}]`);
+      if (!(Number.isInteger(startPos) && startPos >= 0 && startPos <= length)) {
+        throw new Error(`E_BAD_ARGUMENT: startPos ${startPos} outside [0, ${length}] (cannot skip uncached positions)`);
+      }
+      if (startPos + n > maxContext) throw new Error(`E_CONTEXT_OVERFLOW: positions up to ${startPos + n} exceed maxContext ${maxContext}`);
+      const ids = Uint32Array.from(tokenIds);
+      for (const t of tokenIds) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`E_BAD_ARGUMENT: token id ${t} outside [0, ${V})`);
+      writeBytes(device, bufs.ids, 0, ids);
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      for (const [slot, s] of steps.entries()) {
+        const { meta, grid } = OPS[s.op](s.dims(n, startPos));
+        packMeta(meta, metaWords, slot);
+        pass.setPipeline(s.pipeline);
+        pass.setBindGroup(0, s.groups[0]);
+        pass.setBindGroup(1, s.groups[1]);
+        pass.dispatchWorkgroups(...grid);
+      }
+      pass.end();
+      device.queue.writeBuffer(metas, 0, metaWords);
+      device.queue.submit([enc.finish()]);
+      length = startPos + n;
+    },
+    /** Float32Array (n * V): logits rows 0..n-1 of the last forward (tests and diagnostics). */
+    async readLogits(n) {
+      return new Float32Array(await readBuffer(device, bufs.logits, n * V * 4));
+    },
+    reset() { length = 0; },
+  };
+  return champion;
+}

@@ -1,0 +1,111 @@
+// WebGPU device, pipeline and buffer helpers shared by the champion and its test harness.
+
+/** Request an adapter + device with the adapter's own limits (no optional features needed). */
+export async function requestDevice() {
+  if (!navigator.gpu) throw new Error("E_NO_WEBGPU: navigator.gpu is missing (insecure context or flags)");
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new Error("E_NO_WEBGPU: no adapter");
+  const a = adapter.limits;
+  const device = await adapter.requestDevice({
+    requiredLimits: {
+      maxStorageBufferBindingSize: a.maxStorageBufferBindingSize,
+      maxBufferSize: a.maxBufferSize,
+      maxStorageBuffersPerShaderStage: a.maxStorageBuffersPerShaderStage,
+      maxComputeWorkgroupStorageSize: a.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: a.maxComputeInvocationsPerWorkgroup,
+      maxComputeWorkgroupSizeX: a.maxComputeWorkgroupSizeX,
+    },
+  });
+  device.lost.then((info) => console.error(`WebGPU device lost: ${info.reason} ${info.message}`));
+  device.addEventListener?.("uncapturederror", (e) => console.error(`WebGPU error: ${e.error.message}`));
+  return device;
+}
+
+/** Fetch one shader source by URL (throws on HTTP errors). */
+export async function fetchText(url) {
+  const res = await fetch(url);
+  if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${url} -> ${res.status}`);
+  return res.text();
+}
+
+/** Compile shaders/<name>.wgsl into compute pipelines (entry point "main"), once, at load.
+ *  Compilation errors are reported with the file name. Returns {name: GPUComputePipeline}. */
+export async function createPipelines(device, shaderBaseUrl, names) {
+  const out = {};
+  await Promise.all(names.map(async (name) => {
+    const code = await fetchText(new URL(`${name}.wgsl`, shaderBaseUrl));
+    const module = device.createShaderModule({ label: name, code });
+    const info = await module.getCompilationInfo();
+    const errors = info.messages.filter((m) => m.type === "error");
+    if (errors.length) {
+      throw new Error(`E_SHADER: ${name}.wgsl: ` + errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join("; "));
+    }
+    out[name] = await device.createComputePipelineAsync({ label: name, layout: "auto", compute: { module, entryPoint: "main" } });
+  }));
+  return out;
+}
+
+/** A storage buffer of `bytes` (rounded up to 4), optionally filled from a typed array. */
+export function storageBuffer(device, bytes, data = null, label = "") {
+  const size = Math.max(4, Math.ceil(bytes / 4) * 4);
+  const buf = device.createBuffer({
+    label, size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+  });
+  if (data) writeBytes(device, buf, 0, data);
+  return buf;
+}
+
+export const META_BYTES = 64;       // every shader's Meta struct fits in 16 words
+export const META_STRIDE = 256;     // minUniformBufferOffsetAlignment
+
+/** One uniform buffer holding `slots` Meta structs at META_STRIDE apart (one write per forward). */
+export function metaBuffer(device, slots, label = "") {
+  return device.createBuffer({ label, size: slots * META_STRIDE, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+}
+
+/** Write a Meta struct (array of [value, "u32"|"f32"] pairs, declaration order) into `words` at slot. */
+export function packMeta(fields, words = new ArrayBuffer(META_STRIDE), slot = 0) {
+  const u = new Uint32Array(words, slot * META_STRIDE, 16), f = new Float32Array(words, slot * META_STRIDE, 16);
+  fields.forEach(([v, kind], i) => { if (kind === "f32") f[i] = v; else u[i] = v >>> 0; });
+  return words;
+}
+
+/** writeBuffer of any typed array / ArrayBuffer, padding its byte length up to a multiple of 4. */
+export function writeBytes(device, buffer, offset, data) {
+  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data)
+    : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  if (bytes.byteLength % 4 === 0 && bytes.byteOffset % 4 === 0) {
+    device.queue.writeBuffer(buffer, offset, bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  } else {
+    const padded = new Uint8Array(Math.ceil(bytes.byteLength / 4) * 4);
+    padded.set(bytes);
+    device.queue.writeBuffer(buffer, offset, padded);
+  }
+}
+
+/** Copy `bytes` from a GPU buffer into a new ArrayBuffer (one submission, then map). */
+export async function readBuffer(device, buffer, bytes, offset = 0) {
+  const size = Math.ceil(bytes / 4) * 4;
+  const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const enc = device.createCommandEncoder();
+  enc.copyBufferToBuffer(buffer, offset, staging, 0, size);
+  device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = staging.getMappedRange().slice(0, bytes);
+  staging.unmap();
+  staging.destroy();
+  return out;
+}
+
+/** Bind group pair for the convention: tensors in group 0 (bindings 0..k-1), Meta in group 1
+ *  (the Meta struct at `slot` of a metaBuffer). */
+export function bindGroups(device, pipeline, tensors, meta, slot = 0) {
+  const g0 = device.createBindGroup({
+    layout: pipeline.getBindGroupLayout(0),
+    entries: tensors.map((buffer, binding) => ({ binding, resource: { buffer } })),
+  });
+  const g1 = device.createBindGroup({
+    layout: pipeline.getBindGroupLayout(1), entries: [{ binding: 0, resource: { buffer: meta, offset: slot * META_STRIDE, size: META_BYTES } }],
+  });
+  return [g0, g1];
+}

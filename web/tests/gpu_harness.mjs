@@ -1,0 +1,87 @@
+// Test harness: runs single kernels and the whole champion for tests/test_gpu_champion.py (base64 I/O).
+import { bindGroups, createPipelines, metaBuffer, packMeta, readBuffer, requestDevice, storageBuffer } from "../gpu/device.mjs";
+import { createChampion, KERNELS, OPS } from "../gpu/champion.mjs";
+
+const fromB64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+function toB64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+let device = null, pipelines = null, champion = null;
+
+async function init() {
+  if (!device) {
+    device = await requestDevice();
+    pipelines = await createPipelines(device, new URL("../../shaders/", import.meta.url), KERNELS);
+  }
+  return { kernels: KERNELS };
+}
+
+/** Run one kernel: `tensors` lists its group-0 bindings in order, each {b64} (contents) or
+ *  {bytes} (zero-filled); returns the base64 contents of the bindings listed in `read`. */
+async function runKernel(name, dims, tensors, read) {
+  await init();
+  device.pushErrorScope("validation");
+  const bufs = tensors.map((t) => (t.b64 !== undefined
+    ? storageBuffer(device, fromB64(t.b64).byteLength, fromB64(t.b64)) : storageBuffer(device, t.bytes)));
+  const { meta, grid } = OPS[name](dims);
+  const metas = metaBuffer(device, 1);
+  device.queue.writeBuffer(metas, 0, packMeta(meta));
+  const [g0, g1] = bindGroups(device, pipelines[name], bufs, metas);
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(pipelines[name]);
+  pass.setBindGroup(0, g0);
+  pass.setBindGroup(1, g1);
+  pass.dispatchWorkgroups(...grid);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const out = [];
+  for (const i of read) out.push(toB64(await readBuffer(device, bufs[i], bufs[i].size)));
+  const err = await device.popErrorScope();
+  bufs.forEach((b) => b.destroy());
+  metas.destroy();
+  if (err) throw new Error(`WebGPU validation: ${err.message}`);
+  return out;
+}
+
+async function loadChampion(modelUrl, maxBlock, maxContext) {
+  await init();
+  const t0 = performance.now();
+  champion = await createChampion({ device, modelUrl, maxBlock, maxContext });
+  return { loadMs: performance.now() - t0, vocabSize: champion.vocabSize, maxContext: champion.maxContext };
+}
+
+/** Forward blocks in order ([[ids, startPos], ...]); returns base64 logits of each block. */
+async function forwardBlocks(blocks) {
+  const out = [];
+  for (const [ids, startPos] of blocks) {
+    await champion.forward(Int32Array.from(ids), startPos);
+    out.push(toB64((await champion.readLogits(ids.length)).buffer));
+  }
+  return out;
+}
+
+/** Median ms of `reps` (forward(n tokens at startPos) + readLogits(n)) round trips per n. */
+async function timeForward(ns, startPos, reps) {
+  const result = {};
+  for (const n of ns) {
+    const ms = [];
+    for (let r = 0; r < reps + 1; r++) {
+      const ids = Int32Array.from({ length: n }, (_, i) => (7 + 13 * i) % champion.vocabSize);
+      const t0 = performance.now();
+      await champion.forward(ids, startPos);
+      await champion.readLogits(n);
+      if (r > 0) ms.push(performance.now() - t0);   // the first run warms up
+    }
+    ms.sort((a, b) => a - b);
+    result[n] = ms[Math.floor(ms.length / 2)];
+  }
+  return result;
+}
+
+window.harness = { init, runKernel, loadChampion, forwardBlocks, timeForward };
+window.harnessReady = true;
