@@ -10,6 +10,7 @@ import json
 import os
 import random
 import time
+import unicodedata
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -201,6 +202,27 @@ def test_single_word_boundaries_match_tokenizers_for_every_code_point(trained_pa
     for word, chars in groups.items():
         for i in range(0, len(chars), 200_000):
             check(word, chars[i:i + 200_000])
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD", "NFKC", "NFKD", "Lowercase"])
+def test_normalizers_match_tokenizers_for_every_code_point(form):
+    from tokenizers import normalizers
+    from exactspec.tokenizer import _build_normalizer
+    theirs = getattr(normalizers, form)()
+    ours = _build_normalizer({"type": form})
+    seps = [" ", "a\u0301", "\u0316", "\u0345"]
+    scalars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for start in range(0, len(scalars), 100_000):
+        text = "".join(c + seps[i % 4] for i, c in enumerate(scalars[start:start + 100_000]))
+        assert ours(text) == theirs.normalize_str(text), f"{form} differs near U+{ord(scalars[start]):04X}"
+    # Reordering and composition around every combining mark.
+    marks = [c for c in scalars if unicodedata.combining(c)] + ["\U00011930", "\U00011935"]
+    contexts = ["a\u0301", "\u0316", "\u0334", "e\u0345", "\U00011935"]
+    texts = [left + c + right for c in marks for left in contexts for right in contexts]
+    joined = " ".join(texts)
+    if ours(joined) != theirs.normalize_str(joined):
+        bad = [t for t in texts if ours(t) != theirs.normalize_str(t)]
+        pytest.fail(f"{form} differs on {[hex(ord(ch)) for ch in bad[0]]}")
 
 
 # One representative per class and every character the regex treats specially.
