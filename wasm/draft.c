@@ -220,17 +220,70 @@ static inline double gumbel(uint32_t bits) { return -plog(-plog(uniform_open_ope
 
 enum { DOMAIN_DRAFT_SAMPLE = 1 };
 
+/* Threefry x0 for 4 tokens at once (i32x4 lanes): the same words as draw_bits, lane by lane */
+static inline v128_t rotl32x4(v128_t v, int n) {
+    return wasm_v128_or(wasm_i32x4_shl(v, n), wasm_u32x4_shr(v, 32 - n));
+}
+
+static v128_t draw_bits_x4(RoundKey rk, uint32_t position, v128_t tokens) {
+    static const int ROT[8] = { 13, 15, 26, 6, 17, 29, 16, 24 };
+    uint32_t ks[3] = { rk.k0, rk.k1, 0x1BD11BDAu ^ rk.k0 ^ rk.k1 };
+    v128_t x0 = wasm_i32x4_splat((int32_t)(position + rk.k0));
+    v128_t x1 = wasm_i32x4_add(tokens, wasm_i32x4_splat((int32_t)rk.k1));
+    for (int r = 0; r < 20; r++) {
+        x0 = wasm_i32x4_add(x0, x1);
+        x1 = rotl32x4(x1, ROT[r % 8]);
+        x1 = wasm_v128_xor(x1, x0);
+        if (r % 4 == 3) {
+            uint32_t sidx = (uint32_t)(r + 1) / 4;
+            x0 = wasm_i32x4_add(x0, wasm_i32x4_splat((int32_t)ks[sidx % 3]));
+            x1 = wasm_i32x4_add(x1, wasm_i32x4_splat((int32_t)(ks[(sidx + 1) % 3] + sidx)));
+        }
+    }
+    return x0;
+}
+
 /* Gumbel-max over nonnegative weights: argmax of plog(w) + G over w > 0, ties -> lowest id.
- * Returns -1 if a weight is NaN/negative/infinite or none is positive. */
-static int sample_gumbel_max(const double *weights, int n, RoundKey rk, uint32_t position) {
-    int best = -1;
-    double best_score = -POS_INF;
+ * Returns -1 if a weight is NaN/negative/infinite or none is positive.
+ *
+ * Exact pruning: G lies in [G_LO, G_HI] (the Gumbel of the smallest and largest uniform), so
+ * the winner scores at least plog(w_max) + G_LO, and a token with w < 2^e scores below
+ * e ln2 + G_HI. Tokens whose bound is strictly below the first (with a margin far above any
+ * rounding) can neither win nor tie, and are skipped without drawing their bits. Skipping
+ * changes no result: draws are addressed, not sequential. */
+static int sample_gumbel_max(const double *weights, int n, RoundKey rk, uint32_t position,
+                             int32_t *scratch /* (n,) */) {
+    double w_max = 0.0;
     for (int x = 0; x < n; x++) {
         double w = weights[x];
         if (!(w >= 0.0 && w < POS_INF)) return -1;
+        if (w > w_max) w_max = w;
+    }
+    if (w_max == 0.0) return -1;
+    const double g_lo = gumbel(0u), g_hi = gumbel(0xffffffffu), margin = 1e-6;
+    double floor_score = plog(w_max) + g_lo - margin;
+    int n_cand = 0;
+    for (int x = 0; x < n; x++) {
+        double w = weights[x];
         if (w == 0.0) continue;
-        double score = plog(w) + gumbel(draw_bits(rk, position, (uint32_t)x));
-        if (score > best_score) { best = x; best_score = score; }
+        int e;
+        frexp_pos(w, &e);                               /* w < 2^e */
+        if ((double)e * LN2_HI + g_hi < floor_score) continue;
+        scratch[n_cand++] = x;
+    }
+    int best = -1;
+    double best_score = -POS_INF;
+    for (int j = 0; j < n_cand; j += 4) {
+        int32_t ids[4];
+        for (int l = 0; l < 4; l++) ids[l] = scratch[j + l < n_cand ? j + l : j];
+        v128_t bits4 = draw_bits_x4(rk, position, wasm_v128_load(ids));
+        uint32_t bits[4];
+        wasm_v128_store(bits, bits4);
+        for (int l = 0; l < 4 && j + l < n_cand; l++) {
+            int x = ids[l];
+            double score = plog(weights[x]) + gumbel(bits[l]);
+            if (score > best_score) { best = x; best_score = score; }
+        }
     }
     return best;
 }
@@ -658,7 +711,7 @@ static int propose(const int32_t *feed, int n_feed, int start_pos, int k, uint32
             y = 0;
             for (int j = 1; j < V; j++) if (proc.work[j] > proc.work[y]) y = j;
         } else {
-            y = sample_gumbel_max(proc.work, V, rk, (uint32_t)i);
+            y = sample_gumbel_max(proc.work, V, rk, (uint32_t)i, proc.heap);
             if (y < 0) return ERR_PROCESSOR_INVALID;
         }
         float *row = out_rows + (uint32_t)i * (uint32_t)V;
@@ -822,8 +875,8 @@ EXPORT("draft_work") double *draft_work(void) { return proc.work; }
 /* Gumbel-max draw over n float64 weights at (seed, domain, round, position); -1 if invalid */
 EXPORT("draft_sample")
 int draft_sample(const double *w, int n, uint32_t seed_lo, uint32_t seed_hi, uint32_t domain,
-                 uint32_t round_id, uint32_t position) {
-    return sample_gumbel_max(w, n, round_key(seed_lo, seed_hi, domain, round_id), position);
+                 uint32_t round_id, uint32_t position, int32_t *scratch /* (n,) */) {
+    return sample_gumbel_max(w, n, round_key(seed_lo, seed_hi, domain, round_id), position, scratch);
 }
 
 EXPORT("draft_propose")

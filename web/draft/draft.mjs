@@ -134,7 +134,9 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
     weightsBytes ?? fetchBytes(fetchFn, base + "model.safetensors"),
   ]);
   const { instance } = await WebAssembly.instantiate(wasm, {});
-  return new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);
+  const draft = new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);
+  draft.identity = await sha256Hex(file);   // = LlamaReference.identity (sha256 of model.safetensors)
+  return draft;
 }
 
 export class Draft {
@@ -289,11 +291,17 @@ export class Draft {
     if (!(n <= this._weightsCap)) {                 // grown on demand; the arena never shrinks
       this._weightsCap = Math.max(n, this.vocabSize);
       this._weights = this.wasm.draft_alloc(8 * this._weightsCap);   // (cap,) f64
+      this._scratch = this.wasm.draft_alloc(4 * this._weightsCap);   // (cap,) int32
     }
     this._f64(this._weights, n).set(weights);
     return this.wasm.draft_sample(this._weights, n, seed[0] >>> 0, seed[1] >>> 0, domain, roundId >>> 0,
-      position >>> 0);
+      position >>> 0, this._scratch);
   }
+}
+
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function check(status, what) {

@@ -5,7 +5,9 @@
 //              import.meta.url), {type: "module"})
 //
 // In:  "propose" {round_id, k, feed, start_pos, policy, seed: [lo, hi], stop_token_ids, context_ids}
-//      "sync"    {committed_length, pending}     adopt (request, epoch); answered with the draft state
+//      "sync"    {committed_length, pending[, start_pos]}  adopt (request, epoch); feed the ids
+//                `pending` at [start_pos ?? committed_length - pending.length, committed_length)
+//                (prefill, = RunnerDraft.prefill); answered with the draft state
 //      "cancel"  {}                              adopt its (newer) epoch; no answer
 // Out: "progress" {stage: "ready" | ...}, "proposals" {round_id, tokens, p_draft, error_code, ms},
 //      "sync" {committed_length, pending, n_cached, dropped_stale, ...}, "error" {code, message}.
@@ -60,7 +62,12 @@ export function createHandler(draftPromise, post) {
     try {
       if (env.kind === "cancel") return;
       if (env.kind === "sync") {
-        reply(env, "sync", { committed_length: p.committed_length, pending: p.pending ?? [], ...stats(draft) });
+        const pending = p.pending ?? [];
+        if (pending.length) {
+          const start = p.start_pos ?? p.committed_length - pending.length;
+          draft.forward(pending, start);
+        }
+        reply(env, "sync", { committed_length: p.committed_length, pending: [], ...stats(draft) });
         return;
       }
       if (env.kind === "propose") {
@@ -97,7 +104,8 @@ if (inWorker) {
   self.onmessage = (ev) => handler.onMessage(ev.data);
   draftPromise.then(
     (d) => post({ kind: "progress", request_id: "", seq: handler.state.seqOut++, epoch: 0,
-      payload: { stage: "ready", vocab_size: d.vocabSize, max_context: d.maxContext } }, []),
+      payload: { stage: "ready", vocab_size: d.vocabSize, max_context: d.maxContext,
+        identity: d.identity } }, []),
     (err) => post({ kind: "error", request_id: "", seq: handler.state.seqOut++, epoch: 0,
       payload: { code: err.code ?? "E_MODEL_LOAD", message: String(err.message ?? err) } }, []));
 }
