@@ -338,6 +338,7 @@ SHIPPED_PROMPTS = [
     "The little robot looked at the sky and said",
     "Q: What is two plus two?\nA:",
     "a",
+    "The quick brown fox jumps over the lazy dog. " * 20,   # ~300 tokens: deep RoPE positions
 ]
 
 
@@ -360,3 +361,44 @@ def test_shipped_models_match_hf(which):
         diff32 = np.max(np.abs(ours - hf_logits(model, ids, float64=False)))
         assert diff64 < TOL_F64, (which, prompt, diff64)
         assert diff32 < TOL_F32, (which, prompt, diff32)
+
+
+def test_shipped_champion_q8_is_dequantised_f32(tmp_path):
+    """weights="q8" must equal an F32 checkpoint holding q8 * scale[:, None] (formed in float32)."""
+    from safetensors.numpy import save_file as save_numpy
+    from exactspec.safetensors import load_safetensors
+    directory = SHIPPED / "champion"
+    q8_path = directory / "model.q8.safetensors"
+    assert q8_path.is_file(), f"shipped model file missing: {q8_path}"
+    raw = load_safetensors(str(q8_path))
+    dense = {}
+    for name, t in raw.items():
+        if name.endswith(".q8"):
+            q = np.frombuffer(t.data, dtype=np.int8).reshape(t.shape).astype(np.float32)
+            scale = np.frombuffer(raw[name[:-3] + ".scale"].data, dtype="<f4")
+            dense[name[:-3]] = q * scale[:, None]
+        elif not name.endswith(".scale"):
+            dense[name] = np.frombuffer(t.data, dtype="<f4").reshape(t.shape)
+    save_numpy(dense, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_bytes((directory / "config.json").read_bytes())
+    q8_ref = LlamaReference.from_dir(directory, weights="q8")
+    dense_ref = LlamaReference.from_dir(tmp_path)
+    f32_ref = LlamaReference.from_dir(directory)
+    assert q8_ref.identity != f32_ref.identity
+    ids = list(range(3, 40))
+    np.testing.assert_array_equal(q8_ref.forward(ids, 0), dense_ref.forward(ids, 0))
+    assert np.max(np.abs(q8_ref.forward(ids, 0) - f32_ref.forward(ids, 0))) < 1.0   # quantisation, not garbage
+    _expect(E_BAD_ARGUMENT, lambda: LlamaReference.from_dir(directory, weights="int4"), "weights")
+
+
+def test_q8_missing_scale_refused(tmp_path):
+    from exactspec.safetensors import load_safetensors
+    from safetensors.numpy import save_file as save_numpy
+    directory = SHIPPED / "champion"
+    raw = load_safetensors(str(directory / "model.q8.safetensors"))
+    dropped = "model.layers.0.mlp.up_proj.weight.scale"
+    arrays = {n: np.frombuffer(t.data, dtype=np.int8 if t.dtype == "I8" else "<f4").reshape(t.shape)
+              for n, t in raw.items() if n != dropped}
+    save_numpy(arrays, str(tmp_path / "model.q8.safetensors"))
+    (tmp_path / "config.json").write_bytes((directory / "config.json").read_bytes())
+    _expect(E_MODEL_LOAD, lambda: LlamaReference.from_dir(tmp_path, weights="q8"), dropped)
