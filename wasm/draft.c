@@ -69,6 +69,7 @@ static const double POS_INF = __builtin_inf();
 static const double LN2_HI = 6.93147180369123816490e-01;   /* 0x3FE62E42FEE00000 */
 static const double LN2_LO = 1.90821492927058770002e-10;
 static const double INV_LN2 = 1.44269504088896338700e+00;
+static const double DBL_MIN_NORMAL = 2.2250738585072014e-308;
 
 static inline int is_nan(double x) { return x != x; }
 
@@ -109,6 +110,37 @@ static double plog(double x) {
     double log_m = t + t * (z * p);
     double de = (double)e;
     return de * LN2_HI + (log_m + de * LN2_LO);
+}
+
+/* plog on two lanes (f64x2) for normal x > 0: the same operations in the same order, each
+ * rounded once, so every lane equals plog(x) bit for bit (subnormals: use plog) */
+static inline v128_t plog_x2(v128_t x) {
+    v128_t ex = wasm_v128_and(wasm_u64x2_shr(x, 52), wasm_i64x2_splat(0x7ff));
+    v128_t e = wasm_i64x2_sub(ex, wasm_i64x2_splat(1022));
+    v128_t m = wasm_v128_or(wasm_v128_and(x, wasm_i64x2_splat((int64_t)0x800fffffffffffffULL)),
+                            wasm_i64x2_splat(0x3fe0000000000000LL));
+    v128_t small = wasm_f64x2_lt(m, wasm_f64x2_splat(0.7071067811865476));   /* all ones if true */
+    m = wasm_v128_bitselect(wasm_f64x2_mul(m, wasm_f64x2_splat(2.0)), m, small);
+    e = wasm_i64x2_add(e, small);                                               /* e - 1 if small */
+    /* exact int64 -> double for |e| < 2^51: add into the mantissa of 1.5 * 2^52, subtract it */
+    v128_t de = wasm_f64x2_sub(wasm_i64x2_add(e, wasm_i64x2_splat(0x4338000000000000LL)),
+                               wasm_f64x2_splat(6755399441055744.0));
+    v128_t f = wasm_f64x2_sub(m, wasm_f64x2_splat(1.0));
+    v128_t sv = wasm_f64x2_div(f, wasm_f64x2_add(wasm_f64x2_splat(2.0), f));
+    v128_t z = wasm_f64x2_mul(sv, sv);
+    v128_t p = wasm_f64x2_splat(PLOG_C[11]);
+    for (int i = 10; i >= 0; i--) p = wasm_f64x2_add(wasm_f64x2_mul(p, z), wasm_f64x2_splat(PLOG_C[i]));
+    v128_t t = wasm_f64x2_mul(wasm_f64x2_splat(2.0), sv);
+    v128_t log_m = wasm_f64x2_add(t, wasm_f64x2_mul(t, wasm_f64x2_mul(z, p)));
+    return wasm_f64x2_add(wasm_f64x2_mul(de, wasm_f64x2_splat(LN2_HI)),
+                          wasm_f64x2_add(log_m, wasm_f64x2_mul(de, wasm_f64x2_splat(LN2_LO))));
+}
+
+/* Gumbel of two draws: -plog(-plog(uniform_open_open(bits))) lane by lane */
+static inline v128_t gumbel_x2(uint32_t b0, uint32_t b1) {
+    v128_t num = wasm_f64x2_make((double)((b0 >> 9) << 1), (double)((b1 >> 9) << 1));
+    v128_t u = wasm_f64x2_mul(wasm_f64x2_add(num, wasm_f64x2_splat(1.0)), wasm_f64x2_splat(1.0 / 16777216.0));
+    return wasm_f64x2_neg(plog_x2(wasm_f64x2_neg(plog_x2(u))));
 }
 
 /* exp(x), about 1 ulp: x = k ln2 + r with |r| <= ln2/2, Taylor series of degree 13 in r */
@@ -279,11 +311,16 @@ static int sample_gumbel_max(const double *weights, int n, RoundKey rk, uint32_t
         v128_t bits4 = draw_bits_x4(rk, position, wasm_v128_load(ids));
         uint32_t bits[4];
         wasm_v128_store(bits, bits4);
-        for (int l = 0; l < 4 && j + l < n_cand; l++) {
-            int x = ids[l];
-            double score = plog(weights[x]) + gumbel(bits[l]);
-            if (score > best_score) { best = x; best_score = score; }
+        double score[4];
+        for (int h = 0; h < 4; h += 2) {            /* two lanes of f64x2 at a time */
+            double w0 = weights[ids[h]], w1 = weights[ids[h + 1]];
+            v128_t lw = plog_x2(wasm_f64x2_make(w0, w1));
+            wasm_v128_store(score + h, wasm_f64x2_add(lw, gumbel_x2(bits[h], bits[h + 1])));
+            if (w0 < DBL_MIN_NORMAL) score[h] = plog(w0) + gumbel(bits[h]);          /* subnormal */
+            if (w1 < DBL_MIN_NORMAL) score[h + 1] = plog(w1) + gumbel(bits[h + 1]);
         }
+        for (int l = 0; l < 4 && j + l < n_cand; l++)
+            if (score[l] > best_score) { best = ids[l]; best_score = score[l]; }
     }
     return best;
 }
