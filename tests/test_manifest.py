@@ -258,3 +258,14 @@ def test_merge_format_does_not_change_the_merges_identity(pair_dirs):
           lambda t: t["model"].update(merges=[" ".join(m) for m in t["model"]["merges"]]))
     a, b = load_model_identity(champion), load_model_identity(draft)
     assert a["merges_sha256"] == b["merges_sha256"] and a["tokenizer_sha256"] != b["tokenizer_sha256"]
+
+
+def test_shipped_pair_is_compatible():
+    models_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "web", "models")
+    champion, draft = os.path.join(models_dir, "champion"), os.path.join(models_dir, "draft")
+    manifest = check_pair(champion, draft)
+    shared = manifest["shared"]
+    assert shared["tokenizer_vocab_size"] == shared["config_vocab_size"] == 4096
+    assert (shared["bos_token_id"], shared["eos_token_id"], shared["pad_token_id"]) == (0, 1, 2)
+    assert shared["stop_token_ids"] == [1, 6]
+    assert "weights_sha256" in manifest["differs"]

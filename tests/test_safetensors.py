@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -192,3 +193,18 @@ def test_zero_size_tensors_and_padding_are_accepted(tmp_path):
 def test_writer_rejects_wrong_byte_length():
     with pytest.raises(ExactSpecError):
         serialize_safetensors({"w": ("F32", (2,), b"\0" * 7)})
+
+
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "web", "models")
+
+
+@pytest.mark.parametrize("rel", ["champion/model.safetensors", "champion/model.q8.safetensors",
+                                 "draft/model.safetensors", "draft/model.q8.safetensors"])
+def test_shipped_checkpoints_load_identically(rel):
+    path = os.path.join(SHIPPED, rel)
+    assert os.path.exists(path), f"missing {path}"
+    ours, ref = load_safetensors(path), st_numpy.load_file(path)
+    assert set(ours) == set(ref)
+    for name, a in ref.items():
+        assert ours[name].shape == a.shape
+        assert bytes(ours[name].data) == a.tobytes()

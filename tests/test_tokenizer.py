@@ -180,6 +180,8 @@ def test_single_word_boundaries_match_tokenizers_for_every_code_point(trained_pa
     # (non-word neighbours) or nowhere (word neighbours); bisect on any disagreement.
     with open(trained_path, encoding="utf-8") as f:
         spec = json.load(f)
+    spec["model"]["merges"] = []                               # only the match count matters
+    spec["pre_tokenizer"]["use_regex"] = False
     new_id = max(spec["model"]["vocab"].values()) + 1
     spec["added_tokens"].append({"id": new_id, "content": "₪", "single_word": True, "lstrip": False,
                                  "rstrip": False, "normalized": False, "special": False})
@@ -200,8 +202,8 @@ def test_single_word_boundaries_match_tokenizers_for_every_code_point(trained_pa
         check(word, chars[half:])
 
     for word, chars in groups.items():
-        for i in range(0, len(chars), 200_000):
-            check(word, chars[i:i + 200_000])
+        for i in range(0, len(chars), 4_000):       # short texts: tokenizers' \w$ test is O(prefix)
+            check(word, chars[i:i + 4_000])
 
 
 @pytest.mark.parametrize("form", ["NFC", "NFD", "NFKC", "NFKD", "Lowercase"])
@@ -529,3 +531,16 @@ def test_unreadable_files_are_refused(tmp_path):
     with pytest.raises(ExactSpecError) as err:
         Tokenizer.from_file(bad)
     assert err.value.code == E_MODEL_LOAD and "UTF-8" in err.value.message
+
+
+def test_champion_matches_transformers_tokenizer():
+    # What transformers builds from the whole model directory (tokenizer_config flags included)
+    # gives the same ids and text as our tokenizer.json reading.
+    transformers = pytest.importorskip("transformers")
+    model_dir = os.path.dirname(_champion_path())
+    theirs = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ours = Tokenizer.from_file(_champion_path())
+    for text in SAMPLES + EDGE_TEXTS + generate_texts(20_000, seed=5):
+        ids = ours.encode(text)
+        assert theirs(text)["input_ids"] == ids, repr(text)
+        assert theirs.decode(ids, skip_special_tokens=True) == ours.decode(ids, skip_special_tokens=True)

@@ -15,6 +15,7 @@ same way Rust's String::from_utf8_lossy does (one U+FFFD per maximal invalid sub
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import unicodedata
@@ -78,11 +79,18 @@ _EXTRA_SPACE = {"\t", "\n", "\x0b", "\x0c", "\r", "\x85"}
 _class_cache: dict[str, str] = {}
 
 
+def _in_ranges(cp: int, starts: list[int], ranges) -> int:
+    """Index of the (first, last, ...) range holding cp, or -1 (ranges sorted, disjoint)."""
+    i = bisect.bisect_right(starts, cp) - 1
+    return i if i >= 0 and cp <= ranges[i][1] else -1
+
+
+_NEWER_UNICODE_STARTS = [r[0] for r in _NEWER_UNICODE]
+
+
 def _newer_unicode_class(cp: int) -> str:
-    for lo, hi, k in _NEWER_UNICODE:
-        if lo <= cp <= hi:
-            return k
-    return OTHER
+    i = _in_ranges(cp, _NEWER_UNICODE_STARTS, _NEWER_UNICODE)
+    return _NEWER_UNICODE[i][2] if i >= 0 else OTHER
 
 
 def char_class(ch: str) -> str:
@@ -129,11 +137,13 @@ _NEWER_WORD = (
 )
 
 
+_NEWER_WORD_STARTS = [r[0] for r in _NEWER_WORD]
+
+
 def is_word_char(ch: str) -> bool:
     cat = unicodedata.category(ch)
     if cat == "Cn":
-        o = ord(ch)
-        return any(lo <= o <= hi for lo, hi in _NEWER_WORD)
+        return _in_ranges(ord(ch), _NEWER_WORD_STARTS, _NEWER_WORD) >= 0
     if cat[0] in ("L", "M") or cat in ("Nd", "Nl", "Pc") or ch in ("\u200c", "\u200d"):
         return True
     o = ord(ch)
