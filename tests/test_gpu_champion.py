@@ -194,23 +194,55 @@ def test_rope_qkv(gpu_page, heads, kv_heads, hd, n, start_pos):
     assert not kc[untouched].any() and not vc[untouched].any()
 
 
-@pytest.mark.parametrize("heads,kv_heads,hd,n,start_pos,ctx", [
-    (4, 2, 24, 9, 70, 80),      # > 64 keys: every invocation strides over several
+ATTENTION_CASES = [
+    (4, 2, 24, 9, 70, 80),      # > 64 keys: several score workgroups per row
     (6, 3, 64, 3, 0, 16),       # first positions: 1..3 keys
-    (2, 1, 128, 2, 200, 256),   # hd > workgroup size, MQA
-])
-def test_attention_f32(gpu_page, heads, kv_heads, hd, n, start_pos, ctx):
+    (2, 1, 128, 2, 200, 256),   # MQA, wide heads
+]
+
+
+def _attention_case(heads, kv_heads, hd, n, start_pos, ctx):
     rng = np.random.default_rng(heads + hd + start_pos)
     layers, layer = 2, 1
     q = (rng.standard_normal((n, heads, hd)) * 3.0).astype(np.float32)     # peaked softmax rows
     kc = rng.standard_normal((layers, ctx, kv_heads, hd)).astype(np.float32)
     vc = rng.standard_normal((layers, ctx, kv_heads, hd)).astype(np.float32)
     dims = {"n": n, "startPos": start_pos, "heads": heads, "kvHeads": kv_heads, "headDim": hd,
-            "layerOffset": layer * ctx * kv_heads * hd, "scale": hd ** -0.5}
-    (out,) = run_kernel(gpu_page, "attention_f32", dims,
-                        [{"b64": b64(q)}, {"b64": b64(kc)}, {"b64": b64(vc)}, {"bytes": n * heads * hd * 4}], [3])
-    assert_close(unb64(out, np.float32, n * heads * hd).reshape(n, heads * hd),
-                 gpu_twins.attention_f32(q, kc[layer], vc[layer], start_pos), "attention")
+            "layerOffset": layer * ctx * kv_heads * hd, "scale": hd ** -0.5, "maxContext": ctx}
+    return q, kc, vc, dims, layer
+
+
+def _rows(flat, n, heads, ctx, start_pos):
+    """(n, heads, ctx) scratch -> per query row j its (heads, start_pos + j + 1) live part."""
+    flat = flat.reshape(n, heads, ctx)
+    return [flat[j, :, :start_pos + j + 1] for j in range(n)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,hd,n,start_pos,ctx", ATTENTION_CASES)
+def test_attention_kernels(gpu_page, heads, kv_heads, hd, n, start_pos, ctx):
+    """Each of attention_scores / _softmax / _values against its twin, then the three chained."""
+    q, kc, vc, dims, layer = _attention_case(heads, kv_heads, hd, n, start_pos, ctx)
+    scratch = n * heads * ctx
+    (s,) = run_kernel(gpu_page, "attention_scores", dims,
+                      [{"b64": b64(q)}, {"b64": b64(kc)}, {"bytes": scratch * 4}], [2])
+    scores = _rows(unb64(s, np.float32, scratch), n, heads, ctx, start_pos)
+    for got, want in zip(scores, gpu_twins.attention_scores(q, kc[layer], start_pos)):
+        assert_close(got, want, "attention")
+    full = np.zeros((n, heads, ctx), np.float32)
+    for j, sc in enumerate(scores):
+        full[j, :, :sc.shape[1]] = sc
+    (p,) = run_kernel(gpu_page, "attention_softmax", dims, [{"b64": b64(full)}], [0])
+    probs = _rows(unb64(p, np.float32, scratch), n, heads, ctx, start_pos)
+    for got, want in zip(probs, gpu_twins.attention_softmax(scores)):
+        assert_close(got, want, "attention")
+    full = np.zeros((n, heads, ctx), np.float32)
+    for j, pr in enumerate(probs):
+        full[j, :, :pr.shape[1]] = pr
+    (out,) = run_kernel(gpu_page, "attention_values", dims,
+                        [{"b64": b64(full)}, {"b64": b64(vc)}, {"bytes": n * heads * hd * 4}], [2])
+    out = unb64(out, np.float32, n * heads * hd).reshape(n, heads * hd)
+    assert_close(out, gpu_twins.attention_values(probs, vc[layer]), "attention")
+    assert_close(out, gpu_twins.attention(q, kc[layer], vc[layer], start_pos), "attention")
 
 
 @pytest.mark.parametrize("inter,n", [(160, 1), (1000, 9)])
@@ -282,7 +314,8 @@ def test_champion_logits_vs_q8_reference(gpu_page, tiny_model, which):
     ref = LlamaReference.from_dir(model_dir, weights="q8")
     rng = np.random.default_rng(11)
     worst_abs = worst_rel = 0.0
-    for length, sizes in ((5, [5]), (17, [9, 1, 7]), (40, [8, 9, 3])):
+    longest = min(150, info["maxContext"])             # > 64 keys: attention strides
+    for length, sizes in ((5, [5]), (17, [9, 1, 7]), (40, [8, 9, 3]), (longest, [9, 9, 2])):
         ids = rng.integers(0, vocab, length)
         ids[0] = 0
         blocks = split(ids, sizes)

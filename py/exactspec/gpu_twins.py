@@ -62,19 +62,35 @@ def rope_qkv(qkv, start_pos: int, heads: int, kv_heads: int, head_dim: int, thet
     return q, k, v
 
 
-def attention_f32(q, k_cache, v_cache, start_pos: int) -> np.ndarray:
-    """q (n, heads, hd); k_cache, v_cache (T, KV, hd) of one layer -> (n, heads * hd).
-    Query j attends over keys [0, start_pos + j]; head h uses kv head h // (heads / KV)."""
-    q, k_cache, v_cache = _f64(q), _f64(k_cache), _f64(v_cache)
+def attention_scores(q, k_cache, start_pos: int) -> list[np.ndarray]:
+    """q (n, heads, hd); k_cache (T, KV, hd) of one layer -> per query row j a (heads, keys_j)
+    array of q.k * hd**-0.5 over keys [0, start_pos + j]; head h reads kv head h // (heads / KV)."""
+    q, k_cache = _f64(q), _f64(k_cache)
     n, heads, hd = q.shape
     group = heads // k_cache.shape[1]
-    out = np.empty((n, heads, hd))
+    out = []
     for j in range(n):
-        keys = start_pos + j + 1
-        for h in range(heads):
-            scores = k_cache[:keys, h // group] @ q[j, h] * hd ** -0.5       # (keys,)
-            out[j, h] = softmax_rows(scores) @ v_cache[:keys, h // group]
-    return out.reshape(n, heads * hd)
+        keys = k_cache[:start_pos + j + 1]                                   # (keys, KV, hd)
+        out.append(np.stack([keys[:, h // group] @ q[j, h] for h in range(heads)]) * hd ** -0.5)
+    return out
+
+
+def attention_softmax(scores) -> list[np.ndarray]:
+    """Per query row: stable softmax over its keys (rows of (heads, keys_j))."""
+    return [softmax_rows(_f64(s)) for s in scores]
+
+
+def attention_values(probs, v_cache) -> np.ndarray:
+    """Per query row probs (heads, keys_j); v_cache (T, KV, hd) -> (n, heads * hd)."""
+    v_cache = _f64(v_cache)
+    heads, group = probs[0].shape[0], probs[0].shape[0] // v_cache.shape[1]
+    rows = [np.stack([p[h] @ v_cache[:p.shape[1], h // group] for h in range(heads)]).reshape(-1) for p in probs]
+    return np.stack(rows)
+
+
+def attention(q, k_cache, v_cache, start_pos: int) -> np.ndarray:
+    """The three attention kernels composed: causal GQA attention, (n, heads * hd)."""
+    return attention_values(attention_softmax(attention_scores(q, k_cache, start_pos)), v_cache)
 
 
 def swiglu_f32(gate_up) -> np.ndarray:

@@ -5,10 +5,9 @@ import {
 import { expectTensor, parseSafetensors } from "./safetensors.mjs";
 
 export const KERNELS = [
-  "embed_gather", "rmsnorm_f32", "matmul_q8", "matmul_q8_residual", "rope_qkv", "attention_f32",
-  "swiglu_f32", "lm_head_f32",
+  "embed_gather", "rmsnorm_f32", "matmul_q8", "matmul_q8_residual", "rope_qkv", "attention_scores",
+  "attention_softmax", "attention_values", "swiglu_f32", "lm_head_f32",
 ];
-const MAX_CONTEXT_LIMIT = 4096;     // attention_f32.wgsl MAX_CTX (workgroup score buffer)
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
 
@@ -24,9 +23,16 @@ export const OPS = {
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset)],
     grid: [cdiv(d.n * (d.heads + 2 * d.kvHeads) * d.headDim / 2, 64), 1, 1],
   }),
-  attention_f32: (d) => ({
-    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset), [d.scale, "f32"]],
-    grid: [d.heads, d.n, 1],
+  attention_scores: (d) => ({
+    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset), [d.scale, "f32"], u(d.maxContext)],
+    grid: [cdiv(d.startPos + d.n, 64), d.n * d.heads, 1],
+  }),
+  attention_softmax: (d) => ({
+    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.maxContext)], grid: [cdiv(d.n * d.heads, 64), 1, 1],
+  }),
+  attention_values: (d) => ({
+    meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset), u(d.maxContext)],
+    grid: [cdiv(d.n * d.heads * d.headDim / 4, 64), 1, 1],
   }),
   swiglu_f32: (d) => ({ meta: [u(d.n), u(d.inter)], grid: [cdiv(d.inter, 64), d.n, 1] }),
 };
@@ -96,8 +102,8 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const config = JSON.parse(await fetchText(new URL("config.json", base)));
   const hp = parseConfig(config);
   maxContext = maxContext || hp.maxPositions;
-  if (maxContext > Math.min(hp.maxPositions, MAX_CONTEXT_LIMIT)) {
-    throw new Error(`E_BAD_ARGUMENT: maxContext ${maxContext} exceeds ${Math.min(hp.maxPositions, MAX_CONTEXT_LIMIT)}`);
+  if (!(maxContext >= 1 && maxContext <= hp.maxPositions)) {
+    throw new Error(`E_BAD_ARGUMENT: maxContext ${maxContext} outside [1, ${hp.maxPositions}]`);
   }
   if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
   const weightsUrl = new URL("model.q8.safetensors", base);
@@ -120,6 +126,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
     xn: storageBuffer(device, B * H * 4, null, "xn"),                   // (B, H) normed
     qkv: storageBuffer(device, B * qkvDim * 4, null, "qkv"),            // (B, (heads + 2 KV) hd)
     q: storageBuffer(device, B * qDim * 4, null, "q"),                  // (B, heads hd) after RoPE
+    scores: storageBuffer(device, B * heads * maxContext * 4, null, "scores"), // (B, heads, ctx)
     att: storageBuffer(device, B * qDim * 4, null, "att"),              // (B, heads hd)
     gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
     act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
@@ -137,12 +144,14 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
   layerW.forEach((w, layer) => {
     const attnDims = (n, startPos) => ({
-      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5,
+      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5, maxContext,
     });
     step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
     mm("matmul_q8", w.qkv, bufs.xn, bufs.qkv);
     step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
-    step("attention_f32", [bufs.q, bufs.kCache, bufs.vCache, bufs.att], attnDims);
+    step("attention_scores", [bufs.q, bufs.kCache, bufs.scores], attnDims);
+    step("attention_softmax", [bufs.scores], attnDims);
+    step("attention_values", [bufs.scores, bufs.vCache, bufs.att], attnDims);
     mm("matmul_q8_residual", w.o, bufs.att, bufs.x);
     step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
     mm("matmul_q8", w.gateUp, bufs.xn, bufs.gateUp);
@@ -196,6 +205,27 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
     /** Float32Array (n * V): logits rows 0..n-1 of the last forward (tests and diagnostics). */
     async readLogits(n) {
       return new Float32Array(await readBuffer(device, bufs.logits, n * V * 4));
+    },
+    /** Diagnostics: ms per kernel (summed over layers) when each dispatch of a forward of n
+     *  tokens at startPos is submitted and awaited alone. Leaves the cache as forward() would. */
+    async profile(n, startPos) {
+      await this.forward(Array.from({ length: n }, (_, i) => i % V), startPos);   // fills the Meta slab
+      await device.queue.onSubmittedWorkDone();
+      const ms = {};
+      for (const s of steps) {
+        const enc = device.createCommandEncoder();
+        const pass = enc.beginComputePass();
+        pass.setPipeline(s.pipeline);
+        pass.setBindGroup(0, s.groups[0]);
+        pass.setBindGroup(1, s.groups[1]);
+        pass.dispatchWorkgroups(...OPS[s.op](s.dims(n, startPos)).grid);
+        pass.end();
+        const t0 = performance.now();
+        device.queue.submit([enc.finish()]);
+        await device.queue.onSubmittedWorkDone();
+        ms[s.op] = (ms[s.op] ?? 0) + performance.now() - t0;
+      }
+      return ms;
     },
     reset() { length = 0; },
   };

@@ -65,7 +65,7 @@ async function forwardBlocks(blocks) {
   return out;
 }
 
-/** Median ms of `reps` (forward(n tokens at startPos) + readLogits(n)) round trips per n. */
+/** Min and median ms of `reps` (forward(n tokens at startPos) + readLogits(n)) round trips per n. */
 async function timeForward(ns, startPos, reps) {
   const result = {};
   for (const n of ns) {
@@ -78,10 +78,15 @@ async function timeForward(ns, startPos, reps) {
       if (r > 0) ms.push(performance.now() - t0);   // the first run warms up
     }
     ms.sort((a, b) => a - b);
-    result[n] = ms[Math.floor(ms.length / 2)];
+    result[n] = { min: ms[0], median: ms[Math.floor(ms.length / 2)] };
   }
   return result;
 }
 
-window.harness = { init, runKernel, loadChampion, forwardBlocks, timeForward };
+/** Per-kernel ms of one forward of n tokens at startPos (each dispatch submitted alone). */
+async function profile(n, startPos) {
+  return champion.profile(n, startPos);
+}
+
+window.harness = { init, runKernel, loadChampion, forwardBlocks, timeForward, profile };
 window.harnessReady = true;
