@@ -540,3 +540,44 @@ async ([wasm, model, prompt, feed, start, policy]) => {
 """, ["/web/build/draft.wasm", rel_url(model_dir), prompt, feed, start, policy_json(policy)])
     assert res["sync"]["n_cached"] == len(prompt) - 1
     assert res["tokens"] == list(prop.tokens)
+
+
+def test_bad_calls_raise_coded_errors():
+    model_dir, ref = reference("tiny")
+    V, T = ref.vocab_size, ref.max_context
+    cases = [
+        ({"op": "forward", "ids": [1, 2, 3], "start": 0}, ""),
+        ({"op": "forward", "ids": [4], "start": 5}, "E_BAD_ARGUMENT"),             # skips uncached positions
+        ({"op": "forward", "ids": [V], "start": 0}, "E_BAD_ARGUMENT"),             # id out of range
+        ({"op": "forward", "ids": [-1], "start": 0}, "E_BAD_ARGUMENT"),
+        ({"op": "forward", "ids": [], "start": 0}, "E_BAD_ARGUMENT"),              # nothing to feed
+        ({"op": "forward", "ids": [0] * (T + 1), "start": 0}, "E_CONTEXT_OVERFLOW"),
+        ({"op": "propose", "ids": [0] * 3, "start": T - 2}, "E_BAD_ARGUMENT"),     # beyond the cache
+        ({"op": "forward", "ids": [0] * T, "start": 0}, ""),
+        ({"op": "propose", "ids": [0], "start": T - 1, "k": 2}, "E_CONTEXT_OVERFLOW"),  # 2nd proposal at T
+        ({"op": "propose", "ids": [0], "start": 0, "policy": {"temperature": -1}}, "E_BAD_ARGUMENT"),
+        ({"op": "propose", "ids": [0], "start": 0, "policy": {"top_p": 0}}, "E_BAD_ARGUMENT"),
+        ({"op": "propose", "ids": [0], "start": 0, "policy": {"suppress_token_ids": [V]}}, "E_BAD_ARGUMENT"),
+        ({"op": "propose", "ids": [0], "start": 0, "context": [V + 3]}, "E_BAD_ARGUMENT"),
+        ({"op": "propose", "ids": [0], "start": 0}, ""),
+    ]
+    out = run_node(model_dir, {"errors": [c for c, _ in cases]})
+    assert out["errors"] == [want for _, want in cases]
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_browser_equals_node(which, browser_page, http_server):
+    """The page (Chromium's V8) gives the same proposals and p_draft bytes as Node's."""
+    model_dir, ref = reference(which)
+    calls, _ = propose_scenarios(ref, SamplingPolicy(temperature=1.0, top_p=0.95), [7, 8, 9], n_rounds=4, k=4,
+                                 stop_ids=(1,))
+    cases = {"propose": calls, "forward": [[[[3, 4, 5], 0], [[6], 3], [[7, 8], 2]]]}
+    node_out = run_node(model_dir, cases)
+    open_harness(browser_page, http_server)
+    page_out = browser_page.evaluate("""
+async ([wasm, model, cases]) => {
+  const draft = await window.draftHarness.createDraft({ wasmUrl: wasm, modelUrl: model });
+  return window.draftHarness.runCases(draft, cases);
+}""", ["/web/build/draft.wasm", rel_url(model_dir), cases])
+    assert page_out["propose"] == node_out["propose"]
+    assert page_out["forward"] == node_out["forward"]

@@ -708,18 +708,15 @@ static int process_row(const float *logits) {
         for (int i = 0; i < V; i++) if (x[i] > 0.0) proc.heap[n++] = i;
         heap_build(proc.heap, n, x);
         double cumulative = 0.0;
-        int n_kept = 0;
         while (n > 0) {                       /* prob desc, id asc; shortest prefix >= top_p */
             int32_t id = heap_pop(proc.heap, &n, x);
             cumulative += x[id];
-            n_kept++;
             if (cumulative >= pol.top_p) break;
         }
         for (int j = 0; j < n; j++) x[proc.heap[j]] = 0.0;                    /* not kept */
         double kept = 0.0;
         for (int i = 0; i < V; i++) kept += x[i];
         for (int i = 0; i < V; i++) x[i] = x[i] / kept;
-        (void)n_kept;
     }
     return OK;
 }

@@ -300,6 +300,7 @@ export class Draft {
 }
 
 async function sha256Hex(bytes) {
+  if (!globalThis.crypto?.subtle) return null;   // insecure context: no SubtleCrypto, no identity
   const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
   return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }

@@ -50,6 +50,17 @@ export function runCases(draft, cases) {
       roundId: c.round_id, stopTokenIds: c.stop, contextIds: c.context });
     out.propose.push({ tokens: Array.from(r.tokens), p_draft: toBase64(r.pDraft), error_code: r.error_code });
   }
+  out.errors = [];
+  for (const c of cases.errors ?? []) {           // calls that must throw a coded DraftError
+    try {
+      if (c.op === "forward") draft.forward(c.ids, c.start);
+      else draft.propose({ feed: c.ids, startPos: c.start, k: c.k ?? 2, policy: c.policy ?? {}, seed: [0, 0],
+        contextIds: c.context ?? [] });
+      out.errors.push("");
+    } catch (err) {
+      out.errors.push(err.code ?? String(err));
+    }
+  }
   if (cases.plog) {
     const x = fromBase64(cases.plog, Float64Array);
     out.plog = toBase64(Float64Array.from(x, (v) => draft.wasm.draft_plog(v)));
