@@ -301,7 +301,7 @@ def _build_pre_tokenizer(spec):
     return run
 
 
-def _build_post_processor(spec, token_to_id):
+def _build_post_processor(spec):
     """Returns f(ids) -> ids applied when add_special_tokens=True."""
     if spec is None:
         return lambda ids: ids
@@ -309,7 +309,7 @@ def _build_post_processor(spec, token_to_id):
     if kind == "ByteLevel":                       # only touches offsets
         return lambda ids: ids
     if kind == "Sequence":
-        steps = [_build_post_processor(x, token_to_id) for x in spec.get("processors", [])]
+        steps = [_build_post_processor(x) for x in spec.get("processors", [])]
 
         def run(ids):
             for f in steps:
@@ -620,7 +620,7 @@ class Tokenizer:
         norm = self.normalize or (lambda s: s)
         self._norm_matcher = _Matcher([(norm(t.content), t) for t in ordered if t.normalized])
         self.special_ids = frozenset(t.id for t in self.added.values() if t.special)
-        self.post_process = _build_post_processor(spec.get("post_processor"), self.token_to_id)
+        self.post_process = _build_post_processor(spec.get("post_processor"))
         ids = set(self.model.vocab_r) | set(self.added)
         self.vocab_size = max(ids) + 1 if ids else 0
 
