@@ -312,6 +312,7 @@ def test_champion_logits_vs_q8_reference(gpu_page, tiny_model, which):
     info = load_champion(gpu_page, model_dir)
     vocab = info["vocabSize"]
     ref = LlamaReference.from_dir(model_dir, weights="q8")
+    assert info["identity"] == ref.identity               # sha256 of model.q8.safetensors
     rng = np.random.default_rng(11)
     worst_abs = worst_rel = 0.0
     longest = min(150, info["maxContext"])             # > 64 keys: attention strides

@@ -109,7 +109,11 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const weightsUrl = new URL("model.q8.safetensors", base);
   const res = await fetch(weightsUrl);
   if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${weightsUrl} -> ${res.status}`);
-  const { tensors } = parseSafetensors(await res.arrayBuffer(), weightsUrl.pathname);
+  const fileBytes = await res.arrayBuffer();
+  const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
+  // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
+  const identity = [...new Uint8Array(await crypto.subtle.digest("SHA-256", fileBytes))]
+    .map((b) => b.toString(16).padStart(2, "0")).join("");
   const pipelines = await createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
 
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
@@ -173,7 +177,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
 
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
-    config, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    config, identity, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     logitsBuffer: bufs.logits,
     get length() { return length; },
     /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */

@@ -52,7 +52,8 @@ async function loadChampion(modelUrl, maxBlock, maxContext) {
   await init();
   const t0 = performance.now();
   champion = await createChampion({ device, modelUrl, maxBlock, maxContext });
-  return { loadMs: performance.now() - t0, vocabSize: champion.vocabSize, maxContext: champion.maxContext };
+  return { loadMs: performance.now() - t0, vocabSize: champion.vocabSize, maxContext: champion.maxContext,
+           identity: champion.identity };
 }
 
 /** Forward blocks in order ([[ids, startPos], ...]); returns base64 logits of each block. */
