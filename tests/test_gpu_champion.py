@@ -149,6 +149,29 @@ def test_matmul_q8(gpu_page, rows, cols, n):
     assert_close(unb64(y, np.float32, n * rows).reshape(n, rows), gpu_twins.matmul_q8(q8, scale, x), "matmul_q8")
 
 
+@pytest.mark.parametrize("name", ["matmul_q8", "lm_head_f32"])
+def test_matmul_every_block_size_bitwise(gpu_page, name):
+    """n = 1..9 on the same rows: every n matches the twin, and row j's outputs are the same
+    float32 bits whatever n is (the kernel-level form of batch invariance)."""
+    rng = np.random.default_rng(5)
+    rows, cols = 1000, 96
+    q8, scale = _q8_case(rng, rows, cols)
+    weight = [{"b64": b64(q8)}, {"b64": b64(scale)}] if name == "matmul_q8" else \
+        [{"b64": b64((q8 * scale[:, None]).astype(np.float32))}]
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    outputs = []
+    for n in range(1, 10):
+        (y,) = run_kernel(gpu_page, name, {"n": n, "rows": rows, "cols": cols},
+                          weight + [{"b64": b64(x[:n])}, {"bytes": n * rows * 4}], [len(weight) + 1])
+        y = unb64(y, np.float32, n * rows).reshape(n, rows)
+        want = gpu_twins.matmul_q8(q8, scale, x[:n]) if name == "matmul_q8" else \
+            gpu_twins.lm_head_f32((q8 * scale[:, None]).astype(np.float32), x[:n])
+        assert_close(y, want, "matmul_q8" if name == "matmul_q8" else "lm_head")
+        outputs.append(y)
+    for y in outputs:
+        assert np.array_equal(y.view(np.uint32), outputs[-1][:len(y)].view(np.uint32)), f"n={len(y)}: bits differ from n=9"
+
+
 @pytest.mark.parametrize("rows,cols,n", [(1001, 96, 9), (6, 12, 2)])
 def test_matmul_q8_residual(gpu_page, rows, cols, n):
     rng = np.random.default_rng(rows + cols + n)
