@@ -1,7 +1,8 @@
 // accept_common.wgsl: shared by processors_rows.wgsl and accept_decide.wgsl.
 // The Params uniform, float bit tests, an order-preserving float key and fixed-order workgroup
-// reductions for 256 invocations. web/gpu/accept.mjs prepends the constants
-//   V (vocabulary size), PER = ceil(V / WG), WG = 256, NWORDS = ceil(V / 32), IDBITS = ceil(log2 V).
+// reductions over WG invocations. web/gpu/accept.mjs prepends the constants
+//   V (vocabulary size), WG (4, 16, 64 or 256), GS = sqrt(WG) (sum group size), PER = ceil(V / WG),
+//   NWORDS = ceil(V / 32), IDBITS = ceil(log2 V).
 // Every reduction returns through workgroupUniformLoad, so callers may branch on the result.
 
 struct Params {
@@ -37,8 +38,8 @@ fn key_to_f32(k: u32) -> f32 {
 var<private> lid: u32;                         // local_invocation_index, set first thing in main
 var<workgroup> wg_atomic: atomic<u32>;
 var<workgroup> wg_u: u32;
-var<workgroup> wg_part: array<f32, 256>;       // (WG,) per-invocation partial sums
-var<workgroup> wg_part16: array<f32, 16>;      // (16,) partials of 16 invocations each
+var<workgroup> wg_part: array<f32, WG>;        // (WG,) per-invocation partial sums
+var<workgroup> wg_group: array<f32, GS>;       // (GS,) partials of GS consecutive invocations each
 var<workgroup> wg_f: f32;
 
 const OP_ADD: u32 = 0u;
@@ -61,19 +62,19 @@ fn wg_reduce_u32(op: u32, local: u32) -> u32 {
 }
 
 // f32 sum in a fixed order (the NumPy twin repeats it): invocation t's own sequential sum, then
-// 16 groups of 16 consecutive invocations summed sequentially, then the 16 group sums.
+// GS groups of GS consecutive invocations summed sequentially, then the GS group sums.
 fn wg_sum_f32(local: f32) -> f32 {
   wg_part[lid] = local;
   workgroupBarrier();
-  if (lid < 16u) {
+  if (lid < GS) {
     var s = 0.0;
-    for (var t = 0u; t < 16u; t++) { s = s + wg_part[lid * 16u + t]; }
-    wg_part16[lid] = s;
+    for (var t = 0u; t < GS; t++) { s = s + wg_part[lid * GS + t]; }
+    wg_group[lid] = s;
   }
   workgroupBarrier();
   if (lid == 0u) {
     var s = 0.0;
-    for (var t = 0u; t < 16u; t++) { s = s + wg_part16[t]; }
+    for (var t = 0u; t < GS; t++) { s = s + wg_group[t]; }
     wg_f = s;
   }
   return workgroupUniformLoad(&wg_f);

@@ -1,5 +1,5 @@
 // accept_decide.wgsl: the decision of one speculative round (exactspec.acceptance.decide_round)
-// on rows already processed by processors_rows.wgsl. One workgroup of WG = 256 invocations.
+// on rows already processed by processors_rows.wgsl. One workgroup of WG invocations.
 // Needs accept_common.wgsl, threefry_addr.wgsl, sample_gumbel.wgsl.
 //
 // Invocation 0 walks the proposals (scalar work: one Threefry per position) and writes the plan;
@@ -88,7 +88,7 @@ fn plan_round() {
   set_plan(MODE_SAMPLE, m, DOMAIN_TARGET_EXTRA, 0u);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) li: u32) {
   lid = li;
   if (lid == 0u) { plan_round(); }

@@ -1,5 +1,5 @@
 // processors_rows.wgsl: logits processors (processors-v1, docs/processors.md) on n_rows rows,
-// one workgroup of WG = 256 invocations per row. Invocation lid owns tokens lid + i * WG,
+// one workgroup of WG invocations per row. Invocation lid owns tokens lid + i * WG,
 // i < PER, held in the private array x (tokens >= V are padding, kept at -inf).
 // Needs accept_common.wgsl. Row `row` sees the context bitmap plus proposals[:row].
 //
@@ -145,7 +145,7 @@ fn apply_top_p() -> u32 {
   return select(0u, ROW_NEAR_TOP_P, near);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   lid = li;
   let row = wid.x;

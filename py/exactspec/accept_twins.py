@@ -13,7 +13,7 @@ import numpy as np
 
 from . import rng
 
-WG = 256
+WG = 16                                                        # the kernels' default on SwiftShader
 NONE = 0xFFFFFFFF
 ROW_INVALID = 1
 ROW_NEAR_TOP_P = 2
@@ -60,24 +60,25 @@ def gumbel_f32(bits):
 
 
 # ---------------------------------------------------------------- accept_common.wgsl
-def _lanes(values, fill):
-    """(V,) -> (PER, WG): element [i, t] is token t + i * WG (padding = fill)."""
+def _lanes(values, fill, wg=WG):
+    """(V,) -> (PER, wg): element [i, t] is token t + i * wg (padding = fill)."""
     v = np.asarray(values)
-    per = -(-v.shape[0] // WG)
-    out = np.full(per * WG, fill, dtype=v.dtype)
+    per = -(-v.shape[0] // wg)
+    out = np.full(per * wg, fill, dtype=v.dtype)
     out[: v.shape[0]] = v
-    return out.reshape(per, WG)
+    return out.reshape(per, wg)
 
 
-def wg_sum_f32(values):
+def wg_sum_f32(values, wg=WG):
     """The kernels' fixed-order float32 sum of a (V,) vector (padding contributes 0)."""
-    lanes = _lanes(np.asarray(values, np.float32), _F(0.0))
-    local = np.zeros(WG, np.float32)
+    gs = int(round(wg ** 0.5))
+    lanes = _lanes(np.asarray(values, np.float32), _F(0.0), wg)
+    local = np.zeros(wg, np.float32)
     for i in range(lanes.shape[0]):                            # each invocation, sequentially over i
         local = local + lanes[i]
-    groups = np.zeros(16, np.float32)
-    for t in range(16):                                        # 16 groups of 16 invocations
-        groups = groups + local.reshape(16, 16)[:, t]
+    groups = np.zeros(gs, np.float32)
+    for t in range(gs):                                        # gs groups of gs consecutive invocations
+        groups = groups + local.reshape(gs, gs)[:, t]
     total = _F(0.0)
     for g in groups:
         total = _F(total + g)

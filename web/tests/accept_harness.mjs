@@ -20,11 +20,11 @@ function toB64(typed) {
   return btoa(bin);
 }
 
-async function get(V, maxBlock) {
+async function get(V, maxBlock, workgroupSize = null) {    // null: the acceptor's default for the adapter
   device ??= await requestAcceptDevice();
-  const key = `${V}/${maxBlock}`;
+  const key = `${V}/${maxBlock}/${workgroupSize}`;
   if (!acceptors.has(key)) {
-    const acceptor = await createAcceptor({ device, vocabSize: V, maxBlock });
+    const acceptor = await createAcceptor({ device, vocabSize: V, maxBlock, workgroupSize: workgroupSize ?? undefined });
     const logits = device.createBuffer({ size: maxBlock * V * 4, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
     acceptors.set(key, { acceptor, logits });
   }
@@ -35,11 +35,12 @@ window.acceptHarness = {
   async init(V, maxBlock) {
     await get(V, maxBlock);
     const info = device.adapterInfo || {};
-    return { vendor: info.vendor || "", architecture: info.architecture || "", description: info.description || "" };
+    const { acceptor } = await get(V, maxBlock);
+    return { vendor: info.vendor || "", architecture: info.architecture || "", workgroupSize: acceptor.workgroupSize };
   },
 
-  async processRows({ V, maxBlock, logitsB64, nRows, proposals, contextIds, policy, greedy }) {
-    const { acceptor } = await get(V, maxBlock);
+  async processRows({ V, maxBlock, logitsB64, nRows, proposals, contextIds, policy, greedy, workgroupSize }) {
+    const { acceptor } = await get(V, maxBlock, workgroupSize);
     const out = await acceptor.processRows({
       logits: fromB64(logitsB64, Float32Array), nRows, proposals, contextIds, policy, greedy,
     });
@@ -76,8 +77,8 @@ window.acceptHarness = {
   },
 
   // Wall time of decide() (upload, one submission, 8-word readback) for k proposals.
-  async timeDecide({ V, k, iters, policy }) {
-    const { acceptor, logits } = await get(V, k + 1);
+  async timeDecide({ V, k, iters, policy, workgroupSize }) {
+    const { acceptor, logits } = await get(V, k + 1, workgroupSize);
     const rows = new Float32Array((k + 1) * V);
     let s = 12345;
     for (let i = 0; i < rows.length; i++) { s = (s * 1103515245 + 12345) >>> 0; rows[i] = (s / 2 ** 32) * 8 - 4; }
