@@ -146,15 +146,21 @@ def test_gumbel_max_sampler_token_for_token():
     """Same float64 weights -> the C sampler picks exactly sample_gumbel_max_np's token."""
     rs = np.random.default_rng(11)
     cases, want = [], []
-    for i in range(300):
-        n = int(rs.choice([4, 37, 301]))
-        w = rs.dirichlet(np.full(n, rs.choice([0.05, 1.0, 20.0])))
+    for i in range(600):
+        n = int(rs.choice([4, 37, 301, 4096]))
+        w = rs.dirichlet(np.full(n, rs.choice([0.02, 0.3, 1.0, 20.0])))
         if i % 3 == 0:
             w[rs.random(n) < 0.5] = 0.0
             if not w.any():
                 w[0] = 1.0
         if i % 7 == 0:
             w = np.full(n, 1.0 / n)                                # exact ties in weight
+        if i % 11 == 0:
+            w = w * 10.0 ** rs.uniform(-300, 300)                  # unnormalised, tiny or huge
+        if i % 13 == 0:
+            w[rs.random(n) < 0.3] = 5e-324                         # subnormal weights
+        if i % 17 == 0:
+            w = w * 1e-310                                         # all subnormal (or zero)
         seed = int(rs.integers(0, 2 ** 64, dtype=np.uint64))
         domain, rnd, pos = int(rs.integers(1, 6)), int(rs.integers(0, 2 ** 32)), int(rs.integers(0, 64))
         cases.append({"weights": b64(w, "<f8"), "seed": [seed & 0xFFFFFFFF, seed >> 32], "domain": domain,
@@ -167,6 +173,7 @@ def test_gumbel_max_sampler_token_for_token():
         want.append(tok)
     out = run_node(ensure_tiny_model(), {"sample": cases})
     assert out["sample"] == want
+    assert out["sample_plain"] == want          # the pruned and the plain loop agree
 
 
 # ----------------------------------------------------------------------------- forward

@@ -69,7 +69,6 @@ static const double POS_INF = __builtin_inf();
 static const double LN2_HI = 6.93147180369123816490e-01;   /* 0x3FE62E42FEE00000 */
 static const double LN2_LO = 1.90821492927058770002e-10;
 static const double INV_LN2 = 1.44269504088896338700e+00;
-static const double DBL_MIN_NORMAL = 2.2250738585072014e-308;
 
 static inline int is_nan(double x) { return x != x; }
 
@@ -110,37 +109,6 @@ static double plog(double x) {
     double log_m = t + t * (z * p);
     double de = (double)e;
     return de * LN2_HI + (log_m + de * LN2_LO);
-}
-
-/* plog on two lanes (f64x2) for normal x > 0: the same operations in the same order, each
- * rounded once, so every lane equals plog(x) bit for bit (subnormals: use plog) */
-static inline v128_t plog_x2(v128_t x) {
-    v128_t ex = wasm_v128_and(wasm_u64x2_shr(x, 52), wasm_i64x2_splat(0x7ff));
-    v128_t e = wasm_i64x2_sub(ex, wasm_i64x2_splat(1022));
-    v128_t m = wasm_v128_or(wasm_v128_and(x, wasm_i64x2_splat((int64_t)0x800fffffffffffffULL)),
-                            wasm_i64x2_splat(0x3fe0000000000000LL));
-    v128_t small = wasm_f64x2_lt(m, wasm_f64x2_splat(0.7071067811865476));   /* all ones if true */
-    m = wasm_v128_bitselect(wasm_f64x2_mul(m, wasm_f64x2_splat(2.0)), m, small);
-    e = wasm_i64x2_add(e, small);                                               /* e - 1 if small */
-    /* exact int64 -> double for |e| < 2^51: add into the mantissa of 1.5 * 2^52, subtract it */
-    v128_t de = wasm_f64x2_sub(wasm_i64x2_add(e, wasm_i64x2_splat(0x4338000000000000LL)),
-                               wasm_f64x2_splat(6755399441055744.0));
-    v128_t f = wasm_f64x2_sub(m, wasm_f64x2_splat(1.0));
-    v128_t sv = wasm_f64x2_div(f, wasm_f64x2_add(wasm_f64x2_splat(2.0), f));
-    v128_t z = wasm_f64x2_mul(sv, sv);
-    v128_t p = wasm_f64x2_splat(PLOG_C[11]);
-    for (int i = 10; i >= 0; i--) p = wasm_f64x2_add(wasm_f64x2_mul(p, z), wasm_f64x2_splat(PLOG_C[i]));
-    v128_t t = wasm_f64x2_mul(wasm_f64x2_splat(2.0), sv);
-    v128_t log_m = wasm_f64x2_add(t, wasm_f64x2_mul(t, wasm_f64x2_mul(z, p)));
-    return wasm_f64x2_add(wasm_f64x2_mul(de, wasm_f64x2_splat(LN2_HI)),
-                          wasm_f64x2_add(log_m, wasm_f64x2_mul(de, wasm_f64x2_splat(LN2_LO))));
-}
-
-/* Gumbel of two draws: -plog(-plog(uniform_open_open(bits))) lane by lane */
-static inline v128_t gumbel_x2(uint32_t b0, uint32_t b1) {
-    v128_t num = wasm_f64x2_make((double)((b0 >> 9) << 1), (double)((b1 >> 9) << 1));
-    v128_t u = wasm_f64x2_mul(wasm_f64x2_add(num, wasm_f64x2_splat(1.0)), wasm_f64x2_splat(1.0 / 16777216.0));
-    return wasm_f64x2_neg(plog_x2(wasm_f64x2_neg(plog_x2(u))));
 }
 
 /* exp(x), about 1 ulp: x = k ln2 + r with |r| <= ln2/2, Taylor series of degree 13 in r */
@@ -258,33 +226,59 @@ static inline v128_t rotl32x4(v128_t v, int n) {
 }
 
 static v128_t draw_bits_x4(RoundKey rk, uint32_t position, v128_t tokens) {
-    static const int ROT[8] = { 13, 15, 26, 6, 17, 29, 16, 24 };
     uint32_t ks[3] = { rk.k0, rk.k1, 0x1BD11BDAu ^ rk.k0 ^ rk.k1 };
     v128_t x0 = wasm_i32x4_splat((int32_t)(position + rk.k0));
     v128_t x1 = wasm_i32x4_add(tokens, wasm_i32x4_splat((int32_t)rk.k1));
-    for (int r = 0; r < 20; r++) {
-        x0 = wasm_i32x4_add(x0, x1);
-        x1 = rotl32x4(x1, ROT[r % 8]);
-        x1 = wasm_v128_xor(x1, x0);
-        if (r % 4 == 3) {
-            uint32_t sidx = (uint32_t)(r + 1) / 4;
-            x0 = wasm_i32x4_add(x0, wasm_i32x4_splat((int32_t)ks[sidx % 3]));
-            x1 = wasm_i32x4_add(x1, wasm_i32x4_splat((int32_t)(ks[(sidx + 1) % 3] + sidx)));
-        }
-    }
+    /* unrolled so that every rotation is by a constant (the loop form is not unrolled by clang) */
+#define TF_ROUND(rot) x0 = wasm_i32x4_add(x0, x1); x1 = rotl32x4(x1, rot); x1 = wasm_v128_xor(x1, x0);
+#define TF_INJECT(s) x0 = wasm_i32x4_add(x0, wasm_i32x4_splat((int32_t)ks[(s) % 3])); \
+                     x1 = wasm_i32x4_add(x1, wasm_i32x4_splat((int32_t)(ks[((s) + 1) % 3] + (s))));
+    TF_ROUND(13) TF_ROUND(15) TF_ROUND(26) TF_ROUND(6)  TF_INJECT(1)
+    TF_ROUND(17) TF_ROUND(29) TF_ROUND(16) TF_ROUND(24) TF_INJECT(2)
+    TF_ROUND(13) TF_ROUND(15) TF_ROUND(26) TF_ROUND(6)  TF_INJECT(3)
+    TF_ROUND(17) TF_ROUND(29) TF_ROUND(16) TF_ROUND(24) TF_INJECT(4)
+    TF_ROUND(13) TF_ROUND(15) TF_ROUND(26) TF_ROUND(6)  TF_INJECT(5)
+#undef TF_ROUND
+#undef TF_INJECT
     return x0;
 }
 
-/* Gumbel-max over nonnegative weights: argmax of plog(w) + G over w > 0, ties -> lowest id.
- * Returns -1 if a weight is NaN/negative/infinite or none is positive.
+/* Approximate natural log of 4 positive normal floats (f32 lanes), |error| < 1e-5 for the
+ * arguments used below. Only used to pick candidates; every final score is the exact plog. */
+static inline v128_t approx_log_x4(v128_t x) {
+    v128_t e = wasm_i32x4_sub(wasm_u32x4_shr(x, 23), wasm_i32x4_splat(126));          /* sign is 0 */
+    v128_t m = wasm_v128_or(wasm_v128_and(x, wasm_i32x4_splat(0x007fffff)), wasm_i32x4_splat(0x3f000000));
+    v128_t small = wasm_f32x4_lt(m, wasm_f32x4_splat(0.70710678f));
+    m = wasm_v128_bitselect(wasm_f32x4_add(m, m), m, small);
+    e = wasm_i32x4_add(e, small);                                                       /* e - 1 */
+    v128_t f = wasm_f32x4_sub(m, wasm_f32x4_splat(1.0f));
+    v128_t sv = wasm_f32x4_div(f, wasm_f32x4_add(wasm_f32x4_splat(2.0f), f));
+    v128_t z = wasm_f32x4_mul(sv, sv);
+    v128_t p = wasm_f32x4_splat(1.0f / 11);
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, z), wasm_f32x4_splat(1.0f / 9));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, z), wasm_f32x4_splat(1.0f / 7));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, z), wasm_f32x4_splat(1.0f / 5));
+    p = wasm_f32x4_add(wasm_f32x4_mul(p, z), wasm_f32x4_splat(1.0f / 3));
+    v128_t t = wasm_f32x4_add(sv, sv);
+    v128_t log_m = wasm_f32x4_add(t, wasm_f32x4_mul(t, wasm_f32x4_mul(z, p)));
+    return wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_convert_i32x4(e), wasm_f32x4_splat(0.693147181f)), log_m);
+}
+
+/* Gumbel-max over nonnegative weights: argmax of plog(w) + G over w > 0, ties -> lowest id,
+ * exactly docs/rng.md §5. Returns -1 if a weight is NaN/negative/infinite or none is positive.
  *
- * Exact pruning: G lies in [G_LO, G_HI] (the Gumbel of the smallest and largest uniform), so
- * the winner scores at least plog(w_max) + G_LO, and a token with w < 2^e scores below
- * e ln2 + G_HI. Tokens whose bound is strictly below the first (with a margin far above any
- * rounding) can neither win nor tie, and are skipped without drawing their bits. Skipping
- * changes no result: draws are addressed, not sequential. */
+ * Two prunings make it cheap without changing any result (draws are addressed, so skipping a
+ * token shifts nothing):
+ *  1. G lies in [G_LO, G_HI] (Gumbels of the smallest and largest uniform). The winner scores
+ *     at least plog(w_max) + G_LO; a token with w < 2^e scores below e ln2 + G_HI. A token whose
+ *     bound is strictly below (margin 1e-6) can neither win nor tie: skipped, no bits drawn.
+ *  2. The rest get an approximate score A = log(w / w_max) + G in float32 SIMD, within
+ *     DELTA of the exact S - plog(w_max) (the float32 error is below 1e-5; DELTA = 1e-3). The
+ *     exact winner has A >= max A - 2 DELTA, so only those tokens are scored exactly, in id
+ *     order with a strict ">" (a token tying the winner is among them too). */
 static int sample_gumbel_max(const double *weights, int n, RoundKey rk, uint32_t position,
-                             int32_t *scratch /* (n,) */) {
+                             int32_t *scratch /* (2n + 4,) ids, then f32 approximate scores */) {
+    const float DELTA = 1e-3f;
     double w_max = 0.0;
     for (int x = 0; x < n; x++) {
         double w = weights[x];
@@ -294,33 +288,58 @@ static int sample_gumbel_max(const double *weights, int n, RoundKey rk, uint32_t
     if (w_max == 0.0) return -1;
     const double g_lo = gumbel(0u), g_hi = gumbel(0xffffffffu), margin = 1e-6;
     double floor_score = plog(w_max) + g_lo - margin;
+    int32_t *cand = scratch;                                  /* (n_cand,) ids, ascending */
+    float *approx = (float *)(scratch + n);                   /* (n_cand + 3,) */
     int n_cand = 0;
     for (int x = 0; x < n; x++) {
         double w = weights[x];
         if (w == 0.0) continue;
         int e;
-        frexp_pos(w, &e);                               /* w < 2^e */
+        frexp_pos(w, &e);                                     /* w < 2^e */
         if ((double)e * LN2_HI + g_hi < floor_score) continue;
-        scratch[n_cand++] = x;
+        cand[n_cand++] = x;                                   /* here w / w_max >= 2^-30 */
     }
-    int best = -1;
-    double best_score = -POS_INF;
+    float best_approx = -3.0e38f;
     for (int j = 0; j < n_cand; j += 4) {
         int32_t ids[4];
-        for (int l = 0; l < 4; l++) ids[l] = scratch[j + l < n_cand ? j + l : j];
-        v128_t bits4 = draw_bits_x4(rk, position, wasm_v128_load(ids));
-        uint32_t bits[4];
-        wasm_v128_store(bits, bits4);
-        double score[4];
-        for (int h = 0; h < 4; h += 2) {            /* two lanes of f64x2 at a time */
-            double w0 = weights[ids[h]], w1 = weights[ids[h + 1]];
-            v128_t lw = plog_x2(wasm_f64x2_make(w0, w1));
-            wasm_v128_store(score + h, wasm_f64x2_add(lw, gumbel_x2(bits[h], bits[h + 1])));
-            if (w0 < DBL_MIN_NORMAL) score[h] = plog(w0) + gumbel(bits[h]);          /* subnormal */
-            if (w1 < DBL_MIN_NORMAL) score[h + 1] = plog(w1) + gumbel(bits[h + 1]);
+        float ratio[4];
+        for (int l = 0; l < 4; l++) {
+            ids[l] = cand[j + l < n_cand ? j + l : j];
+            ratio[l] = (float)(weights[ids[l]] / w_max);       /* in [2^-30, 1]; no 1/w_max overflow */
         }
+        v128_t bits = draw_bits_x4(rk, position, wasm_v128_load(ids));
+        v128_t u = wasm_f32x4_mul(                            /* uniform_open_open, exact in f32 */
+            wasm_f32x4_convert_i32x4(wasm_i32x4_add(wasm_i32x4_shl(wasm_u32x4_shr(bits, 9), 1),
+                                                    wasm_i32x4_splat(1))),
+            wasm_f32x4_splat(1.0f / 16777216.0f));
+        v128_t g = wasm_f32x4_neg(approx_log_x4(wasm_f32x4_neg(approx_log_x4(u))));
+        v128_t a = wasm_f32x4_add(approx_log_x4(wasm_v128_load(ratio)), g);
+        wasm_v128_store(approx + j, a);
         for (int l = 0; l < 4 && j + l < n_cand; l++)
-            if (score[l] > best_score) { best = ids[l]; best_score = score[l]; }
+            if (approx[j + l] > best_approx) best_approx = approx[j + l];
+    }
+    float threshold = best_approx - 2.0f * DELTA;
+    int best = -1;
+    double best_score = -POS_INF;
+    for (int j = 0; j < n_cand; j++) {
+        if (approx[j] < threshold) continue;
+        int x = cand[j];
+        double score = plog(weights[x]) + gumbel(draw_bits(rk, position, (uint32_t)x));
+        if (score > best_score) { best = x; best_score = score; }
+    }
+    return best;
+}
+
+/* the exact sampler without prunings (tests compare the two) */
+static int sample_gumbel_max_plain(const double *weights, int n, RoundKey rk, uint32_t position) {
+    int best = -1;
+    double best_score = -POS_INF;
+    for (int x = 0; x < n; x++) {
+        double w = weights[x];
+        if (!(w >= 0.0 && w < POS_INF)) return -1;
+        if (w == 0.0) continue;
+        double score = plog(w) + gumbel(draw_bits(rk, position, (uint32_t)x));
+        if (score > best_score) { best = x; best_score = score; }
     }
     return best;
 }
@@ -391,7 +410,7 @@ typedef struct {
 typedef struct {
     uint8_t *in_context;         /* (V,) 1 = id occurs in the context (repetition penalty) */
     double *work;                /* (V,) processed row in float64 */
-    int32_t *heap;               /* (V,) index heap for top-k / top-p */
+    int32_t *heap;               /* (2V + 4,) index heap for top-k / top-p; sampler scratch */
     uint8_t *is_stop;            /* (V,) 1 = stop token */
 } ProcState;
 
@@ -448,7 +467,7 @@ static int build_proc_state(ProcState *p, Policy *po, int vocab_size) {
     uint32_t v = (uint32_t)vocab_size;
     p->in_context = (uint8_t *)arena_alloc(v);
     p->work = (double *)arena_alloc(v * 8u);
-    p->heap = (int32_t *)arena_alloc(v * 4u);
+    p->heap = (int32_t *)arena_alloc(v * 8u + 16u);     /* the sampler stores 4 lanes at a time */
     p->is_stop = (uint8_t *)arena_alloc(v);
     po->suppressed = (uint8_t *)arena_alloc(v);
     po->allowed = (uint8_t *)arena_alloc(v);
@@ -909,8 +928,9 @@ EXPORT("draft_work") double *draft_work(void) { return proc.work; }
 /* Gumbel-max draw over n float64 weights at (seed, domain, round, position); -1 if invalid */
 EXPORT("draft_sample")
 int draft_sample(const double *w, int n, uint32_t seed_lo, uint32_t seed_hi, uint32_t domain,
-                 uint32_t round_id, uint32_t position, int32_t *scratch /* (n,) */) {
-    return sample_gumbel_max(w, n, round_key(seed_lo, seed_hi, domain, round_id), position, scratch);
+                 uint32_t round_id, uint32_t position, int32_t *scratch /* (2n + 4,) or 0: plain */) {
+    RoundKey rk = round_key(seed_lo, seed_hi, domain, round_id);
+    return scratch ? sample_gumbel_max(w, n, rk, position, scratch) : sample_gumbel_max_plain(w, n, rk, position);
 }
 
 EXPORT("draft_propose")

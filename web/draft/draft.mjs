@@ -285,17 +285,18 @@ export class Draft {
     };
   }
 
-  /** Gumbel-max over float64 weights at (seed, domain, round, position) (tests); -1 if invalid */
-  sampleWeights(weights, seed, domain, roundId, position) {
+  /** Gumbel-max over float64 weights at (seed, domain, round, position) (tests); -1 if invalid.
+   *  plain = true: the reference loop without the (exact) prunings. */
+  sampleWeights(weights, seed, domain, roundId, position, plain = false) {
     const n = weights.length;
     if (!(n <= this._weightsCap)) {                 // grown on demand; the arena never shrinks
       this._weightsCap = Math.max(n, this.vocabSize);
       this._weights = this.wasm.draft_alloc(8 * this._weightsCap);   // (cap,) f64
-      this._scratch = this.wasm.draft_alloc(4 * this._weightsCap);   // (cap,) int32
+      this._scratch = this.wasm.draft_alloc(8 * this._weightsCap + 16);   // (2 cap + 4,) int32 scratch
     }
     this._f64(this._weights, n).set(weights);
     return this.wasm.draft_sample(this._weights, n, seed[0] >>> 0, seed[1] >>> 0, domain, roundId >>> 0,
-      position >>> 0, this._scratch);
+      position >>> 0, plain ? 0 : this._scratch);
   }
 }
 

@@ -43,7 +43,9 @@ export function runCases(draft, cases) {
       probs: r.probs ? toBase64(r.probs) : null });
   }
   for (const c of cases.sample ?? []) {
-    out.sample.push(draft.sampleWeights(fromBase64(c.weights, Float64Array), c.seed, c.domain, c.round, c.position));
+    const w = fromBase64(c.weights, Float64Array);
+    out.sample.push(draft.sampleWeights(w, c.seed, c.domain, c.round, c.position));
+    (out.sample_plain ??= []).push(draft.sampleWeights(w, c.seed, c.domain, c.round, c.position, true));
   }
   for (const c of cases.propose ?? []) {
     const r = draft.propose({ feed: c.feed, startPos: c.start_pos, k: c.k, policy: c.policy, seed: c.seed,
