@@ -102,6 +102,8 @@ def run_kernel(page, name, dims, tensors, read):
 
 def assert_close(got, want, name):
     err = np.abs(np.asarray(got, np.float64) - want)
+    rel = err / np.maximum(np.abs(want), 1e-30)
+    print(f"[err] {name}: max abs {err.max():.3e}, max rel {rel.max():.3e}")   # shown with -s
     assert within(got, want, name), f"{name}: max abs err {err.max():.3e} (tolerance {TOLERANCES[name]})"
 
 
