@@ -588,3 +588,37 @@ async ([wasm, model, cases]) => {
 }""", ["/web/build/draft.wasm", rel_url(model_dir), cases])
     assert page_out["propose"] == node_out["propose"]
     assert page_out["forward"] == node_out["forward"]
+
+
+def test_worker_client_forward_propose_cancel(browser_page, http_server):
+    """DraftWorkerClient (the caller's side of the protocol): forward = prefill, propose equal to
+    RunnerDraft's after two rounds with rollback, errors come back coded, cancel keeps working."""
+    model_dir, ref = reference("tiny")
+    policy = SamplingPolicy(temperature=0.9, top_k=50)
+    calls, expected = propose_scenarios(ref, policy, [4242], n_rounds=3, k=4, stop_ids=())
+    open_harness(browser_page, http_server)
+    res = browser_page.evaluate("""
+async ([wasm, model, calls]) => {
+  const client = await window.draftHarness.DraftWorkerClient.create({ wasmUrl: wasm, modelUrl: model });
+  const out = { vocab: client.vocabSize, identity: client.identity, rounds: [] };
+  await client.forward(calls[0].feed.slice(0, -1), calls[0].start_pos);       // prefill all but the last
+  let first = true;
+  for (const c of calls) {
+    const feed = first ? c.feed.slice(-1) : c.feed;
+    const start = first ? c.start_pos + c.feed.length - 1 : c.start_pos;
+    first = false;
+    const r = await client.propose({ feed, startPos: start, k: c.k, policy: c.policy, seed: c.seed,
+      roundId: c.round_id, stopTokenIds: c.stop, contextIds: c.context });
+    out.rounds.push({ tokens: Array.from(r.tokens), error_code: r.error_code, n: r.pDraft.length });
+  }
+  try { await client.forward([0], 10000); } catch (err) { out.error = err.code; }
+  await client.cancel();
+  const again = await client.propose({ feed: [1, 2], startPos: 0, k: 2, policy: {}, seed: [1, 0] });
+  out.after_cancel = again.tokens.length;
+  client.terminate();
+  return out;
+}""", ["/web/build/draft.wasm", rel_url(model_dir), calls])
+    assert res["vocab"] == ref.vocab_size and res["identity"] == ref.identity      # sha256 of the weights
+    assert [r["tokens"] for r in res["rounds"]] == [list(p.tokens) for p in expected]
+    assert all(r["n"] == len(r["tokens"]) * ref.vocab_size for r in res["rounds"])
+    assert res["error"] == "E_BAD_ARGUMENT" and res["after_cancel"] == 2

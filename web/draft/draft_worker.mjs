@@ -92,6 +92,85 @@ export function createHandler(draftPromise, post) {
   return { state, onMessage: (env) => { queue = queue.then(() => handle(env)); return queue; } };
 }
 
+/**
+ * The other side of the protocol, for the page or the orchestrator worker:
+ *   const draft = await DraftWorkerClient.create({ wasmUrl, modelUrl });
+ *   await draft.forward(ids, startPos);            // prefill, via "sync"
+ *   const { tokens, pDraft, error_code } = await draft.propose({ feed, startPos, k, policy, seed,
+ *                                                               roundId, stopTokenIds, contextIds });
+ *   draft.cancel();                                // newer epoch: queued older messages are dropped
+ * Replies come back in request order (the worker handles one message at a time), so pending
+ * calls wait in a FIFO; an "error" reply rejects the call it answers with {code, message}.
+ */
+export class DraftWorkerClient {
+  static async create({ wasmUrl = "/web/build/draft.wasm", modelUrl = "/web/models/draft/", workerUrl } = {}) {
+    const url = new URL(workerUrl ?? import.meta.url);
+    url.searchParams.set("wasm", wasmUrl);
+    url.searchParams.set("model", modelUrl);
+    const worker = new Worker(url, { type: "module" });
+    const ready = await new Promise((resolve, reject) => {
+      worker.onmessage = (ev) => (ev.data.kind === "progress" ? resolve(ev.data.payload)
+        : reject(Object.assign(new Error(ev.data.payload?.message ?? "draft worker failed"),
+          { code: ev.data.payload?.code ?? "E_DRAFT_LOST" })));
+      worker.onerror = (ev) => reject(Object.assign(new Error(ev.message), { code: "E_DRAFT_LOST" }));
+    });
+    return new DraftWorkerClient(worker, ready);
+  }
+
+  constructor(worker, ready) {
+    this.worker = worker;
+    this.vocabSize = ready.vocab_size;
+    this.maxContext = ready.max_context;
+    this.identity = ready.identity;
+    this.requestId = "draft";
+    this.epoch = 0;
+    this.seq = 0;
+    this.pending = [];                 // FIFO of {resolve, reject}
+    worker.onmessage = (ev) => this._onReply(ev.data);
+    worker.onerror = (ev) => this._failAll({ code: "E_DRAFT_LOST", message: ev.message });
+  }
+
+  _onReply(env) {
+    const call = this.pending.shift();
+    if (!call) return;
+    if (env.kind === "error") call.reject(Object.assign(new Error(`${env.payload.code}: ${env.payload.message}`),
+      { code: env.payload.code }));
+    else call.resolve(env.payload);
+  }
+
+  _failAll(err) {
+    for (const call of this.pending.splice(0)) call.reject(Object.assign(new Error(err.message), { code: err.code }));
+  }
+
+  _send(kind, payload) {
+    const env = { kind, request_id: this.requestId, seq: this.seq++, epoch: this.epoch, payload };
+    if (kind === "cancel") { this.worker.postMessage(env); return Promise.resolve(); }
+    return new Promise((resolve, reject) => { this.pending.push({ resolve, reject }); this.worker.postMessage(env); });
+  }
+
+  /** feed ids at [startPos, startPos + n) (no logits come back: the orchestrator never needs them) */
+  forward(ids, startPos) {
+    return this._send("sync", { committed_length: startPos + ids.length, pending: Array.from(ids), start_pos: startPos });
+  }
+
+  async propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
+    const p = await this._send("propose", { round_id: roundId, k, feed: Array.from(feed), start_pos: startPos, policy,
+      seed: Array.from(seed), stop_token_ids: Array.from(stopTokenIds), context_ids: Array.from(contextIds) });
+    return { tokens: Int32Array.from(p.tokens), pDraft: p.p_draft, error_code: p.error_code, ms: p.ms };
+  }
+
+  cancel() {
+    this.epoch += 1;
+    this.seq = 0;
+    return this._send("cancel", {});
+  }
+
+  terminate() {
+    this._failAll({ code: "E_DRAFT_LOST", message: "draft worker terminated" });
+    this.worker.terminate();
+  }
+}
+
 const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
 if (inWorker) {
   const params = new URL(self.location.href).searchParams;
