@@ -76,6 +76,38 @@ def ensure_tiny_model() -> Path:
     return TINY
 
 
+UNTIED = REPO_ROOT / "build" / "test_models" / "untied_mha_v1"
+
+
+def ensure_untied_model() -> Path:
+    """Untied LM head, MHA with num_key_value_heads / head_dim / rope_theta / rms_norm_eps left
+    to their defaults, one layer, V = 67: the config paths the tiny model does not take."""
+    if (UNTIED / "model.safetensors").exists():
+        return UNTIED
+    from safetensors.numpy import save_file
+
+    V, D, F, H = 67, 32, 48, 2
+    rs = np.random.default_rng(77)
+    t = {"model.embed_tokens.weight": rs.normal(0, 0.5, (V, D)), "model.norm.weight": 1 + 0.2 * rs.normal(size=D),
+         "lm_head.weight": rs.normal(0, 0.5, (V, D))}
+    p = "model.layers.0."
+    t.update({p + "input_layernorm.weight": 1 + 0.2 * rs.normal(size=D),
+              p + "post_attention_layernorm.weight": 1 + 0.2 * rs.normal(size=D)})
+    for name, shape in [("self_attn.q_proj", (D, D)), ("self_attn.k_proj", (D, D)), ("self_attn.v_proj", (D, D)),
+                        ("self_attn.o_proj", (D, D)), ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)),
+                        ("mlp.down_proj", (D, F))]:
+        t[p + name + ".weight"] = rs.normal(0, 0.4, shape)
+    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
+              "num_hidden_layers": 1, "num_attention_heads": H, "max_position_embeddings": 40,
+              "tie_word_embeddings": False, "hidden_act": "silu"}
+    tmp = UNTIED.with_name(UNTIED.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(config))
+    os.replace(tmp, UNTIED)
+    return UNTIED
+
+
 def model_dirs() -> list:
     dirs = [pytest.param("tiny", id="tiny-random")]
     if (SHIPPED / "model.safetensors").exists() and (SHIPPED / "config.json").exists():
@@ -88,7 +120,7 @@ _refs: dict = {}
 
 def reference(which: str):
     if which not in _refs:
-        d = ensure_tiny_model() if which == "tiny" else SHIPPED
+        d = {"tiny": ensure_tiny_model, "untied": ensure_untied_model}.get(which, lambda: SHIPPED)()
         _refs[which] = (d, LlamaReference.from_dir(d))
     return _refs[which]
 
@@ -189,7 +221,7 @@ def forward_sequences(V: int, T: int, rs) -> list:
     return [seq_a, seq_b]
 
 
-@pytest.mark.parametrize("which", model_dirs())
+@pytest.mark.parametrize("which", model_dirs() + [pytest.param("untied", id="untied-mha-defaults")])
 def test_forward_logits_match_reference(which):
     model_dir, ref = reference(which)
     rs = np.random.default_rng(3)
