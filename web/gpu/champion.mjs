@@ -210,9 +210,10 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
     async readLogits(n) {
       return new Float32Array(await readBuffer(device, bufs.logits, n * V * 4));
     },
-    /** Diagnostics: ms per kernel (summed over layers) when each dispatch of a forward of n
-     *  tokens at startPos is submitted and awaited alone. Leaves the cache as forward() would. */
-    async profile(n, startPos) {
+    /** Diagnostics: ms per kernel (summed over layers) for a forward of n tokens at startPos,
+     *  each dispatch encoded `reps` times in its own submission (amortises the submit + wait).
+     *  Overwrites activations: run a forward() before reading logits again. */
+    async profile(n, startPos, reps = 8) {
       await this.forward(Array.from({ length: n }, (_, i) => i % V), startPos);   // fills the Meta slab
       await device.queue.onSubmittedWorkDone();
       const ms = {};
@@ -222,12 +223,12 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
         pass.setPipeline(s.pipeline);
         pass.setBindGroup(0, s.groups[0]);
         pass.setBindGroup(1, s.groups[1]);
-        pass.dispatchWorkgroups(...OPS[s.op](s.dims(n, startPos)).grid);
+        for (let r = 0; r < reps; r++) pass.dispatchWorkgroups(...OPS[s.op](s.dims(n, startPos)).grid);
         pass.end();
         const t0 = performance.now();
         device.queue.submit([enc.finish()]);
         await device.queue.onSubmittedWorkDone();
-        ms[s.op] = (ms[s.op] ?? 0) + performance.now() - t0;
+        ms[s.op] = (ms[s.op] ?? 0) + (performance.now() - t0) / reps;
       }
       return ms;
     },
