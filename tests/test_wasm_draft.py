@@ -72,8 +72,19 @@ def ensure_tiny_model() -> Path:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
     tmp = TINY.with_name(TINY.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
-    os.replace(tmp, TINY)          # atomic: a concurrent run sees either nothing or the whole model
+    publish(tmp, TINY)
     return TINY
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Atomic rename: a concurrent run sees nothing or the whole model (the first one wins)."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not (final / "model.safetensors").exists():
+            raise
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 UNTIED = REPO_ROOT / "build" / "test_models" / "untied_mha_v1"
@@ -104,7 +115,7 @@ def ensure_untied_model() -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(config))
-    os.replace(tmp, UNTIED)
+    publish(tmp, UNTIED)
     return UNTIED
 
 
