@@ -2,7 +2,7 @@
 // The Params uniform, float bit tests, an order-preserving float key and fixed-order workgroup
 // reductions over WG invocations. web/gpu/accept.mjs prepends the constants
 //   V (vocabulary size), WG (4, 16, 64 or 256), GS = sqrt(WG) (sum group size), PER = ceil(V / WG),
-//   NWORDS = ceil(V / 32), IDBITS = ceil(log2 V).
+//   NWORDS = ceil(V / 32), IDBITS = ceil(log2 V), ID_SHIFT0 = 4 * (ceil(IDBITS / 4) - 1).
 // Every reduction returns through workgroupUniformLoad, so callers may branch on the result.
 
 struct Params {

@@ -3,10 +3,11 @@
 // i < PER, held in the private array x (tokens >= V are padding, kept at -inf).
 // Needs accept_common.wgsl. Row `row` sees the context bitmap plus proposals[:row].
 //
-// Float recipes (f32): penalty x / penalty or x * penalty; x / temperature; top-k: binary search
-// on the order key for the k-th largest (logit desc, id asc); softmax exp(x - max) / sum
-// (fixed-order sum); top-p: binary search on the probability bit pattern for the last kept
-// value, ties by id, renormalised by the kept sum. -inf is tested by bit pattern only.
+// Float recipes (f32): penalty x / penalty or x * penalty; x / temperature; top-k: radix select
+// (4-bit digits) of the k-th largest order key, then of the last kept id among its ties; softmax
+// exp(x - max) / sum (fixed-order sum); top-p: radix select of the largest probability bit
+// pattern whose cumulative mass reaches top_p (f32 digit masses), then the last kept id among its
+// ties; renormalised by the kept sum. -inf is tested by bit pattern only.
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;          // (n_rows, V) champion logits
 @group(0) @binding(1) var<storage, read_write> probs: array<f32>;     // (maxBlock, V) processed rows out
@@ -33,21 +34,21 @@ fn seen_before(t: u32, y: u32) -> bool {
 
 // NaN / +inf anywhere (or flagged before), or no finite logit: the row is invalid.
 fn row_is_valid(bad_in: u32) -> bool {
+  return row_check(bad_in) != NONE;
+}
+
+// NONE if the row is invalid, else the number of finite logits.
+fn row_check(bad_in: u32) -> u32 {
   var bad = bad_in;
   var n_finite = 0u;
   for (var i = 0u; i < PER; i++) {
     let b = bitcast<u32>(x[i]);
     if (is_nan_or_pos_inf(b)) { bad = 1u; } else if (b != NEG_INF_BITS) { n_finite += 1u; }
   }
-  let any_bad = wg_reduce_u32(OP_MAX, bad);
-  let total = wg_reduce_u32(OP_ADD, n_finite);
-  return any_bad == 0u && total != 0u;
-}
-
-fn count_finite() -> u32 {
-  var n = 0u;
-  for (var i = 0u; i < PER; i++) { if (key_of(x[i]) != 0u) { n += 1u; } }
-  return wg_reduce_u32(OP_ADD, n);
+  // one reduction: the count in the low 31 bits, bad in the top bit (V < 2^31)
+  let both = wg_reduce_u32(OP_ADD, n_finite) | (wg_reduce_u32(OP_MAX, bad) << 31u);
+  if (both == 0u || (both >> 31u) != 0u) { return NONE; }
+  return both;
 }
 
 // Lowest id among the largest keys of x; NONE if every key is 0.
@@ -78,26 +79,109 @@ fn write_info(row: u32, status: u32, am: u32, n_kept: u32) {
   }
 }
 
+// ---- radix selection: 4-bit digits from the most significant, one histogram pass per digit.
+// A pass histograms a 32-bit word of the elements whose word matches `prefix` on the digits
+// above `shift`: counts (atomics) and, for probabilities, f32 masses summed in a fixed order.
+const SRC_KEY: u32 = 0u;                       // word = key_of(logit), masked tokens excluded
+const SRC_PROB: u32 = 1u;                      // word = probability bits (order-preserving), zeros excluded
+const SRC_KEY_TIE: u32 = 2u;                   // word = token id, only where key_of(logit) == tie
+const SRC_PROB_TIE: u32 = 3u;                  // word = token id, only where probability bits == tie
+
+var<workgroup> wg_cnt: array<atomic<u32>, 16>; // (16,) counts per digit
+const FP_SLOTS: u32 = min(WG, 64u);            // invocation t adds into slot t % FP_SLOTS, in order of t / FP_SLOTS
+var<workgroup> wg_fpart: array<f32, FP_SLOTS * 16u>; // (FP_SLOTS, 16) masses per digit (fits 16 KiB at WG 256)
+var<workgroup> wg_fbin: array<f32, 16>;        // (16,) masses per digit
+var<workgroup> sel_prefix: u32;                // selection state, written by invocation 0 only
+var<workgroup> sel_need: u32;
+var<workgroup> sel_mass: f32;
+var<workgroup> sel_ok: u32;
+
+fn hist_pass(src: u32, shift: u32, prefix: u32, tie: u32) {
+  let mask = ~((16u << shift) - 1u);           // the digits already chosen (shift 28: none)
+  if (lid == 0u) { for (var d = 0u; d < 16u; d++) { atomicStore(&wg_cnt[d], 0u); } }
+  workgroupBarrier();
+  var c: array<u32, 16>;
+  var f: array<f32, 16>;
+  for (var i = 0u; i < PER; i++) {
+    let j = lid + i * WG;
+    let v = x[i];
+    var word = 0u;
+    var ok = false;
+    if (src == SRC_KEY) { word = key_of(v); ok = word != 0u; }
+    else if (src == SRC_PROB) { word = bitcast<u32>(v); ok = word != 0u; }
+    else if (src == SRC_KEY_TIE) { word = j; ok = key_of(v) == tie; }
+    else { word = j; ok = bitcast<u32>(v) == tie; }
+    if (ok && (word & mask) == prefix) {
+      let d = (word >> shift) & 15u;
+      c[d] += 1u;
+      f[d] = f[d] + v;
+    }
+  }
+  for (var d = 0u; d < 16u; d++) { if (c[d] != 0u) { atomicAdd(&wg_cnt[d], c[d]); } }
+  if (src == SRC_PROB) {
+    for (var r = 0u; r < WG / FP_SLOTS; r++) {
+      if (lid / FP_SLOTS == r) {
+        for (var d = 0u; d < 16u; d++) {
+          let k = (lid % FP_SLOTS) * 16u + d;
+          wg_fpart[k] = select(wg_fpart[k] + f[d], f[d], r == 0u);
+        }
+      }
+      workgroupBarrier();
+    }
+    for (var d = lid; d < 16u; d += WG) {
+      var s = 0.0;
+      for (var t = 0u; t < FP_SLOTS; t++) { s = s + wg_fpart[t * 16u + d]; }
+      wg_fbin[d] = s;
+    }
+  }
+  workgroupBarrier();
+}
+
+// The need-th smallest token id (need >= 1) among the ties at `tie` (src SRC_KEY_TIE / SRC_PROB_TIE).
+fn select_tie_id(src: u32, tie: u32, need: u32) -> u32 {
+  if (lid == 0u) { sel_prefix = 0u; sel_need = need; }
+  var prefix = workgroupUniformLoad(&sel_prefix);
+  for (var shift = i32(ID_SHIFT0); shift >= 0i; shift -= 4i) {
+    hist_pass(src, u32(shift), prefix, tie);
+    if (lid == 0u) {
+      var rest = sel_need;
+      var d = 0u;
+      loop {
+        let c = atomicLoad(&wg_cnt[d]);
+        if (c >= rest || d == 15u) { break; }
+        rest -= c;
+        d += 1u;
+      }
+      sel_need = rest;
+      sel_prefix = prefix | (d << u32(shift));
+    }
+    prefix = workgroupUniformLoad(&sel_prefix);
+  }
+  return prefix;
+}
+
 // Top-k: exactly k survivors by (logit desc, id asc). Needs 0 < k < number of finite logits.
 fn apply_top_k(neg_inf: f32) {
-  let k = P.top_k;
-  var kth = 0u;                                 // largest key with count(key >= kth) >= k
-  for (var b = 31i; b >= 0i; b--) {
-    let cand = kth | (1u << u32(b));
-    var c = 0u;
-    for (var i = 0u; i < PER; i++) { if (key_of(x[i]) >= cand) { c += 1u; } }
-    if (wg_reduce_u32(OP_ADD, c) >= k) { kth = cand; }
+  if (lid == 0u) { sel_prefix = 0u; sel_need = P.top_k; }
+  var prefix = workgroupUniformLoad(&sel_prefix);
+  for (var shift = 28i; shift >= 0i; shift -= 4i) {  // the k-th largest key, digit by digit
+    hist_pass(SRC_KEY, u32(shift), prefix, 0u);
+    if (lid == 0u) {
+      var rest = sel_need;                      // rank still needed from the top inside this prefix
+      var d = 15u;
+      loop {
+        let c = atomicLoad(&wg_cnt[d]);
+        if (c >= rest || d == 0u) { break; }
+        rest -= c;
+        d -= 1u;
+      }
+      sel_need = rest;
+      sel_prefix = prefix | (d << u32(shift));
+    }
+    prefix = workgroupUniformLoad(&sel_prefix);
   }
-  var c_gt = 0u;
-  for (var i = 0u; i < PER; i++) { if (key_of(x[i]) > kth) { c_gt += 1u; } }
-  let r = k - wg_reduce_u32(OP_ADD, c_gt);      // survivors among the ties at kth, lowest ids first
-  var last = 0u;                                // the r-th smallest id with key == kth
-  for (var b = i32(IDBITS) - 1i; b >= 0i; b--) {
-    let cand = last | (1u << u32(b));
-    var c = 0u;
-    for (var i = 0u; i < PER; i++) { if (key_of(x[i]) == kth && lid + i * WG < cand) { c += 1u; } }
-    if (wg_reduce_u32(OP_ADD, c) < r) { last = cand; }
-  }
+  let kth = prefix;
+  let last = select_tie_id(SRC_KEY_TIE, kth, workgroupUniformLoad(&sel_need));
   for (var i = 0u; i < PER; i++) {
     let key = key_of(x[i]);
     if (!(key > kth || (key == kth && lid + i * WG <= last))) { x[i] = neg_inf; }
@@ -108,25 +192,49 @@ fn apply_top_k(neg_inf: f32) {
 // Returns ROW_NEAR_TOP_P when the f32 decision could differ from the f64 reference.
 fn apply_top_p() -> u32 {
   let top_p = P.top_p;
-  var tp = 0u;                                  // largest bit pattern with sum(p >= tp) >= top_p
-  for (var b = 30i; b >= 0i; b--) {
-    let cand = tp | (1u << u32(b));
-    var s = 0.0;
-    for (var i = 0u; i < PER; i++) { if (bitcast<u32>(x[i]) >= cand) { s = s + x[i]; } }
-    if (wg_sum_f32(s) >= top_p) { tp = cand; }
+  if (lid == 0u) { sel_prefix = 0u; sel_mass = 0.0; sel_ok = 1u; sel_need = 0u; }
+  var prefix = workgroupUniformLoad(&sel_prefix);
+  for (var shift = 28i; shift >= 0i; shift -= 4i) {  // the largest bits tp with mass(bits >= tp) >= top_p
+    hist_pass(SRC_PROB, u32(shift), prefix, 0u);
+    if (lid == 0u && sel_ok != 0u) {
+      var above = sel_mass;                     // mass of larger probabilities than this prefix
+      var chosen = NONE;
+      var lowest = NONE;
+      for (var d = 15i; d >= 0i; d--) {
+        let b = wg_fbin[d];
+        if (atomicLoad(&wg_cnt[d]) != 0u) { lowest = u32(d); }
+        if (above + b >= top_p) { chosen = u32(d); break; }
+        above = above + b;
+      }
+      if (chosen == NONE) {
+        if (shift == 28i) {
+          sel_ok = 0u;                          // rounding: the whole mass is below top_p, keep all
+        } else {                                // rounding between levels: take the smallest digit present
+          chosen = lowest;
+          above = sel_mass;
+          for (var d = 15u; d > lowest; d--) { above = above + wg_fbin[d]; }
+        }
+      }
+      if (chosen != NONE) {
+        sel_mass = above;
+        sel_need = atomicLoad(&wg_cnt[chosen]); // at the last digit: the number of ties at tp
+        sel_prefix = prefix | (chosen << u32(shift));
+      }
+    }
+    prefix = workgroupUniformLoad(&sel_prefix);
   }
-  if (tp == 0u) { return 0u; }                  // rounding: keep every positive probability
+  if (workgroupUniformLoad(&sel_ok) == 0u) { return 0u; }
+  let tp = prefix;
   let v = bitcast<f32>(tp);
-  var s_gt = 0.0;
-  for (var i = 0u; i < PER; i++) { if (bitcast<u32>(x[i]) > tp) { s_gt = s_gt + x[i]; } }
-  let mass_gt = wg_sum_f32(s_gt);
-  var last = 0u;                                // the last kept id among the ties at v
-  for (var b = i32(IDBITS) - 1i; b >= 0i; b--) {
-    let cand = last | (1u << u32(b));
-    var c = 0u;
-    for (var i = 0u; i < PER; i++) { if (bitcast<u32>(x[i]) == tp && lid + i * WG < cand) { c += 1u; } }
-    if (mass_gt + f32(wg_reduce_u32(OP_ADD, c)) * v < top_p) { last = cand; }
+  if (lid == 0u) {                              // how many ties at v: smallest r with mass_gt + r * v >= top_p
+    let mass_gt = sel_mass;
+    let n_ties = sel_need;
+    var r = u32(clamp(ceil((top_p - mass_gt) / v), 1.0, f32(n_ties)));
+    loop { if (r > 1u && mass_gt + f32(r - 1u) * v >= top_p) { r -= 1u; } else { break; } }
+    loop { if (r < n_ties && mass_gt + f32(r) * v < top_p) { r += 1u; } else { break; } }
+    sel_need = r;
   }
+  let last = select_tie_id(SRC_PROB_TIE, tp, workgroupUniformLoad(&sel_need));
   var kept = 0.0;
   var next_bits = 0u;                           // largest removed probability
   for (var i = 0u; i < PER; i++) {
@@ -192,10 +300,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
       if (is_finite_bits(bitcast<u32>(x[i]))) { x[i] = x[i] / P.temperature; }
     }
   }
-  if (!row_is_valid(bad)) { write_info(row, ROW_INVALID, NONE, 0u); return; }
+  let n_finite = row_check(bad);
+  if (n_finite == NONE) { write_info(row, ROW_INVALID, NONE, 0u); return; }
 
   // step 6: top-k
-  let n_finite = count_finite();
   if (P.top_k > 0u && P.top_k < n_finite) { apply_top_k(neg_inf); }
 
   // step 7: softmax

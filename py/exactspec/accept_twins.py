@@ -13,7 +13,7 @@ import numpy as np
 
 from . import rng
 
-WG = 16                                                        # the kernels' default on SwiftShader
+WG = 4                                                         # the kernels' default on SwiftShader
 NONE = 0xFFFFFFFF
 ROW_INVALID = 1
 ROW_NEAR_TOP_P = 2

@@ -48,7 +48,8 @@ function shaderHeader(V, WG) {
   const per = Math.ceil(V / WG);
   const idBits = Math.max(1, Math.ceil(Math.log2(V)));
   return `const V: u32 = ${V}u;\nconst PER: u32 = ${per}u;\nconst WG: u32 = ${WG}u;\nconst GS: u32 = ${Math.sqrt(WG)}u;\n` +
-         `const NWORDS: u32 = ${Math.ceil(V / 32)}u;\nconst IDBITS: u32 = ${idBits}u;\n`;
+         `const NWORDS: u32 = ${Math.ceil(V / 32)}u;\nconst IDBITS: u32 = ${idBits}u;\n` +
+         `const ID_SHIFT0: u32 = ${4 * (Math.ceil(idBits / 4) - 1)}u;\n`;   // top 4-bit digit of a token id
 }
 
 async function compile(device, label, code, layout) {
@@ -94,11 +95,11 @@ function checkPolicy(policy, V) {
   return p;
 }
 
-// SwiftShader (CPU) pays for every invocation at every barrier: 16 invocations per row measured
-// 3-5x faster than 256 there (docs/gpu_accept.md). Real GPUs want the wide workgroup.
+// SwiftShader (CPU) pays for every invocation at every barrier: 4 invocations per row (one SIMD
+// group) measured 2-9x faster than 256 there (docs/gpu_accept.md). Real GPUs want 256.
 function defaultWorkgroupSize(device) {
   const info = device.adapterInfo || {};
-  return info.architecture === "swiftshader" || info.vendor === "google" && /swiftshader/i.test(info.description || "") ? 16 : 256;
+  return info.architecture === "swiftshader" || info.vendor === "google" && /swiftshader/i.test(info.description || "") ? 4 : 256;
 }
 
 export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSize = defaultWorkgroupSize(device),
