@@ -610,6 +610,8 @@ def test_bad_calls_raise_coded_errors():
         ({"op": "propose", "ids": [0], "start": 0, "policy": {"suppress_token_ids": [V]}}, "E_BAD_ARGUMENT"),
         ({"op": "propose", "ids": [0], "start": 0, "context": [V + 3]}, "E_BAD_ARGUMENT"),
         ({"op": "propose", "ids": [0], "start": 0}, ""),
+        ({"op": "forward", "ids": [0], "start": None}, "E_BAD_ARGUMENT"),
+        ({"op": "propose", "ids": [0], "start": 0.5}, "E_BAD_ARGUMENT"),
     ]
     out = run_node(model_dir, {"errors": [c for c, _ in cases]})
     assert out["errors"] == [want for _, want in cases]

@@ -219,6 +219,7 @@ export class Draft {
 
   /** feed tokenIds at [startPos, startPos + n); returns the logits (V,) of the last one */
   forward(tokenIds, startPos) {
+    if (!Number.isInteger(startPos) || startPos < 0) throw badArgument(`startPos: ${startPos}`);
     this._ensureIds(tokenIds.length);
     const n = this._writeIds(this._ids, tokenIds);
     check(this.wasm.draft_forward(this._ids, n, startPos), "forward");
@@ -255,7 +256,12 @@ export class Draft {
    */
   propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
     if (!Number.isInteger(k) || k < 0) throw badArgument(`k: ${k}`);
+    if (!Number.isInteger(startPos) || startPos < 0) throw badArgument(`startPos: ${startPos}`);
+    if (!Number.isInteger(roundId) || roundId < 0 || roundId > 0xffffffff) throw badArgument(`roundId: ${roundId}`);
     const [lo, hi] = seed ?? [0, 0];
+    for (const word of [lo, hi]) {
+      if (!Number.isInteger(word) || word < 0 || word > 0xffffffff) throw badArgument(`seed word ${word} is not a uint32`);
+    }
     this._setPolicy(policy, contextIds, stopTokenIds);
     this._ensureK(k);
     this._ensureIds(feed.length);
