@@ -89,8 +89,7 @@ def export(ckpt_path, out, tokenizer_dir, check=True, meta=None):
     write_json(os.path.join(out, "config.json"), cfg)
     write_json(os.path.join(out, "generation_config.json"),
                {"bos_token_id": 0, "eos_token_id": [1, 6], "pad_token_id": 2,
-                "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                "max_length": conf.max_position_embeddings})
+                "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
     shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
     write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
     write_json(os.path.join(out, "special_tokens_map.json"), SPECIAL_MAP)
