@@ -323,7 +323,10 @@ def test_async_backends_give_the_same_answer():
     sync = make_orchestrator(40, 8, overlap=0.6).generate([1, 2, 3], cfg)
     champion = ToyRunner(40, 8)
     orch = Orchestrator(AsyncChampion(champion), AsyncDraft(toy_draft(ToyRunner(40, 8), 0.6, 1008)), decode=toy_decode)
-    res = asyncio.run(orch.agenerate([1, 2, 3], cfg))
+    # a fresh loop in its own thread: Playwright's sync API may own this thread's loop
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        res = pool.submit(asyncio.run, orch.agenerate([1, 2, 3], cfg)).result()
     assert res.token_ids == sync.token_ids and res.stats["accepted"] == sync.stats["accepted"]
     with pytest.raises(ExactSpecError) as e:
         orch.generate([1, 2, 3], cfg)   # a truly async backend needs agenerate
