@@ -67,3 +67,29 @@ str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exacts
 """)
     assert res["ok"], res.get("error")
     assert res["value"] == "[True, True, True]"
+
+
+TEXTS = ["In the beginning God created the heaven and the earth.", "To be, or not to be: that is the question",
+         "naïve café — «quoted» 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "שלום עולם مرحبا بالعالم", "日本語のテキスト、中文文本", "नमस्ते दुनिया",
+         "👩‍👩‍👧‍👦 👍🏽 🇫🇷", "e\u0301 vs \u00e9", "tabs\t\tand   spaces\n\n\nnewlines", "ctrl\x00\x07\x1b chars",
+         "it's they're we've I'm you'll he'd", "12345 3.14159 1e-9", "<|user|>\nhello<|end|>\n<|assistant|>\n"]
+
+
+def test_tokenizer_in_pyodide_matches_hugging_face(browser_page, http_server):
+    """Pyodide runs a newer Python (other Unicode tables): ids must still equal HF tokenizers'."""
+    from tokenizers import Tokenizer as HF
+    tok_path = os.path.join(ROOT, "web", "models", "champion", "tokenizer.json")
+    hf = HF.from_file(tok_path)
+    want = [hf.encode(t).ids for t in TEXTS]
+    page = browser_page
+    page.goto(http_server.url + "/web/tests/pyodide_harness.html")
+    page.wait_for_function("window.harnessReady === true")
+    code = ("import json\nfrom pyodide.http import open_url\nfrom exactspec.tokenizer import Tokenizer\n"
+            "tok = Tokenizer.from_json_str(open_url('/web/models/champion/tokenizer.json').read())\n"
+            f"texts = json.loads({json.dumps(json.dumps(TEXTS))})\n"
+            "json.dumps([[tok.encode(t), tok.decode(tok.encode(t, add_special_tokens=False))] for t in texts])")
+    res = page.evaluate("(code) => window.runPy(code)", code)
+    assert res["ok"], res.get("error")
+    got = json.loads(res["value"])
+    assert [g[0] for g in got] == want
+    assert [g[1] for g in got] == TEXTS
