@@ -111,7 +111,7 @@ def _run(args, seeds, on_event=None) -> list:
                 out = rt.generate(_browser_payload(args, seed))
                 result = dict(out["result"])
                 result["timing_ms"] = {**result.get("timing_ms", {}), "load": rt.ready["timing_ms"],
-                                       "wall": result.pop("wall_ms", None)}
+                                       }
                 outs.append(result)
             return outs
     pair = _load(args)

@@ -356,7 +356,7 @@ class Orchestrator:
         error = run.error.to_dict() if run.error else None
         result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
                                   st, timing, error, receipt, run.seq)
-        run.send("result", {"finish_reason": run.finish, "stats": st})
+        run.send("result", result.to_dict())
         return result
 
 

@@ -4,7 +4,7 @@
 import { requestDevice } from "/web/gpu/device.mjs";
 import { createChampion } from "/web/gpu/champion.mjs";
 import { createAcceptor } from "/web/gpu/accept.mjs";
-import { DraftClient } from "/web/orchestrator/draft_client.mjs";
+import { DraftWorkerClient } from "/web/draft/draft_worker.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
 
@@ -15,7 +15,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext }) {
   const champion = await createChampion({ device, modelUrl: championUrl, maxBlock: MAX_BLOCK, maxContext });
   const acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock: MAX_BLOCK });
   const t1 = performance.now();
-  const draft = draftUrl ? await DraftClient.create(draftUrl) : null;
+  const draft = draftUrl ? await DraftWorkerClient.create({ wasmUrl: "/web/build/draft.wasm", modelUrl: draftUrl }) : null;
   const t2 = performance.now();
   const ints = (a) => Int32Array.from(a ?? []);
   const bridge = {

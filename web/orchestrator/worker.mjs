@@ -35,11 +35,11 @@ async function load(env) {
 }
 
 async function generate(env) {
-  const t0 = performance.now();
+  // The orchestrator streams every envelope itself, ending with "result" (the whole answer);
+  // only a request refused before it started comes back here as a fatal error.
   const resultJson = await state.backend.generate(state.session, JSON.stringify(env), (s) => self.postMessage(JSON.parse(s)));
   const result = JSON.parse(resultJson);
   if (result.error && !result.finish_reason) post("error", env.request_id, env.epoch, { ...result.error, fatal: true });
-  else post("result", env.request_id, env.epoch, { ...result, wall_ms: performance.now() - t0 });
 }
 
 self.onmessage = async (ev) => {
