@@ -21,8 +21,11 @@ from exactspec.errors import ExactSpecError
 from exactspec.policy import AllowedSetGrammar, SamplingPolicy
 from tolerances import within
 
-ACCEPT_MARGIN = 1e-6        # |u - a| below which an f32 accept test may differ from the f64 one
-GUMBEL_MARGIN = 1e-5        # reference score gap below which an f32 Gumbel argmax may differ
+# Measured f32-vs-f64 errors at V = 4096 (docs/gpu_accept.md): |a_gpu - a_ref| <= 2.5e-6 and
+# |score_gpu - score_ref| <= 7.8e-5 (the latter from residuals [p_target - p_draft]_+ with
+# cancellation). A disagreement must sit inside these bands, with a 4-8x allowance.
+ACCEPT_MARGIN = 2e-5        # |u - a| below which an f32 accept test may differ from the f64 one
+GUMBEL_MARGIN = 5e-4        # reference score gap below which an f32 Gumbel argmax may differ
 CHI2_ALPHA = 1e-4           # false-alarm rate of each chi-square test (two tests: 2e-4 in all)
 
 
