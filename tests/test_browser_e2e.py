@@ -1,0 +1,136 @@
+"""End to end in headless Chromium: Pyodide orchestrator, WebGPU champion + acceptance, WASM draft.
+
+Greedy: speculative-with-draft and prompt-lookup ids equal browser champion-alone ids (the GPU
+kernels are batch-invariant, so this is exact, not approximate). Against the CPython reference
+(same q8 champion weights, float64): ids agree except where a float margin explains it; the
+rate is measured and printed.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from browser_fixture import chromium_browser  # noqa: F401
+from exactspec.backends import RunnerChampion, RunnerDraft
+from exactspec.browser_run import BrowserRuntime
+from exactspec.models import default_models_dir, stop_ids_from
+from exactspec.orchestrator import GenerationConfig, Orchestrator
+from exactspec.policy import SamplingPolicy
+from exactspec.reference_llama import LlamaReference
+from exactspec.tokenizer import Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = default_models_dir()
+CHAMPION, DRAFT = os.path.join(MODELS, "champion"), os.path.join(MODELS, "draft")
+PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto Moses,", "O Romeo, Romeo,",
+           "The LORD is my shepherd;", "Friends, Romans, countrymen,", "Now the serpent", "All the world's a stage,",
+           "Blessed are the meek:", "Enter HAMLET.", "Thus saith the LORD", "Good night, good night!",
+           "What light through yonder window", "And God said, Let there be", "Is this a dagger which I see",
+           "Honour thy father", "Now is the winter of our discontent", "Vanity of vanities,",
+           "Shall I compare thee", "Then said Jesus unto"]
+
+
+@pytest.fixture(scope="module")
+def runtime(chromium_browser):
+    wasm = os.path.join(ROOT, "web", "build", "draft.wasm")
+    if not os.path.exists(wasm):
+        subprocess.run(["bash", os.path.join(ROOT, "wasm", "build.sh")], check=True)
+    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600)
+    print("load timings (ms):", json.dumps(rt.ready["timing_ms"]))
+    yield rt
+    rt.close()
+
+
+def browser_ids(rt, prompt, **config):
+    out = rt.generate({"prompt": prompt, "config": config})
+    r = out["result"]
+    assert r["error"] is None, r["error"]
+    return r
+
+
+def test_greedy_modes_are_identical_in_the_browser(runtime):
+    endings, n_checked = set(), 0
+    for i, prompt in enumerate(PROMPTS):
+        alone = browser_ids(runtime, prompt, max_new_tokens=16, temperature=0, speculate="none")
+        config = dict(max_new_tokens=16, temperature=0)
+        if i % 2 and len(alone["text"]) > 10:
+            config["stop_strings"] = [alone["text"][5:8]]
+            alone = browser_ids(runtime, prompt, speculate="none", **config)
+        endings.add(alone["finish_reason"])
+        for mode in ("draft", "lookup"):
+            spec = browser_ids(runtime, prompt, speculate=mode, k=4, **config)
+            assert spec["token_ids"] == alone["token_ids"], (prompt, mode)
+            assert spec["finish_reason"] == alone["finish_reason"] and spec["text"] == alone["text"]
+            n_checked += 1
+    assert n_checked == 2 * len(PROMPTS) and {"length", "stop"} <= endings
+
+
+def test_chat_prompt_ends_on_eos_identically(runtime):
+    r = {m: browser_ids(runtime, "Who was Moses?", max_new_tokens=48, temperature=0, speculate=m, k=4)
+         for m in ("none", "draft")}
+    assert r["none"]["token_ids"] == r["draft"]["token_ids"]
+
+
+def _reference_orchestrator():
+    tok = Tokenizer.from_file(os.path.join(CHAMPION, "tokenizer.json"))
+    orch = Orchestrator(RunnerChampion(LlamaReference.from_dir(CHAMPION, weights="q8")),
+                        RunnerDraft(LlamaReference.from_dir(DRAFT)), decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    return orch, tok
+
+
+def test_browser_matches_the_cpython_reference_greedy(runtime):
+    """Browser greedy ids vs the float64 reference on the same q8 weights: equal, or the first
+    difference sits where the reference's top-two logit margin is tiny."""
+    orch, tok = _reference_orchestrator()
+    ref_champion = LlamaReference.from_dir(CHAMPION, weights="q8")
+    stops = stop_ids_from(CHAMPION)
+    n_equal, margins = 0, []
+    for prompt in PROMPTS[:10]:
+        ids = tok.encode(prompt)
+        want = orch.generate(ids, GenerationConfig(max_new_tokens=16, policy=SamplingPolicy(temperature=0),
+                                                   speculate="none", stop_token_ids=stops)).token_ids
+        got = browser_ids(runtime, prompt, max_new_tokens=16, temperature=0, speculate="none")["token_ids"]
+        if got == want:
+            n_equal += 1
+            continue
+        j = next(i for i in range(min(len(got), len(want))) if got[i] != want[i])
+        logits = ref_champion.forward(ids + want[:j], 0)[-1]
+        top2 = np.sort(logits)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+    print(f"browser vs reference greedy: {n_equal}/10 identical; first-difference margins {margins}")
+    assert all(m < 1e-2 for m in margins), margins
+    assert n_equal >= 8
+
+
+def test_same_seed_sampling_browser_vs_reference(runtime):
+    """Same seed, mode and prompt: the browser and CPython sample the same tokens except where a
+    float margin (Gumbel near-tie or u near the acceptance probability) explains it."""
+    orch, tok = _reference_orchestrator()
+    stops = stop_ids_from(CHAMPION)
+    agree, n = 0, 0
+    for seed in range(8):
+        prompt = PROMPTS[seed]
+        want = orch.generate(tok.encode(prompt), GenerationConfig(
+            max_new_tokens=12, policy=SamplingPolicy(temperature=1.0), speculate="draft", k=4, seed=seed,
+            stop_token_ids=stops)).token_ids
+        got = browser_ids(runtime, prompt, max_new_tokens=12, temperature=1.0, speculate="draft", k=4, seed=seed)["token_ids"]
+        n += 1
+        agree += got == want
+    print(f"same-seed sampled answers identical browser vs CPython: {agree}/{n}")
+    assert agree >= n - 2
+
+
+def test_cli_browser_backend_json():
+    r = subprocess.run([os.path.join(ROOT, ".venv", "bin", "exactspec") if os.path.exists(os.path.join(ROOT, ".venv", "bin", "exactspec")) else "exactspec",
+                        "generate", "--backend", "browser", "--prompt", "In the beginning", "--temperature", "0",
+                        "--max-new-tokens", "8", "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert {"text", "token_ids", "finish_reason", "stats", "prompt_ids", "timing_ms"} <= set(out)
+    assert {"prefill", "draft", "verify", "total"} <= set(out["timing_ms"]) and "load" in out["timing_ms"]
+    ref = subprocess.run([".venv/bin/exactspec" if os.path.exists(".venv/bin/exactspec") else "exactspec",
+                          "generate", "--prompt", "In the beginning", "--temperature", "0", "--max-new-tokens", "8",
+                          "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert json.loads(ref.stdout)["prompt_ids"] == out["prompt_ids"]
