@@ -151,5 +151,13 @@ else
     echo "$NPM_KEY" > "$NPM_STAMP"
 fi
 
+# ---------------------------------------------------------------- WASM draft
+step "wasm draft (web/build/draft.wasm)"
+if [ -f web/build/draft.wasm ] && [ web/build/draft.wasm -nt wasm/draft.c ] && [ web/build/draft.wasm -nt wasm/build.sh ]; then
+    log "wasm draft up to date"
+else
+    bash wasm/build.sh
+fi
+
 STEP="done"
 log "ready in $((SECONDS - T0)) s: run tests with .venv/bin/python -m pytest -q"
