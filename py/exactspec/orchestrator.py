@@ -347,11 +347,16 @@ class Orchestrator:
         st["mode"] = run.mode
         st["fallback_code"] = run.fallback_code
         timing = dict(run.timing)
+        timing["decode"] = timing["total"] - timing["prefill"]
+        n_rounds = st["rounds"] + st["baseline_steps"]
+        timing["per_round"] = ({"draft": timing["draft"] / n_rounds, "verify": timing["verify"] / n_rounds,
+                                "accept": timing["accept"] / n_rounds} if n_rounds else None)
         identities = dict(self.identities)
         identities["draft"] = proposer.identity if run.config.speculate != "none" else "none"
         receipt = build_receipt(identities=identities, policy_canonical=run.config.policy.canonical(),
                                 scheduler={**SCHEDULER_POLICY, "k": run.config.k, "mode": run.config.speculate},
-                                seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if v is not None},
+                                seed=run.config.seed, stats=st,
+                                timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
                                 failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code)
         error = run.error.to_dict() if run.error else None
         result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
