@@ -99,6 +99,10 @@ function uploadLayer(device, tensors, hp, i, label) {
 /** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline. */
 export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
+  const t0 = performance.now();
+  // pipelines compile (slow on SwiftShader) while the weights download
+  const pipelinesReady = createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
+  pipelinesReady.catch(() => {});   // awaited below; avoid an unhandled rejection if loading fails first
   const config = JSON.parse(await fetchText(new URL("config.json", base)));
   const hp = parseConfig(config);
   maxContext = maxContext || hp.maxPositions;
@@ -110,11 +114,14 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const res = await fetch(weightsUrl);
   if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${weightsUrl} -> ${res.status}`);
   const fileBytes = await res.arrayBuffer();
+  const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
   // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
   const identity = [...new Uint8Array(await crypto.subtle.digest("SHA-256", fileBytes))]
     .map((b) => b.toString(16).padStart(2, "0")).join("");
-  const pipelines = await createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
+  const t2 = performance.now();
+  const pipelines = await pipelinesReady;
+  const t3 = performance.now();
 
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
@@ -174,10 +181,13 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const oom = await device.popErrorScope();
   const invalid = await device.popErrorScope();
   if (oom || invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${(oom || invalid).message}`);
+  const loadMs = {   // fetch: config + weights; hash: parse + sha256; pipelines: wait after that
+    fetch: t1 - t0, hash: t2 - t1, pipelines: t3 - t2, upload: performance.now() - t3, total: performance.now() - t0,
+  };
 
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
-    config, identity, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    config, identity, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     logitsBuffer: bufs.logits,
     get length() { return length; },
     /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */

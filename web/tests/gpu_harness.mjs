@@ -53,7 +53,7 @@ async function loadChampion(modelUrl, maxBlock, maxContext) {
   const t0 = performance.now();
   champion = await createChampion({ device, modelUrl, maxBlock, maxContext });
   return { loadMs: performance.now() - t0, vocabSize: champion.vocabSize, maxContext: champion.maxContext,
-           identity: champion.identity };
+           identity: champion.identity, phases: champion.loadMs };
 }
 
 /** Forward blocks in order ([[ids, startPos], ...]); returns base64 logits of each block. */
