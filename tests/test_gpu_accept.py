@@ -416,3 +416,30 @@ def test_greedy_equals_reference(harness, V):
     for got, (logits, proposals, policy, stops, remaining, context) in zip(results, refs):
         _, want = reference_decision(logits, np.zeros((0, V)), proposals, policy, 0, 0, stops, remaining, True, context)
         assert as_decision(got) == as_decision(want), (proposals, got)
+
+
+# ------------------------------------------------------------------------------ NumPy f32 twins (CPU only)
+def test_twins_match_reference():
+    """accept_twins (the kernels' f32 recipes in NumPy) agree with the float64 references."""
+    gen = np.random.default_rng(3)
+    for V in (7, 300):
+        for kind in ("normal", "ties", "peaked"):
+            logits = make_logits(kind, 3, V, gen)
+            for policy in policies(V, gen):
+                probs, status, _ = accept_twins.processors_rows(logits, [1, 2], [3, 4], policy)
+                for i, want in enumerate(reference_rows(logits, [1, 2], [3, 4], policy)):
+                    if isinstance(want, ExactSpecError):
+                        assert status[i] & accept_twins.ROW_INVALID
+                    elif not status[i] & accept_twins.ROW_NEAR_TOP_P:
+                        assert within(probs[i], want, "processed_probs"), (V, kind, policy, i)
+    V, n_diff = 37, 0
+    for s in range(60):
+        m = int(gen.integers(0, 5))
+        logits, p_draft, policy = make_round_set(gen, V, m, ["close", "far", "scaled", "nan"][s % 4])
+        for r in range(10):
+            proposals = draft_proposals(p_draft, 11, r)
+            probs, status, argmax = accept_twins.processors_rows(logits, [], proposals, policy)
+            got = accept_twins.accept_decide(probs, status, argmax, p_draft, proposals, 11, r, [], m + 1, False)
+            _, want = reference_decision(logits, p_draft, proposals, policy, 11, r, [], m + 1, False)
+            n_diff += as_decision(got) != as_decision(want)
+    assert n_diff <= 1

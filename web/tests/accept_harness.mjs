@@ -77,19 +77,19 @@ window.acceptHarness = {
   },
 
   // Wall time of decide() (upload, one submission, 8-word readback) for k proposals.
-  async timeDecide({ V, k, iters, policy, workgroupSize }) {
+  async timeDecide({ V, k, iters, policy, workgroupSize, greedy = false }) {
     const { acceptor, logits } = await get(V, k + 1, workgroupSize);
     const rows = new Float32Array((k + 1) * V);
     let s = 12345;
     for (let i = 0; i < rows.length; i++) { s = (s * 1103515245 + 12345) >>> 0; rows[i] = (s / 2 ** 32) * 8 - 4; }
     device.queue.writeBuffer(logits, 0, rows);
-    const pDraft = new Float32Array(k * V).fill(1 / V);
+    const pDraft = greedy ? null : new Float32Array(k * V).fill(1 / V);
     const proposals = Int32Array.from({ length: k }, (_, i) => (i * 7919) % V);
     const times = [];
     for (let it = 0; it < iters + 1; it++) {
       const t0 = performance.now();
       await acceptor.decide({ logitsBuffer: logits, nRows: k + 1, proposals, pDraft, contextIds: Int32Array.from([1, 2, 3]),
-                              policy, seed: [7, 0], roundId: it, stopTokenIds: [], remaining: 100, greedy: false });
+                              policy, seed: [7, 0], roundId: it, stopTokenIds: [], remaining: 100, greedy });
       if (it > 0) times.push(performance.now() - t0);   // the first call includes warm-up
     }
     times.sort((a, b) => a - b);
