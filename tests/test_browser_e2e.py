@@ -134,3 +134,26 @@ def test_cli_browser_backend_json():
                           "generate", "--prompt", "In the beginning", "--temperature", "0", "--max-new-tokens", "8",
                           "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert json.loads(ref.stdout)["prompt_ids"] == out["prompt_ids"]
+
+
+def test_cancel_in_the_browser_ends_the_answer_without_duplicates(runtime):
+    out = runtime.generate({"prompt": "In the beginning", "config": {"max_new_tokens": 64, "temperature": 1.0,
+                                                                     "speculate": "draft", "k": 4, "seed": 3}},
+                           cancel_after_tokens=1)
+    r = out["result"]
+    assert r["finish_reason"] == "cancelled" and len(r["token_ids"]) < 64
+    streamed = [t for e in out["events"] if e["kind"] == "tokens" for t in e["payload"]["token_ids"]]
+    assert streamed == r["token_ids"]
+    assert "".join(e["payload"]["text"] for e in out["events"] if e["kind"] == "tokens") == r["text"]
+    # the engine keeps working after a cancel
+    again = browser_ids(runtime, "In the beginning", max_new_tokens=4, temperature=0, speculate="draft", k=4)
+    assert again["finish_reason"] == "length"
+
+
+def test_bad_request_in_the_browser_is_a_coded_error(runtime):
+    with pytest.raises(Exception) as e:
+        runtime.generate({"prompt": "x", "config": {"max_new_tokens": 0}})
+    assert "E_BAD_ARGUMENT" in str(e.value)
+    with pytest.raises(Exception) as e:
+        runtime.generate({"prompt": "x", "config": {"max_new_tokens": 600}})
+    assert "E_CONTEXT_OVERFLOW" in str(e.value)

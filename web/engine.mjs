@@ -42,7 +42,7 @@ export class Engine {
     const p = this.pending.get(id);
     if (!p) return;
     this.pending.delete(id);
-    if (error) p.reject(Object.assign(new Error(`${error.code}: ${error.message}`), error));
+    if (error) p.reject(Object.assign(new Error(`${error.code}: ${error.message}`), { code: error.code }));
     else p.resolve(value);
   }
 

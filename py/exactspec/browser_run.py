@@ -3,9 +3,10 @@ CPython: `exactspec generate --backend browser` and the browser tests use this."
 from __future__ import annotations
 
 import os
+import re
 import time
 
-from .errors import E_DEVICE_LOST, E_MODEL_LOAD, ExactSpecError
+from .errors import ALL_CODES, E_DEVICE_LOST, E_MODEL_LOAD, ExactSpecError
 from .server import REPO_ROOT, StaticServer
 
 CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
@@ -57,16 +58,16 @@ class BrowserRuntime:
             self.ready = self.page.evaluate("(m) => window.exactspecRunner.load(m)", models)
         except Exception as exc:
             self.close()
-            raise ExactSpecError(E_DEVICE_LOST, f"browser engine failed to load: {_first_line(exc)}") from None
+            err = _coded_from(exc)
+            raise ExactSpecError(err.code, f"browser engine failed to load: {err.message}") from None
         self.ready["timing_ms"]["page_total"] = (time.perf_counter() - t0) * 1000
 
-    def generate(self, payload: dict) -> dict:
+    def generate(self, payload: dict, cancel_after_tokens: int = 0) -> dict:
         try:
-            out = self.page.evaluate("(p) => window.exactspecRunner.generate(p)", payload)
+            out = self.page.evaluate("([p, n]) => window.exactspecRunner.generate(p, {cancelAfterTokens: n})",
+                                     [payload, cancel_after_tokens])
         except Exception as exc:
-            msg = _first_line(exc)
-            code = msg.split(":", 1)[0] if msg.startswith("E_") else E_DEVICE_LOST
-            raise ExactSpecError(code if code.startswith("E_") else E_DEVICE_LOST, msg) from None
+            raise _coded_from(exc) from None
         return out
 
     def close(self):
@@ -82,6 +83,15 @@ class BrowserRuntime:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _coded_from(exc) -> ExactSpecError:
+    """A coded error from a page exception whose text carries 'E_CODE: message' somewhere."""
+    text = _first_line(exc)
+    m = re.search(r"\b(E_[A-Z_]+): ?(.*)", text)
+    if m and m.group(1) in ALL_CODES:
+        return ExactSpecError(m.group(1), m.group(2))
+    return ExactSpecError(E_DEVICE_LOST, text)
 
 
 def _first_line(exc) -> str:
