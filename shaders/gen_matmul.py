@@ -1,4 +1,4 @@
-"""Writes shaders/matmul_q8.wgsl, matmul_q8_residual.wgsl and lm_head_f32.wgsl (one body).
+"""Writes shaders/matmul_q8.wgsl and lm_head_f32.wgsl (one body).
 
     python3 shaders/gen_matmul.py [COLUMNS_PER_CHUNK=5] [ROWS_PER_INVOCATION=4]
 
@@ -14,21 +14,21 @@ R = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 os.chdir(os.path.dirname(os.path.abspath(__file__)))
 def body(kind):
     q8 = kind != "lm_head"
-    resid = kind == "residual"
     L = []
-    if kind == "plain":
-        L.append("// Int8 mat-mul: y[j, o] = scale[o] * sum_i q8[o, i] * x[j, i] for the n block rows.")
-    elif kind == "residual":
-        L.append("// Int8 mat-mul added into the residual stream: y[j, o] += scale[o] * sum_i q8[o, i] * x[j, i].")
+    if q8:
+        L.append("// Int8 mat-mul: y[j, o] (+)= scale[o] * sum_i q8[o, i] * x[j, i]; += when Meta.accumulate (residual).")
     else:
         L.append("// Tied LM head: logits[j, v] = sum_i embed[v, i] * x[j, i] (f32 weights, any V).")
-    L.append("struct Meta { n: u32, rows: u32, cols4: u32, pad0: u32 }   // rows = out, cols4 = in / 4")
+    if q8:
+        L.append("struct Meta { n: u32, rows: u32, cols4: u32, accumulate: u32 }   // rows = out, cols4 = in / 4")
+    else:
+        L.append("struct Meta { n: u32, rows: u32, cols4: u32, pad0: u32 }   // rows = out, cols4 = in / 4")
     L.append("")
     if q8:
         L.append("@group(0) @binding(0) var<storage, read> weight: array<u32>;      // (out, in / 4): 4 int8 per word, little-endian")
         L.append("@group(0) @binding(1) var<storage, read> scale: array<f32>;       // (out,)")
         L.append("@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;     // (maxBlock, in / 4)")
-        L.append("@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out)" + ("  in: residual, out: residual + W x" if resid else ""))
+        L.append("@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out); the residual stream when accumulating")
     else:
         L.append("@group(0) @binding(0) var<storage, read> weight: array<vec4<f32>>; // (V, H / 4): the embedding")
         L.append("@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // (maxBlock, H / 4)")
@@ -44,8 +44,9 @@ def body(kind):
     L.append("")
     L.append("fn store(j: u32, o: u32, a: vec4<f32>) {")
     L.append("  if (j < params.n && o < params.rows) {")
-    if resid:
-        L.append("    y[j * params.rows + o] = y[j * params.rows + o] + finish(a, o);")
+    if q8:
+        L.append("    let v = finish(a, o);")
+        L.append("    y[j * params.rows + o] = select(v, y[j * params.rows + o] + v, params.accumulate != 0u);")
     else:
         L.append("    y[j * params.rows + o] = finish(a, o);")
     L.append("  }")
@@ -83,5 +84,4 @@ def body(kind):
     L.append("}")
     return "\n".join(L) + "\n"
 open("matmul_q8.wgsl", "w").write(body("plain"))
-open("matmul_q8_residual.wgsl", "w").write(body("residual"))
 open("lm_head_f32.wgsl", "w").write(body("lm_head"))

@@ -1,10 +1,10 @@
-// Int8 mat-mul: y[j, o] = scale[o] * sum_i q8[o, i] * x[j, i] for the n block rows.
-struct Meta { n: u32, rows: u32, cols4: u32, pad0: u32 }   // rows = out, cols4 = in / 4
+// Int8 mat-mul: y[j, o] (+)= scale[o] * sum_i q8[o, i] * x[j, i]; += when Meta.accumulate (residual).
+struct Meta { n: u32, rows: u32, cols4: u32, accumulate: u32 }   // rows = out, cols4 = in / 4
 
 @group(0) @binding(0) var<storage, read> weight: array<u32>;      // (out, in / 4): 4 int8 per word, little-endian
 @group(0) @binding(1) var<storage, read> scale: array<f32>;       // (out,)
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;     // (maxBlock, in / 4)
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out)
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out); the residual stream when accumulating
 @group(1) @binding(0) var<uniform> params: Meta;
 
 fn w4(word: u32) -> vec4<f32> { return vec4<f32>(unpack4xI8(word)); }
@@ -13,7 +13,8 @@ fn finish(a: vec4<f32>, o: u32) -> f32 { return ((a.x + a.y) + (a.z + a.w)) * sc
 
 fn store(j: u32, o: u32, a: vec4<f32>) {
   if (j < params.n && o < params.rows) {
-    y[j * params.rows + o] = finish(a, o);
+    let v = finish(a, o);
+    y[j * params.rows + o] = select(v, y[j * params.rows + o] + v, params.accumulate != 0u);
   }
 }
 

@@ -112,6 +112,23 @@ def url_of(model_dir: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- (a) kernels
+def test_kernels_follow_the_conventions():
+    """Every kernel champion.mjs loads is shaders/<name>.wgsl with a twin of the same name, a
+    one-line header, tensors in group 0 each with a shape comment, and one Meta uniform in group 1."""
+    import re
+    source = (REPO_ROOT / "web" / "gpu" / "champion.mjs").read_text()
+    names = re.findall(r'"(\w+)"', source[source.index("KERNELS = ["):source.index("];")])
+    assert len(names) == 9
+    for name in names:
+        assert callable(getattr(gpu_twins, name, None)), f"no NumPy twin {name}"
+        wgsl = (REPO_ROOT / "shaders" / f"{name}.wgsl").read_text()
+        assert wgsl.startswith("// "), name
+        bindings = [line for line in wgsl.splitlines() if line.startswith("@group(")]
+        assert bindings[-1] == "@group(1) @binding(0) var<uniform> params: Meta;", name
+        for i, line in enumerate(bindings[:-1]):
+            assert line.startswith(f"@group(0) @binding({i}) var<storage") and re.search(r"// \(", line), line
+
+
 @pytest.mark.parametrize("vocab,hidden,n", [(1000, 96, 1), (1000, 100, 9), (4097, 64, 5)])
 def test_embed_gather(gpu_page, vocab, hidden, n):
     rng = np.random.default_rng(vocab + n)
@@ -127,6 +144,7 @@ def test_embed_gather(gpu_page, vocab, hidden, n):
 def test_rmsnorm_f32(gpu_page, hidden, n):
     rng = np.random.default_rng(hidden + n)
     x = (rng.standard_normal((n, hidden)) * rng.uniform(0.01, 30, (n, 1))).astype(np.float32)
+    x[-1] = 0.0 if n > 1 else x[-1]                  # an all-zero row: eps keeps it finite
     w = (1 + 0.3 * rng.standard_normal(hidden)).astype(np.float32)
     (y,) = run_kernel(gpu_page, "rmsnorm_f32", {"n": n, "hidden": hidden, "eps": 1e-5},
                       [{"b64": b64(x)}, {"b64": b64(w)}, {"bytes": n * hidden * 4}], [2])
@@ -175,15 +193,15 @@ def test_matmul_every_block_size_bitwise(gpu_page, name):
 
 
 @pytest.mark.parametrize("rows,cols,n", [(1001, 96, 9), (6, 12, 2)])
-def test_matmul_q8_residual(gpu_page, rows, cols, n):
+def test_matmul_q8_accumulate(gpu_page, rows, cols, n):
     rng = np.random.default_rng(rows + cols + n)
     q8, scale = _q8_case(rng, rows, cols)
     x = rng.standard_normal((n, cols)).astype(np.float32)
     resid = rng.standard_normal((n, rows)).astype(np.float32)
-    (y,) = run_kernel(gpu_page, "matmul_q8_residual", {"n": n, "rows": rows, "cols": cols},
+    (y,) = run_kernel(gpu_page, "matmul_q8", {"n": n, "rows": rows, "cols": cols, "accumulate": True},
                       [{"b64": b64(q8)}, {"b64": b64(scale)}, {"b64": b64(x)}, {"b64": b64(resid)}], [3])
     assert_close(unb64(y, np.float32, n * rows).reshape(n, rows),
-                 gpu_twins.matmul_q8_residual(q8, scale, x, resid), "matmul_q8")
+                 gpu_twins.matmul_q8(q8, scale, x, resid), "matmul_q8")
 
 
 @pytest.mark.parametrize("vocab,hidden,n", [(1000, 96, 1), (4097, 96, 9), (4096, 256, 2)])

@@ -26,14 +26,11 @@ def rmsnorm_f32(x, weight, eps: float) -> np.ndarray:
     return rms_norm(_f64(x), _f64(weight), eps)
 
 
-def matmul_q8(q8, scale, x) -> np.ndarray:
-    """q8 (out, in) int8, scale (out,), x (n, in) -> (n, out) = x @ (q8 * scale[:, None])^T."""
-    return (_f64(x) @ _f64(q8).T) * _f64(scale)[None, :]
-
-
-def matmul_q8_residual(q8, scale, x, residual) -> np.ndarray:
-    """residual (n, out) + matmul_q8(q8, scale, x)."""
-    return _f64(residual) + matmul_q8(q8, scale, x)
+def matmul_q8(q8, scale, x, residual=None) -> np.ndarray:
+    """q8 (out, in) int8, scale (out,), x (n, in) -> (n, out) = x @ (q8 * scale[:, None])^T,
+    plus residual (n, out) when given (the kernel's Meta.accumulate)."""
+    y = (_f64(x) @ _f64(q8).T) * _f64(scale)[None, :]
+    return y if residual is None else _f64(residual) + y
 
 
 def lm_head_f32(embed, x) -> np.ndarray:

@@ -5,20 +5,20 @@ import {
 import { expectTensor, parseSafetensors } from "./safetensors.mjs";
 
 export const KERNELS = [
-  "embed_gather", "rmsnorm_f32", "matmul_q8", "matmul_q8_residual", "rope_qkv", "attention_scores",
+  "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
   "attention_softmax", "attention_values", "swiglu_f32", "lm_head_f32",
 ];
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
 
 /** Meta fields and dispatch grid of each kernel, from its dims: the one place both the forward
- *  and the test harness compute them. `matmul_*`/`lm_head_f32` dims: {n, rows: out, cols: in}. */
+ *  and the test harness compute them. `matmul_q8`/`lm_head_f32` dims: {n, rows: out, cols: in},
+ *  `accumulate` (matmul_q8: add into y, the residual stream). */
 export const OPS = {
   embed_gather: (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab)], grid: [cdiv(d.hidden, 64), d.n, 1] }),
   rmsnorm_f32: (d) => ({ meta: [u(d.n), u(d.hidden), [d.eps, "f32"]], grid: [d.n, 1, 1] }),
-  matmul_q8: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4)], grid: [cdiv(d.rows, 256), 1, 1] }),
-  matmul_q8_residual: (d) => OPS.matmul_q8(d),
-  lm_head_f32: (d) => OPS.matmul_q8(d),
+  matmul_q8: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4), u(d.accumulate ? 1 : 0)], grid: [cdiv(d.rows, 256), 1, 1] }),
+  lm_head_f32: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4)], grid: [cdiv(d.rows, 256), 1, 1] }),
   rope_qkv: (d) => ({
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset)],
     grid: [cdiv(d.n * (d.heads + 2 * d.kvHeads) * d.headDim / 2, 64), 1, 1],
@@ -151,23 +151,23 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   // rewrites the Meta slab and re-encodes the same bind groups.
   const steps = [];
   const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
-  const mm = (op, w, xBuf, yBuf) => step(op, [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols }));
+  const mm = (w, xBuf, yBuf, accumulate) => step("matmul_q8", [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols, accumulate }));
   step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
   layerW.forEach((w, layer) => {
     const attnDims = (n, startPos) => ({
       n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5, maxContext,
     });
     step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-    mm("matmul_q8", w.qkv, bufs.xn, bufs.qkv);
+    mm(w.qkv, bufs.xn, bufs.qkv, false);
     step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
     step("attention_scores", [bufs.q, bufs.kCache, bufs.scores], attnDims);
     step("attention_softmax", [bufs.scores], attnDims);
     step("attention_values", [bufs.scores, bufs.vCache, bufs.att], attnDims);
-    mm("matmul_q8_residual", w.o, bufs.att, bufs.x);
+    mm(w.o, bufs.att, bufs.x, true);                  // x += o_proj(att)
     step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-    mm("matmul_q8", w.gateUp, bufs.xn, bufs.gateUp);
+    mm(w.gateUp, bufs.xn, bufs.gateUp, false);
     step("swiglu_f32", [bufs.gateUp, bufs.act], (n) => ({ n, inter: F }));
-    mm("matmul_q8_residual", w.down, bufs.act, bufs.x);
+    mm(w.down, bufs.act, bufs.x, true);               // x += down(act)
   });
   step("rmsnorm_f32", [bufs.x, bufs.finalNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
   step("lm_head_f32", [bufs.embed, bufs.xn, bufs.logits], (n) => ({ n, rows: V, cols: H }));
