@@ -157,3 +157,14 @@ def test_bad_request_in_the_browser_is_a_coded_error(runtime):
     with pytest.raises(Exception) as e:
         runtime.generate({"prompt": "x", "config": {"max_new_tokens": 600}})
     assert "E_CONTEXT_OVERFLOW" in str(e.value)
+
+
+def test_browser_receipt_binds_the_same_identities_as_cpython(runtime):
+    from exactspec.models import load_pair
+    r = browser_ids(runtime, "In the beginning", max_new_tokens=4, temperature=0, speculate="draft", k=2)
+    pair = load_pair(CHAMPION, DRAFT)
+    ref = pair.orchestrator.generate(pair.tokenizer.encode("In the beginning"), GenerationConfig(
+        max_new_tokens=4, policy=SamplingPolicy(temperature=0), speculate="draft", k=2))
+    for field in ("tokenizer_hash", "chat_template_hash", "sampling_policy_hash", "scheduler_policy_hash"):
+        assert r["receipt"][field] == ref.receipt[field], field
+    assert r["receipt"]["runtime_version"].startswith("pyodide-")

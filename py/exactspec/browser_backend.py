@@ -6,6 +6,7 @@ that Python only hands back to the GPU acceptor. Each round step is one await.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 
 from .acceptance import RoundDecision
@@ -127,7 +128,9 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
         d = json.loads(draft_info_json)
         draft = WorkerDraft(bridge, d["vocab_size"], d["max_context"], d["identity"])
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
-    orch = Orchestrator(champion, draft, decode=decode, identities={"tokenizer": champion_info.get("tokenizer_hash", "unknown")})
+    identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
+                  "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}
+    orch = Orchestrator(champion, draft, decode=decode, identities=identities)
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 

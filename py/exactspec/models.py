@@ -59,7 +59,7 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None) -> LoadedPair:
     champion = LlamaReference.from_dir(champion_dir)
     draft = LlamaReference.from_dir(draft_dir) if draft_dir is not None else None
     with open(tok_path, "rb") as f:
-        tokenizer_hash = hashlib.sha256(f.read()).hexdigest()
+        tokenizer_hash = hashlib.sha256(f.read()).hexdigest()   # same bytes the browser hashes
     identities = {"tokenizer": tokenizer_hash,
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
