@@ -1,11 +1,11 @@
 // accept_common.wgsl: shared by processors_rows.wgsl and accept_decide.wgsl.
-// The Params uniform, float bit tests, an order-preserving float key and fixed-order workgroup
+// The Meta uniform (group 1), float bit tests, an order-preserving float key and fixed-order workgroup
 // reductions over WG invocations. web/gpu/accept.mjs prepends the constants
 //   V (vocabulary size), WG (4, 16, 64 or 256), GS = sqrt(WG) (sum group size), PER = ceil(V / WG),
 //   NWORDS = ceil(V / 32), IDBITS = ceil(log2 V), ID_SHIFT0 = 4 * (ceil(IDBITS / 4) - 1).
 // Every reduction returns through workgroupUniformLoad, so callers may branch on the result.
 
-struct Params {
+struct Meta {
   n_rows: u32, m: u32, seed_lo: u32, seed_hi: u32,
   round_id: u32, remaining: u32, greedy: u32, stop_mask: u32,   // stop_mask bit i: proposals[i] is a stop token
   temperature: f32, top_p: f32, penalty: f32, top_k: u32,

@@ -12,7 +12,7 @@
 @group(0) @binding(2) var<storage, read> p_draft: array<f32>;        // (maxBlock, V) processed draft rows, m used
 @group(0) @binding(3) var<storage, read> proposals: array<u32>;      // (maxBlock,)
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;   // (8,) the decision words below
-@group(0) @binding(5) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> params: Meta;
 
 // result: [0] n_accepted, [1] next_token (NONE), [2] rejected_at (NONE), [3] ended_by,
 //         [4] error, [5] winning Gumbel score bits (diagnostic), [6] u bits, [7] a bits (last accept test)
@@ -47,15 +47,15 @@ fn plan_round() {
   result[0] = 0u; result[1] = NONE; result[2] = NONE; result[3] = 0u; result[4] = 0u;
   result[5] = 0u; result[6] = 0u; result[7] = 0u;
   set_plan(MODE_DONE, 0u, 0u, 0u);
-  let m = P.m;
-  let greedy = P.greedy != 0u;
+  let m = params.m;
+  let greedy = params.greedy != 0u;
   if (m == 0u) {
     if (row_invalid(0u)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
     if (greedy) { result[1] = rowinfo[1]; return; }
     set_plan(MODE_SAMPLE, 0u, DOMAIN_TARGET_BASELINE, 0u);
     return;
   }
-  let rk = round_key(P.seed_lo, P.seed_hi, DOMAIN_ACCEPT_UNIFORM, P.round_id);
+  let rk = round_key(params.seed_lo, params.seed_hi, DOMAIN_ACCEPT_UNIFORM, params.round_id);
   var n = 0u;
   for (var i = 0u; i < m; i++) {
     if (row_invalid(i)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
@@ -79,8 +79,8 @@ fn plan_round() {
       }
     }
     n += 1u;
-    if (((P.stop_mask >> i) & 1u) != 0u) { result[0] = n; result[3] = ENDED_STOP; return; }
-    if (n == P.remaining) { result[0] = n; result[3] = ENDED_LENGTH; return; }
+    if (((params.stop_mask >> i) & 1u) != 0u) { result[0] = n; result[3] = ENDED_STOP; return; }
+    if (n == params.remaining) { result[0] = n; result[3] = ENDED_LENGTH; return; }
   }
   if (row_invalid(m)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
   result[0] = m;
@@ -125,7 +125,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     }
   }
 
-  let rk = round_key(P.seed_lo, P.seed_hi, domain, P.round_id);
+  let rk = round_key(params.seed_lo, params.seed_hi, domain, params.round_id);
   var best = 0u;
   var best_id = NONE;
   for (var i = 0u; i < PER; i++) {

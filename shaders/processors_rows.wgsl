@@ -14,7 +14,7 @@
 @group(0) @binding(2) var<storage, read_write> rowinfo: array<u32>;   // (maxBlock, 4): status bits, argmax, n_kept, spare
 @group(0) @binding(3) var<storage, read> bitmaps: array<u32>;         // (2, NWORDS): [0] masked ids, [1] context ids
 @group(0) @binding(4) var<storage, read> proposals: array<u32>;       // (maxBlock,)
-@group(0) @binding(5) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> params: Meta;
 
 const TOP_P_NEAR: f32 = 1e-5;                  // |cumulative - top_p| below this flags the row (ROW_NEAR_TOP_P)
 
@@ -23,8 +23,8 @@ var<private> x: array<f32, PER>;               // (PER,) this invocation's logit
 fn bit_set(word0: u32, j: u32) -> bool { return ((bitmaps[word0 + (j >> 5u)] >> (j & 31u)) & 1u) != 0u; }
 
 fn penalize(v: f32) -> f32 {                   // Hugging Face convention
-  if (v > 0.0) { return v / P.penalty; }
-  return v * P.penalty;
+  if (v > 0.0) { return v / params.penalty; }
+  return v * params.penalty;
 }
 
 fn seen_before(t: u32, y: u32) -> bool {
@@ -162,7 +162,7 @@ fn select_tie_id(src: u32, tie: u32, need: u32) -> u32 {
 
 // Top-k: exactly k survivors by (logit desc, id asc). Needs 0 < k < number of finite logits.
 fn apply_top_k(neg_inf: f32) {
-  if (lid == 0u) { sel_prefix = 0u; sel_need = P.top_k; }
+  if (lid == 0u) { sel_prefix = 0u; sel_need = params.top_k; }
   var prefix = workgroupUniformLoad(&sel_prefix);
   for (var shift = 28i; shift >= 0i; shift -= 4i) {  // the k-th largest key, digit by digit
     hist_pass(SRC_KEY, u32(shift), prefix, 0u);
@@ -191,7 +191,7 @@ fn apply_top_k(neg_inf: f32) {
 // Top-p on probabilities x: shortest prefix by (prob desc, id asc) with cumulative >= top_p.
 // Returns ROW_NEAR_TOP_P when the f32 decision could differ from the f64 reference.
 fn apply_top_p() -> u32 {
-  let top_p = P.top_p;
+  let top_p = params.top_p;
   if (lid == 0u) { sel_prefix = 0u; sel_mass = 0.0; sel_ok = 1u; sel_need = 0u; }
   var prefix = workgroupUniformLoad(&sel_prefix);
   for (var shift = 28i; shift >= 0i; shift -= 4i) {  // the largest bits tp with mass(bits >= tp) >= top_p
@@ -258,7 +258,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
   lid = li;
   let row = wid.x;
   let base = row * V;
-  let neg_inf = bitcast<f32>(P.neg_inf_bits);   // from the uniform: a constant -inf is a shader error
+  let neg_inf = bitcast<f32>(params.neg_inf_bits);   // from the uniform: a constant -inf is a shader error
 
   // steps 1-4: input check, suppression + grammar mask, penalty over the context bitmap
   var bad = 0u;
@@ -268,15 +268,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     if (j < V) {
       v = logits[base + j];
       if (is_nan_or_pos_inf(bitcast<u32>(v))) { bad = 1u; }
-      if (P.has_mask != 0u && bit_set(0u, j)) {
+      if (params.has_mask != 0u && bit_set(0u, j)) {
         v = neg_inf;
-      } else if (P.has_penalty != 0u && bit_set(NWORDS, j) && is_finite_bits(bitcast<u32>(v))) {
+      } else if (params.has_penalty != 0u && bit_set(NWORDS, j) && is_finite_bits(bitcast<u32>(v))) {
         v = penalize(v);
       }
     }
     x[i] = v;
   }
-  if (P.has_penalty != 0u) {                    // ... and over proposals[:row], each distinct id once
+  if (params.has_penalty != 0u) {                    // ... and over proposals[:row], each distinct id once
     for (var t = 0u; t < row; t++) {
       let y = proposals[t];
       if (y < V && y % WG == lid && !bit_set(NWORDS, y) && !seen_before(t, y)) {
@@ -287,7 +287,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
   }
 
   // step 5: greedy stops here with a one-hot row
-  if (P.temperature == 0.0) {
+  if (params.temperature == 0.0) {
     if (!row_is_valid(bad)) { write_info(row, ROW_INVALID, NONE, 0u); return; }
     let am = argmax_x();
     for (var i = 0u; i < PER; i++) { x[i] = select(0.0, 1.0, lid + i * WG == am); }
@@ -295,16 +295,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     write_info(row, 0u, am, 1u);
     return;
   }
-  if (P.temperature != 1.0) {
+  if (params.temperature != 1.0) {
     for (var i = 0u; i < PER; i++) {
-      if (is_finite_bits(bitcast<u32>(x[i]))) { x[i] = x[i] / P.temperature; }
+      if (is_finite_bits(bitcast<u32>(x[i]))) { x[i] = x[i] / params.temperature; }
     }
   }
   let n_finite = row_check(bad);
   if (n_finite == NONE) { write_info(row, ROW_INVALID, NONE, 0u); return; }
 
   // step 6: top-k
-  if (P.top_k > 0u && P.top_k < n_finite) { apply_top_k(neg_inf); }
+  if (params.top_k > 0u && params.top_k < n_finite) { apply_top_k(neg_inf); }
 
   // step 7: softmax
   let mx = key_to_f32(wg_reduce_u32(OP_MAX, argmax_key()));
@@ -320,7 +320,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
   // step 8: top-p, renormalised by the kept mass
   var status = 0u;
-  if (P.top_p < 1.0) {
+  if (params.top_p < 1.0) {
     status = apply_top_p();
     var kept = 0.0;
     for (var i = 0u; i < PER; i++) { kept = kept + x[i]; }
@@ -331,7 +331,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
   for (var i = 0u; i < PER; i++) { if (x[i] > 0.0) { n_kept += 1u; } }
   n_kept = wg_reduce_u32(OP_ADD, n_kept);
   var am = NONE;
-  if (P.greedy != 0u) { am = argmax_x(); }
+  if (params.greedy != 0u) { am = argmax_x(); }
   write_row(base);
   write_info(row, status, am, n_kept);
 }

@@ -1,4 +1,4 @@
-// threefry_bits.wgsl (tests only): one address per invocation -> the RNG contract's words, so
+// threefry_bits.wgsl: (tests only) one address per invocation -> the RNG contract's words, so
 // tests can compare the WGSL Threefry, uniforms, portable log and Gumbel with exactspec.rng.
 // Needs threefry_addr.wgsl and sample_gumbel.wgsl.
 

@@ -57,6 +57,23 @@ def js_policy(policy: SamplingPolicy) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------ conventions
+def test_kernels_follow_the_conventions():
+    """Each acceptor kernel is shaders/<name>.wgsl with a NumPy twin of the same name, a header
+    comment, tensors in group 0 with shape comments, and at most one Meta uniform in group 1."""
+    import re
+    from browser_fixture import REPO_ROOT
+    for name in ("processors_rows", "accept_decide", "threefry_bits"):
+        assert callable(getattr(accept_twins, name, None)), f"no NumPy twin {name}"
+        wgsl = (REPO_ROOT / "shaders" / f"{name}.wgsl").read_text()
+        assert wgsl.startswith(f"// {name}.wgsl: "), name
+        bindings = [line for line in wgsl.splitlines() if line.startswith("@group(")]
+        if bindings[-1].startswith("@group(1)"):
+            assert bindings.pop() == "@group(1) @binding(0) var<uniform> params: Meta;", name
+        for i, line in enumerate(bindings):
+            assert line.startswith(f"@group(0) @binding({i}) var<storage") and re.search(r"// \(", line), line
+
+
 # ------------------------------------------------------------------------------ (a) processors
 def make_logits(kind: str, n: int, V: int, gen) -> np.ndarray:
     """(n, V) float32 logits of a named hard shape."""
@@ -230,6 +247,7 @@ def test_threefry_uniforms_gumbel_bitwise(harness):
     u_oo = words[:, 5].view(np.float32).astype(np.float64)
     assert np.array_equal(u_oc, rng.uniform_open_closed_np(bits))          # exact in f32 by design
     assert np.array_equal(u_oo, rng.uniform_open_open_np(bits))
+    assert np.array_equal(words, accept_twins.threefry_bits(addrs))        # the whole kernel vs its twin
     g_gpu = words[:, 6].view(np.float32)
     plog_gpu = words[:, 7].view(np.float32)
     assert np.array_equal(g_gpu.view(np.uint32), accept_twins.gumbel_f32(bits).view(np.uint32))   # twin: bitwise

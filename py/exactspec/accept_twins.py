@@ -59,6 +59,23 @@ def gumbel_f32(bits):
     return -plog_f32(-plog_f32(uniform_open_open_f32(bits)))
 
 
+# ---------------------------------------------------------------- threefry_bits.wgsl
+def threefry_bits(addrs):
+    """(n, 8) u32 addresses (seed_lo, seed_hi, domain, round, position, token, weight f32 bits, 0)
+    -> (n, 8) u32 words (k0, k1, bits, x1, u_oc, u_oo, gumbel_f32, plog_f32(weight)), bit for bit."""
+    a = np.asarray(addrs, np.uint32).reshape(-1, 8)
+    out = np.zeros_like(a)
+    for r, row in enumerate(a):                                 # level 1 unvalidated: KATs use any words
+        k0, k1 = rng._threefry(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+        out[r, :4] = (k0, k1) + rng._threefry(k0, k1, int(row[4]), int(row[5]))
+    out[:, 4] = uniform_open_closed_f32(out[:, 2]).view(np.uint32)
+    out[:, 5] = uniform_open_open_f32(out[:, 2]).view(np.uint32)
+    out[:, 6] = gumbel_f32(out[:, 2]).view(np.uint32)
+    with np.errstate(all="ignore"):
+        out[:, 7] = plog_f32(a[:, 6].view(np.float32)).view(np.uint32)
+    return out
+
+
 # ---------------------------------------------------------------- accept_common.wgsl
 def _lanes(values, fill, wg=WG):
     """(V,) -> (PER, wg): element [i, t] is token t + i * wg (padding = fill)."""

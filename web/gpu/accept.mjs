@@ -52,7 +52,7 @@ function shaderHeader(V, WG) {
          `const ID_SHIFT0: u32 = ${4 * (Math.ceil(idBits / 4) - 1)}u;\n`;   // top 4-bit digit of a token id
 }
 
-async function compile(device, label, code, layout) {
+async function compile(device, label, code, layouts) {
   device.pushErrorScope("validation");
   const module = device.createShaderModule({ label, code });
   const info = await module.getCompilationInfo();
@@ -62,7 +62,7 @@ async function compile(device, label, code, layout) {
     throw new Error(`${label}: ${errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join("; ")}`);
   }
   const pipeline = await device.createComputePipelineAsync({
-    label, layout: device.createPipelineLayout({ bindGroupLayouts: [layout] }), compute: { module, entryPoint: "main" },
+    label, layout: device.createPipelineLayout({ bindGroupLayouts: layouts }), compute: { module, entryPoint: "main" },
   });
   const err = await device.popErrorScope();
   if (err) throw new Error(`${label}: ${err.message}`);
@@ -112,19 +112,21 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
   if (![4, 16, 64, 256].includes(workgroupSize)) throw badArgument(`workgroupSize: ${workgroupSize}`);
   const head = shaderHeader(V, workgroupSize);
 
-  const procLayout = layoutOf(device, ["ro", "rw", "rw", "ro", "ro", "uniform"]);
-  const decideLayout = layoutOf(device, ["ro", "ro", "ro", "ro", "rw", "uniform"]);
+  // Binding convention: tensors in group 0 (shape comments in the .wgsl), the Meta uniform in group 1.
+  const procLayout = layoutOf(device, ["ro", "rw", "rw", "ro", "ro"]);
+  const decideLayout = layoutOf(device, ["ro", "ro", "ro", "ro", "rw"]);
+  const metaLayout = layoutOf(device, ["uniform"]);
   const bitsLayout = layoutOf(device, ["ro", "rw"]);
   const [procPipeline, decidePipeline, bitsPipeline] = await Promise.all([
-    compile(device, "processors_rows", head + src.common + src.processors, procLayout),
-    compile(device, "accept_decide", head + src.common + src.threefry + src.gumbel + src.decide, decideLayout),
-    compile(device, "threefry_bits", src.threefry + src.gumbel + src.bits, bitsLayout),
+    compile(device, "processors_rows", head + src.common + src.processors, [procLayout, metaLayout]),
+    compile(device, "accept_decide", head + src.common + src.threefry + src.gumbel + src.decide, [decideLayout, metaLayout]),
+    compile(device, "threefry_bits", src.threefry + src.gumbel + src.bits, [bitsLayout]),
   ]);
 
   const S = GPUBufferUsage.STORAGE, CD = GPUBufferUsage.COPY_DST, CS = GPUBufferUsage.COPY_SRC;
   const buffer = (label, size, usage) => device.createBuffer({ label, size: Math.max(16, size), usage });
   const rowBytes = maxBlock * V * 4;
-  const params = buffer("accept params", 64, GPUBufferUsage.UNIFORM | CD);                 // (16,) Params
+  const params = buffer("accept params", 64, GPUBufferUsage.UNIFORM | CD);                 // (16,) Meta
   const probs = buffer("accept probs", rowBytes, S | CS);                                   // (maxBlock, V) f32
   const rowinfo = buffer("accept rowinfo", maxBlock * ROWINFO_WORDS * 4, S | CS);           // (maxBlock, 4) u32
   const bitmaps = buffer("accept bitmaps", 2 * nWords * 4, S | CD);                         // (2, NWORDS) u32
@@ -135,15 +137,16 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
   const logitsUpload = buffer("accept logits upload", rowBytes, S | CD);                    // processRows input
 
   const entries = (buffers) => buffers.map((b, binding) => ({ binding, resource: { buffer: b } }));
+  const metaGroup = device.createBindGroup({ layout: metaLayout, entries: entries([params]) });
   const decideGroup = device.createBindGroup({
-    layout: decideLayout, entries: entries([probs, rowinfo, pDraftBuf, proposalsBuf, result, params]),
+    layout: decideLayout, entries: entries([probs, rowinfo, pDraftBuf, proposalsBuf, result]),
   });
   const procGroups = new WeakMap();            // logits buffer -> bind group
   function procGroupFor(logitsBuffer) {
     let g = procGroups.get(logitsBuffer);
     if (!g) {
       g = device.createBindGroup({
-        layout: procLayout, entries: entries([logitsBuffer, probs, rowinfo, bitmaps, proposalsBuf, params]),
+        layout: procLayout, entries: entries([logitsBuffer, probs, rowinfo, bitmaps, proposalsBuf]),
       });
       procGroups.set(logitsBuffer, g);
     }
@@ -157,7 +160,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     return run;
   };
 
-  // Writes Params, bitmaps and proposals for nRows rows; returns nothing.
+  // Writes the Meta uniform, bitmaps and proposals for nRows rows.
   function upload({ nRows, proposals, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
     const pol = checkPolicy(policy, V);
     const props = Int32Array.from(proposals || []);
@@ -201,6 +204,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     const pass = encoder.beginComputePass({ label: "processors_rows" });
     pass.setPipeline(procPipeline);
     pass.setBindGroup(0, procGroupFor(logitsBuffer));
+    pass.setBindGroup(1, metaGroup);
     pass.dispatchWorkgroups(nRows);
     pass.end();
   }
@@ -220,6 +224,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     const pass = encoder.beginComputePass({ label: "accept_decide" });
     pass.setPipeline(decidePipeline);
     pass.setBindGroup(0, decideGroup);
+    pass.setBindGroup(1, metaGroup);
     pass.dispatchWorkgroups(1);
     pass.end();
     encoder.copyBufferToBuffer(result, 0, readback, 0, RESULT_WORDS * 4);
