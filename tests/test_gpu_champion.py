@@ -387,6 +387,13 @@ def test_champion_refuses_bad_calls(gpu_page, tiny_model):
         gpu_page.evaluate("window.harness.forwardBlocks([[[1], 32]])")
 
 
+def test_champion_load_errors_are_coded(gpu_page, tiny_model):
+    with pytest.raises(Exception, match="E_MODEL_LOAD"):
+        gpu_page.evaluate("window.harness.loadChampion('/build/test_models/no_such_model/', 9, 0)")
+    with pytest.raises(Exception, match="E_BAD_ARGUMENT"):
+        load_champion(gpu_page, tiny_model, max_block=9, max_context=65)   # > max_position_embeddings
+
+
 def test_safetensors_reader_refuses_corruption(gpu_page, tiny_model):
     res = gpu_page.evaluate("""async (u) => {
       const { parseSafetensors } = await import('/web/gpu/safetensors.mjs');

@@ -123,68 +123,22 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const pipelines = await pipelinesReady;
   const t3 = performance.now();
 
-  const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
-  const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
   const label = weightsUrl.pathname;
   device.pushErrorScope("validation");
   device.pushErrorScope("out-of-memory");
-  const bufs = {
-    embed: storageBuffer(device, V * H * 4, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label).bytes, "embed"),
-    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], label).bytes, "norm"),
-    ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
-    ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
-    x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
-    xn: storageBuffer(device, B * H * 4, null, "xn"),                   // (B, H) normed
-    qkv: storageBuffer(device, B * qkvDim * 4, null, "qkv"),            // (B, (heads + 2 KV) hd)
-    q: storageBuffer(device, B * qDim * 4, null, "q"),                  // (B, heads hd) after RoPE
-    scores: storageBuffer(device, B * heads * maxContext * 4, null, "scores"), // (B, heads, ctx)
-    att: storageBuffer(device, B * qDim * 4, null, "att"),              // (B, heads hd)
-    gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
-    act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
-    logits: storageBuffer(device, B * V * 4, null, "logits"),           // (B, V)
-    kCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "k_cache"), // (L, ctx, KV, hd)
-    vCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "v_cache"),
-  };
-  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, label));
-
-  // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
-  // rewrites the Meta slab and re-encodes the same bind groups.
-  const steps = [];
-  const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
-  const mm = (w, xBuf, yBuf, accumulate) => step("matmul_q8", [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols, accumulate }));
-  step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
-  layerW.forEach((w, layer) => {
-    const attnDims = (n, startPos) => ({
-      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5, maxContext,
-    });
-    step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-    mm(w.qkv, bufs.xn, bufs.qkv, false);
-    step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
-    step("attention_scores", [bufs.q, bufs.kCache, bufs.scores], attnDims);
-    step("attention_softmax", [bufs.scores], attnDims);
-    step("attention_values", [bufs.scores, bufs.vCache, bufs.att], attnDims);
-    mm(w.o, bufs.att, bufs.x, true);                  // x += o_proj(att)
-    step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-    mm(w.gateUp, bufs.xn, bufs.gateUp, false);
-    step("swiglu_f32", [bufs.gateUp, bufs.act], (n) => ({ n, inter: F }));
-    mm(w.down, bufs.act, bufs.x, true);               // x += down(act)
-  });
-  step("rmsnorm_f32", [bufs.x, bufs.finalNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-  step("lm_head_f32", [bufs.embed, bufs.xn, bufs.logits], (n) => ({ n, rows: V, cols: H }));
-
-  const metas = metaBuffer(device, steps.length, "meta");
-  const metaWords = new ArrayBuffer(steps.length * META_STRIDE);
-  for (const [slot, s] of steps.entries()) {
-    s.pipeline = pipelines[s.op];
-    s.groups = bindGroups(device, s.pipeline, s.tensorsOf, metas, slot);
+  let bufs, steps, metas;
+  try {
+    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label }));
+  } finally {
+    const oom = await device.popErrorScope();
+    const invalid = await device.popErrorScope();
+    if (oom || invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${(oom || invalid).message}`);
   }
-  const oom = await device.popErrorScope();
-  const invalid = await device.popErrorScope();
-  if (oom || invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${(oom || invalid).message}`);
   const loadMs = {   // fetch: config + weights; hash: parse + sha256; pipelines: wait after that
     fetch: t1 - t0, hash: t2 - t1, pipelines: t3 - t2, upload: performance.now() - t3, total: performance.now() - t0,
   };
-
+  const metaWords = new ArrayBuffer(steps.length * META_STRIDE);
+  const { vocab: V } = hp, B = maxBlock;
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
     config, identity, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
@@ -246,3 +200,60 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   };
   return champion;
 }
+
+/** Upload every tensor, allocate activations and the KV cache, and build the dispatch list. */
+function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label }) {
+  const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
+  const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
+  const bufs = {
+    embed: storageBuffer(device, V * H * 4, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label).bytes, "embed"),
+    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], label).bytes, "norm"),
+    ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
+    ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
+    x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
+    xn: storageBuffer(device, B * H * 4, null, "xn"),                   // (B, H) normed
+    qkv: storageBuffer(device, B * qkvDim * 4, null, "qkv"),            // (B, (heads + 2 KV) hd)
+    q: storageBuffer(device, B * qDim * 4, null, "q"),                  // (B, heads hd) after RoPE
+    scores: storageBuffer(device, B * heads * maxContext * 4, null, "scores"), // (B, heads, ctx)
+    att: storageBuffer(device, B * qDim * 4, null, "att"),              // (B, heads hd)
+    gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
+    act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
+    logits: storageBuffer(device, B * V * 4, null, "logits"),           // (B, V)
+    kCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "k_cache"), // (L, ctx, KV, hd)
+    vCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "v_cache"),
+  };
+  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, label));
+
+  // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
+  // rewrites the Meta slab and re-encodes the same bind groups.
+  const steps = [];
+  const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
+  const mm = (w, xBuf, yBuf, accumulate) => step("matmul_q8", [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols, accumulate }));
+  step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
+  layerW.forEach((w, layer) => {
+    const attnDims = (n, startPos) => ({
+      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5, maxContext,
+    });
+    step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+    mm(w.qkv, bufs.xn, bufs.qkv, false);
+    step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
+    step("attention_scores", [bufs.q, bufs.kCache, bufs.scores], attnDims);
+    step("attention_softmax", [bufs.scores], attnDims);
+    step("attention_values", [bufs.scores, bufs.vCache, bufs.att], attnDims);
+    mm(w.o, bufs.att, bufs.x, true);                  // x += o_proj(att)
+    step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+    mm(w.gateUp, bufs.xn, bufs.gateUp, false);
+    step("swiglu_f32", [bufs.gateUp, bufs.act], (n) => ({ n, inter: F }));
+    mm(w.down, bufs.act, bufs.x, true);               // x += down(act)
+  });
+  step("rmsnorm_f32", [bufs.x, bufs.finalNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
+  step("lm_head_f32", [bufs.embed, bufs.xn, bufs.logits], (n) => ({ n, rows: V, cols: H }));
+
+  const metas = metaBuffer(device, steps.length, "meta");
+  for (const [slot, s] of steps.entries()) {
+    s.pipeline = pipelines[s.op];
+    s.groups = bindGroups(device, s.pipeline, s.tensorsOf, metas, slot);
+  }
+  return { bufs, steps, metas };
+}
+
