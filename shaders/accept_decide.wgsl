@@ -14,10 +14,11 @@
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;   // (8,) the decision words below
 @group(1) @binding(0) var<uniform> params: Meta;
 
-// result: [0] n_accepted, [1] next_token (NONE), [2] rejected_at (NONE), [3] ended_by,
+// result: [0] n_accepted, [1] next_token (NONE), [2] rejected_at (NONE), [3] ended_by | NEAR_TOP_P_FLAG,
 //         [4] error, [5] winning Gumbel score bits (diagnostic), [6] u bits, [7] a bits (last accept test)
 const ENDED_STOP: u32 = 1u;
 const ENDED_LENGTH: u32 = 2u;
+const NEAR_TOP_P_FLAG: u32 = 0x100u;           // a row the round used was near its top-p boundary
 const ERR_TARGET_NUMERIC_OR_MASK: u32 = 1u;
 const ERR_RESIDUAL_INVARIANT: u32 = 2u;
 
@@ -30,8 +31,12 @@ var<workgroup> plan_row: u32;
 var<workgroup> plan_domain: u32;
 var<workgroup> plan_position: u32;
 var<private> w: array<f32, PER>;               // (PER,) sampling weights of this invocation
+var<private> near_top_p: u32;                  // OR of ROW_NEAR_TOP_P over the rows the round used
 
-fn row_invalid(i: u32) -> bool { return (rowinfo[i * 4u] & ROW_INVALID) != 0u; }
+fn row_invalid(i: u32) -> bool {
+  near_top_p |= rowinfo[i * 4u] & ROW_NEAR_TOP_P;
+  return (rowinfo[i * 4u] & ROW_INVALID) != 0u;
+}
 
 fn set_plan(mode: u32, row: u32, domain: u32, position: u32) {
   plan_mode = mode; plan_row = row; plan_domain = domain; plan_position = position;
@@ -91,7 +96,10 @@ fn plan_round() {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) li: u32) {
   lid = li;
-  if (lid == 0u) { plan_round(); }
+  if (lid == 0u) {
+    plan_round();
+    if (near_top_p != 0u && result[4] == 0u) { result[3] |= NEAR_TOP_P_FLAG; }
+  }
   let mode = workgroupUniformLoad(&plan_mode);
   if (mode == MODE_DONE) { return; }
   let row = workgroupUniformLoad(&plan_row);

@@ -375,6 +375,21 @@ def test_decide_matches_decide_round(harness, V, n_sets, rounds_per_set):
     assert n_diff <= max(2, total // 500)
 
 
+def test_decide_reports_near_top_p(harness):
+    """Four equal logits, top_p = 0.5: the cumulative sum hits top_p exactly, so the f32 kernel
+    flags the row; decide() passes the flag on (diag.near_top_p) and still decides as the reference."""
+    logits = np.zeros((1, 4), np.float32)
+    for top_p, flagged in ((0.5, True), (0.9, False)):
+        policy = SamplingPolicy(top_p=top_p)
+        jobs = [{"set": 0, "proposals": [], "policy": js_policy(policy), "seed": [5, 0], "roundId": r,
+                 "stopTokenIds": [], "remaining": 1, "greedy": False} for r in range(20)]
+        results, _ = run_rounds(harness, 4, 2, [(logits, np.zeros((0, 4), np.float32))], jobs)
+        for r, got in enumerate(results):
+            assert got["diag"]["near_top_p"] is flagged
+            _, want = reference_decision(logits, np.zeros((0, 4)), [], policy, 5, r, [], 1, False)
+            assert as_decision(got) == as_decision(want)
+
+
 # ------------------------------------------------------------------------------ (d) distribution
 def test_first_token_follows_p_target(harness):
     V, N = 6, 3000

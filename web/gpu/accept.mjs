@@ -238,9 +238,11 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
       n_accepted: w[0],
       next_token: w[1] === NONE ? -1 : w[1],
       rejected_at: w[2] === NONE ? -1 : w[2],
-      ended_by: ENDED_BY[w[3]],
+      ended_by: ENDED_BY[w[3] & 0xff],
       error_code,
-      diag: { score: f[5], u: f[6], a: f[7] },  // winning Gumbel score; u and a of the last accept test
+      // not in the contract: winning Gumbel score; u and a of the last accept test; whether a row
+      // the round used was flagged near its top-p boundary (f32 may keep one token more or fewer)
+      diag: { score: f[5], u: f[6], a: f[7], near_top_p: (w[3] & 0x100) !== 0 },
     };
   }
 
