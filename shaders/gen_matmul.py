@@ -36,7 +36,11 @@ def body(kind):
     L.append("@group(1) @binding(0) var<uniform> params: Meta;")
     L.append("")
     if q8:
-        L.append("fn w4(word: u32) -> vec4<f32> { return vec4<f32>(unpack4xI8(word)); }")
+        L.append("// 4 int8 of a word, lowest byte first; shifts were faster than unpack4xI8 on SwiftShader")
+        L.append("fn w4(word: u32) -> vec4<f32> {")
+        L.append("  let s = vec4<i32>(bitcast<i32>(word << 24u), bitcast<i32>(word << 16u), bitcast<i32>(word << 8u), bitcast<i32>(word));")
+        L.append("  return vec4<f32>(s >> vec4<u32>(24u));")
+        L.append("}")
         L.append("")
         L.append("fn finish(a: vec4<f32>, o: u32) -> f32 { return ((a.x + a.y) + (a.z + a.w)) * scale[o]; }")
     else:

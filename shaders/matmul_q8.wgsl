@@ -7,7 +7,11 @@ struct Meta { n: u32, rows: u32, cols4: u32, accumulate: u32 }   // rows = out, 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out); the residual stream when accumulating
 @group(1) @binding(0) var<uniform> params: Meta;
 
-fn w4(word: u32) -> vec4<f32> { return vec4<f32>(unpack4xI8(word)); }
+// 4 int8 of a word, lowest byte first; shifts were faster than unpack4xI8 on SwiftShader
+fn w4(word: u32) -> vec4<f32> {
+  let s = vec4<i32>(bitcast<i32>(word << 24u), bitcast<i32>(word << 16u), bitcast<i32>(word << 8u), bitcast<i32>(word));
+  return vec4<f32>(s >> vec4<u32>(24u));
+}
 
 fn finish(a: vec4<f32>, o: u32) -> f32 { return ((a.x + a.y) + (a.z + a.w)) * scale[o]; }
 

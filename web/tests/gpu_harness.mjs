@@ -48,6 +48,35 @@ async function runKernel(name, dims, tensors, read) {
   return out;
 }
 
+/** ms per dispatch of one kernel on given buffers: `reps` dispatches in one submission, best
+ *  of `tries` (kernel tuning; results are not read back). */
+async function benchKernel(name, dims, tensors, reps = 20, tries = 5) {
+  await init();
+  const bufs = tensors.map((t) => (t.b64 !== undefined
+    ? storageBuffer(device, fromB64(t.b64).byteLength, fromB64(t.b64)) : storageBuffer(device, t.bytes)));
+  const { meta, grid } = OPS[name](dims);
+  const metas = metaBuffer(device, 1);
+  device.queue.writeBuffer(metas, 0, packMeta(meta));
+  const [g0, g1] = bindGroups(device, pipelines[name], bufs, metas);
+  let best = Infinity;
+  for (let t = 0; t < tries; t++) {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    pass.setPipeline(pipelines[name]);
+    pass.setBindGroup(0, g0);
+    pass.setBindGroup(1, g1);
+    for (let r = 0; r < reps; r++) pass.dispatchWorkgroups(...grid);
+    pass.end();
+    const t0 = performance.now();
+    device.queue.submit([enc.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    best = Math.min(best, (performance.now() - t0) / reps);
+  }
+  bufs.forEach((b) => b.destroy());
+  metas.destroy();
+  return best;
+}
+
 async function loadChampion(modelUrl, maxBlock, maxContext) {
   await init();
   const t0 = performance.now();
@@ -89,5 +118,5 @@ async function profile(n, startPos) {
   return champion.profile(n, startPos);
 }
 
-window.harness = { init, runKernel, loadChampion, forwardBlocks, timeForward, profile };
+window.harness = { init, runKernel, benchKernel, loadChampion, forwardBlocks, timeForward, profile };
 window.harnessReady = true;
