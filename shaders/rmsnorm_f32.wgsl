@@ -8,7 +8,7 @@ struct Meta { n: u32, hidden: u32, eps: f32, pad0: u32 }
 
 // dispatch: (n, 1, 1). Every invocation sums the whole row itself, in index order: the result
 // is the same float sequence for any n and any invocation (batch invariant, no barriers).
-@compute @workgroup_size(64)
+@compute @workgroup_size(16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let j = wid.x;
   if (j >= params.n) { return; }
@@ -19,7 +19,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     ss = fma(v, v, ss);
   }
   let inv = 1.0 / sqrt(ss / f32(params.hidden) + params.eps);
-  for (var i = lid; i < params.hidden; i += 64u) {
+  for (var i = lid; i < params.hidden; i += 16u) {
     y[base + i] = weight[i] * (x[base + i] * inv);
   }
 }
