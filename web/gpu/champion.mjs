@@ -25,7 +25,7 @@ export const OPS = {
   }),
   attention_scores: (d) => ({
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset), [d.scale, "f32"], u(d.maxContext)],
-    grid: [cdiv(d.startPos + d.n, 64), d.n * d.heads, 1],
+    grid: [cdiv(d.startPos + d.n, 64), d.heads, 1],
   }),
   attention_softmax: (d) => ({
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.maxContext)], grid: [cdiv(d.n * d.heads, 64), 1, 1],
