@@ -1,9 +1,13 @@
+import { loadProtocol } from "/web/protocol.mjs";
+
 // Main-thread engine API (embeddable): one orchestrator worker, promise per request, event stream.
 //   const engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" });
 //   const result = await engine.generate({ prompt: "…", config: { speculate: "draft", k: 4 } }, onEvent);
 export class Engine {
-  constructor(worker) {
+  constructor(worker, validate) {
     this.worker = worker;
+    this.validate = validate;
+    this.invalidDropped = 0;
     this.seq = 0;
     this.epoch = 0;
     this.pending = new Map();            // request_id -> { resolve, reject, onEvent }
@@ -13,8 +17,9 @@ export class Engine {
   }
 
   static async create(models, { timeoutMs = 300000 } = {}) {
+    const validate = await loadProtocol();
     const worker = new Worker("/web/orchestrator/worker.mjs", { type: "module" });
-    const engine = new Engine(worker);
+    const engine = new Engine(worker, validate);
     engine.ready = await engine._request("load", { models }, null, timeoutMs);
     return engine;
   }
@@ -49,6 +54,7 @@ export class Engine {
   _failAll(error) { for (const id of [...this.pending.keys()]) this._settle(id, null, error); }
 
   _onMessage(env) {
+    try { this.validate(env); } catch { this.invalidDropped++; return; }
     const p = this.pending.get(env.request_id);
     if (!p) { this.staleDropped++; return; }
     if (env.kind === "ready" || env.kind === "result") this._settle(env.request_id, env.payload, null);

@@ -3,6 +3,9 @@
 // envelope protocol of py/exactspec/protocol.json with the page.
 import { bootPython, fetchOk } from "/web/orchestrator/boot.mjs";
 import { createBridge } from "/web/orchestrator/bridge.mjs";
+import { loadProtocol } from "/web/protocol.mjs";
+
+const validateEnvelope = await loadProtocol();
 
 let state = null;          // { pyodide, session, backend }
 let seq = 0;
@@ -45,11 +48,13 @@ async function generate(env) {
 self.onmessage = async (ev) => {
   const env = ev.data;
   try {
+    validateEnvelope(env);
     if (env.kind === "load") await load(env);
     else if (env.kind === "generate") await generate(env);
     else if (env.kind === "cancel") state?.session.cancel.cancel();
     else post("error", env.request_id, env.epoch, { code: "E_PROTOCOL", message: `unknown kind ${env.kind}` });
   } catch (err) {
-    post("error", env.request_id ?? "", env.epoch ?? 0, { ...errorPayload(err), fatal: true });
+    post("error", typeof env?.request_id === "string" ? env.request_id : "", Number.isInteger(env?.epoch) ? env.epoch : 0,
+         { ...errorPayload(err), fatal: true });
   }
 };
