@@ -299,15 +299,17 @@ def test_swiglu_f32(gpu_page, inter, n):
 
 
 # ----------------------------------------------------------------------------- whole champion
+TRAINED = {"champion": TRAINED_CHAMPION, "draft": REPO_ROOT / "web" / "models" / "draft"}
+
+
 def model_dirs():
-    dirs = ["tiny"]
-    if (TRAINED_CHAMPION / "model.q8.safetensors").exists():
-        dirs.append("champion")
-    return dirs
+    """The tiny random model always; the trained pair when exported (the draft, 2 layers with
+    one kv head, is a second real shape for the same engine)."""
+    return ["tiny"] + [name for name, d in TRAINED.items() if (d / "model.q8.safetensors").exists()]
 
 
 def resolve(which, tiny_model) -> Path:
-    return tiny_model if which == "tiny" else TRAINED_CHAMPION
+    return tiny_model if which == "tiny" else TRAINED[which]
 
 
 def load_champion(page, model_dir: Path, max_block=9, max_context=0):
