@@ -346,6 +346,11 @@ def test_decide_matches_decide_round(harness, V, n_sets, rounds_per_set):
         m = int(gen.integers(0, maxBlock))
         style = styles[s % len(styles)]
         logits, p_draft, policy = make_round_set(gen, V, m, style)
+        context = []
+        if s % 3 == 2:                                      # champion knobs (no top-p: its boundary is f32-fuzzy)
+            policy = SamplingPolicy(temperature=0.8, top_k=max(1, V // 3), repetition_penalty=1.2,
+                                    suppress_token_ids=(0,))
+            context = [int(c) for c in gen.integers(0, V, size=4)]
         sets.append((logits, p_draft))
         seed = int(gen.integers(0, 2**63)) * 2 + 1
         for r in range(rounds_per_set):
@@ -353,14 +358,15 @@ def test_decide_matches_decide_round(harness, V, n_sets, rounds_per_set):
             proposals = draft_proposals(p_draft, seed, round_id)
             stops = [proposals[1]] if m >= 2 and r % 5 == 0 else []
             remaining = m if r % 7 == 0 else m + 3
-            jobs.append({"set": s, "proposals": proposals, "policy": js_policy(policy),
+            jobs.append({"set": s, "proposals": proposals, "policy": js_policy(policy), "contextIds": context,
                          "seed": [seed & 0xFFFFFFFF, seed >> 32], "roundId": round_id, "stopTokenIds": stops,
                          "remaining": remaining, "greedy": False})
-            refs.append((logits, p_draft, proposals, policy, seed, round_id, stops, remaining))
+            refs.append((logits, p_draft, proposals, policy, seed, round_id, stops, remaining, context))
     results, ms = run_rounds(harness, V, maxBlock, sets, jobs)
     n_diff, margins, kinds = 0, [], {}
-    for got, (logits, p_draft, proposals, policy, seed, round_id, stops, remaining) in zip(results, refs):
-        rows, want = reference_decision(logits, p_draft, proposals, policy, seed, round_id, stops, remaining, False)
+    for got, (logits, p_draft, proposals, policy, seed, round_id, stops, remaining, context) in zip(results, refs):
+        rows, want = reference_decision(logits, p_draft, proposals, policy, seed, round_id, stops, remaining, False,
+                                        context)
         got_t, want_t = as_decision(got), as_decision(want)
         kinds[want_t[4] or "ok"] = kinds.get(want_t[4] or "ok", 0) + 1
         if got_t != want_t:
