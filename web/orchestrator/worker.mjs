@@ -5,7 +5,8 @@ import { bootPython, fetchOk } from "/web/orchestrator/boot.mjs";
 import { createBridge } from "/web/orchestrator/bridge.mjs";
 import { loadProtocol } from "/web/protocol.mjs";
 
-const validateEnvelope = await loadProtocol();
+// No top-level await: a message posted while this module is still evaluating would be lost.
+const validatorReady = loadProtocol();
 
 let state = null;          // { pyodide, session, backend }
 let seq = 0;
@@ -48,7 +49,7 @@ async function generate(env) {
 self.onmessage = async (ev) => {
   const env = ev.data;
   try {
-    validateEnvelope(env);
+    (await validatorReady)(env);
     if (env.kind === "load") await load(env);
     else if (env.kind === "generate") await generate(env);
     else if (env.kind === "cancel") state?.session.cancel.cancel();
