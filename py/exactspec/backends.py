@@ -50,8 +50,8 @@ def _process(row, context_ids, policy):
         return err
 
 
-class RunnerChampion:
-    """Champion backend over a logits runner, with the declared processors applied on the host."""
+class _RunnerBackend:
+    """A model backend over a logits runner; prefill materialises all but the pending token."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -64,6 +64,10 @@ class RunnerChampion:
         upto = cache.n_committed - 1
         if upto > cache.n_materialized:
             _materialize(self.runner, cache, upto)
+
+
+class RunnerChampion(_RunnerBackend):
+    """Champion backend over a logits runner, with the declared processors applied on the host."""
 
     def verify_linear(self, cache, policy):
         m = len(cache.provisional_ids)
@@ -88,20 +92,8 @@ class FusedRunnerChampion(RunnerChampion):
                             remaining, greedy)
 
 
-class RunnerDraft:
+class RunnerDraft(_RunnerBackend):
     """Draft backend over a logits runner: samples proposals by the draft_sample address."""
-
-    def __init__(self, runner):
-        self.runner = runner
-        self.vocab_size = runner.vocab_size
-        self.max_context = runner.max_context
-        self.identity = runner.identity
-        self.n_calls = 0
-
-    def prefill(self, cache):
-        upto = cache.n_committed - 1
-        if upto > cache.n_materialized:
-            _materialize(self.runner, cache, upto)
 
     def propose(self, cache, k, policy, decider, round_id, stop_token_ids) -> Proposal:
         out = Proposal()
