@@ -34,6 +34,20 @@ def _seed_words(seed: int):
     return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
 
 
+def _p_draft_for_js(rows, proposals, vocab_size: int):
+    """The draft worker's rows are already a JS Float32Array (m*V); prompt lookup's are Python
+    one-hot lists, sent as a Float32Array with a 1 at each proposal (m writes, not m*V)."""
+    if not isinstance(rows, list):
+        return rows
+    from js import Float32Array  # Pyodide only
+    flat = Float32Array.new(len(rows) * vocab_size)
+    for i, (row, y) in enumerate(zip(rows, proposals)):
+        if row[y] != 1:
+            raise ExactSpecError("E_CACHE_STATE", "host-side p_draft rows must be one-hot (prompt lookup)")
+        flat[i * vocab_size + y] = 1.0
+    return flat
+
+
 def _coded(code: str, message: str) -> ExactSpecError:
     return ExactSpecError(code if code in ALL_CODES else "E_DEVICE_LOST", message)
 
@@ -61,8 +75,9 @@ class BrowserChampion:
         feed = cache.tokens[start:]
         m = len(cache.provisional_ids)
         lo, hi = _seed_words(seed)
+        p_draft = _p_draft_for_js(p_draft_rows, cache.provisional_ids, self.vocab_size) if m and not greedy else None
         raw = await self.bridge.championRound(
-            _js_ints(feed), start, m, p_draft_rows if m and not greedy else None,
+            _js_ints(feed), start, m, p_draft,
             _js_ints(cache.tokens[:cache.n_committed]), _js_ints(cache.provisional_ids), _policy_json(policy),
             lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy))
         cache.mark_materialized(len(cache.tokens))
