@@ -67,10 +67,24 @@ def test_greedy_modes_are_identical_in_the_browser(runtime):
     assert n_checked == 2 * len(PROMPTS) and {"length", "stop"} <= endings
 
 
-def test_chat_prompt_ends_on_eos_identically(runtime):
-    r = {m: browser_ids(runtime, "Who was Moses?", max_new_tokens=48, temperature=0, speculate=m, k=4)
-         for m in ("none", "draft")}
-    assert r["none"]["token_ids"] == r["draft"]["token_ids"]
+def test_eos_endings_are_identical(runtime):
+    """A chat prompt (template, <|end|> stop id) and extra stop ids taken from the free answer:
+    every mode ends on the same EOS token at the same place."""
+    n_eos = 0
+    for prompt in PROMPTS[:6]:
+        free = browser_ids(runtime, prompt, max_new_tokens=16, temperature=0, speculate="none")
+        stop_id = free["token_ids"][6]
+        results = [browser_ids(runtime, prompt, max_new_tokens=16, temperature=0, speculate=m, k=4,
+                               stop_token_ids=[stop_id]) for m in ("none", "draft", "lookup")]
+        assert results[0]["finish_reason"] == "eos" and results[0]["token_ids"][-1] == stop_id
+        n_eos += 1
+        for r in results[1:]:
+            assert r["token_ids"] == results[0]["token_ids"] and r["finish_reason"] == "eos"
+    chat = [runtime.generate({"prompt": "Who was Moses?", "chat": True,
+                              "config": {"max_new_tokens": 24, "temperature": 0, "speculate": m, "k": 4}})["result"]
+            for m in ("none", "draft")]
+    assert chat[0]["token_ids"] == chat[1]["token_ids"] and chat[0]["prompt_ids"][-2:] == [5, 205]   # "<|assistant|>\n"
+    assert n_eos == 6
 
 
 def _reference_orchestrator():

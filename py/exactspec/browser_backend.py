@@ -159,7 +159,8 @@ def config_from_json(payload: dict, stop_token_ids) -> GenerationConfig:
                                 grammar=AllowedSetGrammar(c["allowed_token_ids"]) if c.get("allowed_token_ids") else None)
         return GenerationConfig(max_new_tokens=int(c.get("max_new_tokens", 64)), policy=policy,
                                 speculate=str(c.get("speculate", "draft")), k=int(c.get("k", 4)),
-                                seed=int(c.get("seed", 0)), stop_token_ids=tuple(stop_token_ids),
+                                seed=int(c.get("seed", 0)),
+                                stop_token_ids=tuple(stop_token_ids) + tuple(int(t) for t in c.get("stop_token_ids", ())),
                                 stop_strings=tuple(c.get("stop_strings", ())))
     except (TypeError, ValueError) as exc:
         raise ExactSpecError(E_BAD_ARGUMENT, f"bad generation config: {exc}") from None
