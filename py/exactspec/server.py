@@ -71,6 +71,17 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A page that closes mid-download (tests, a closed tab) is not a server error."""
+        import sys
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class StaticServer:
     """Serve `root` on host:port (port 0: ephemeral) from a daemon thread."""
 
@@ -78,8 +89,7 @@ class StaticServer:
         self.root = Path(root)
         handler_class = type("MountedHandler", (Handler,), {"mounts": dict(mounts or {})})
         handler = functools.partial(handler_class, directory=str(self.root))
-        self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _QuietServer((host, port), handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
