@@ -17,11 +17,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_generation_args(p):
-    models = None
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--champion", default=models, help="champion model directory (default: shipped)")
-    p.add_argument("--draft", default=models, help="draft model directory (default: shipped)")
+    p.add_argument("--champion", default=None, help="champion model directory (default: shipped)")
+    p.add_argument("--draft", default=None, help="draft model directory (default: shipped)")
     p.add_argument("--speculate", default="draft", choices=["none", "draft", "lookup"])
     p.add_argument("--k", type=int, default=4, help="proposals per round")
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
