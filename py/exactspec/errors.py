@@ -1,13 +1,29 @@
-"""Coded errors: every failure the engine reports carries a stable code and a message."""
+"""Coded errors: every failure the engine reports carries a stable code and a message.
+
+The one table of codes is the "errors" object of protocol.json; Python (here) and JS
+(web/protocol.mjs) both read it, and tests/test_protocol.py checks that the names below, the
+JSON table and every code raised anywhere in py/ and web/ agree.
+"""
 from __future__ import annotations
 
+import json
+import os
+
+with open(os.path.join(os.path.dirname(__file__), "protocol.json"), encoding="utf-8") as _f:
+    CODE_TABLE: dict = json.load(_f)["errors"]   # code -> one-line description
+
 # Stable codes. Never renumber or rename: receipts, the worker protocol and the CLI use them.
-E_BAD_ARGUMENT = "E_BAD_ARGUMENT"                    # caller passed an invalid option or value
+E_BAD_ARGUMENT = "E_BAD_ARGUMENT"                    # invalid option or value, or beyond a backend limit
+E_BUSY = "E_BUSY"                                    # a request is running and queueing was refused
 E_PROCESSOR_INVALID = "E_PROCESSOR_INVALID"          # processed distribution has NaN or no valid token
 E_TARGET_NUMERIC_OR_MASK = "E_TARGET_NUMERIC_OR_MASK"  # champion row invalid inside a round (fatal)
-E_RESIDUAL_INVARIANT = "E_RESIDUAL_INVARIANT"        # residual mass not finite or <= floor (fatal)
+E_RESIDUAL_INVARIANT = "E_RESIDUAL_INVARIANT"        # residual mass not finite or <= floor
 E_DRAFT_LOST = "E_DRAFT_LOST"                        # draft worker / backend failed
-E_DEVICE_LOST = "E_DEVICE_LOST"                      # GPU device lost
+E_DEVICE_LOST = "E_DEVICE_LOST"                      # GPU device / champion backend lost
+E_NO_WEBGPU = "E_NO_WEBGPU"                          # no WebGPU adapter or device
+E_SHADER = "E_SHADER"                                # shader compile / pipeline failure
+E_OUT_OF_MEMORY = "E_OUT_OF_MEMORY"                  # an allocation was refused
+E_TIMEOUT = "E_TIMEOUT"                              # an operation exceeded its time limit
 E_STALE_EPOCH = "E_STALE_EPOCH"                      # message from an old epoch
 E_CANCELLED = "E_CANCELLED"                          # request cancelled by the caller
 E_MODEL_LOAD = "E_MODEL_LOAD"                        # model or tokenizer file missing / malformed
@@ -15,8 +31,13 @@ E_MANIFEST_MISMATCH = "E_MANIFEST_MISMATCH"          # champion/draft pair incom
 E_CONTEXT_OVERFLOW = "E_CONTEXT_OVERFLOW"            # prompt + generation exceeds context limit
 E_CACHE_STATE = "E_CACHE_STATE"                      # cache transaction misuse (a bug, never user input)
 E_PROTOCOL = "E_PROTOCOL"                            # malformed worker message
+E_IO = "E_IO"                                        # file / pipe / socket failure
+E_TERMINATED = "E_TERMINATED"                        # engine terminated under a request
+E_INTERNAL = "E_INTERNAL"                            # unexpected failure (a bug), named in the message
 
 ALL_CODES = frozenset(v for k, v in dict(globals()).items() if k.startswith("E_"))
+if ALL_CODES != frozenset(CODE_TABLE):   # the names above and the one table must be the same set
+    raise ImportError(f"errors.py and protocol.json disagree: {sorted(ALL_CODES ^ frozenset(CODE_TABLE))}")
 
 
 class ExactSpecError(Exception):
