@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from exactspec import rng
+from exactspec.acceptance import decide_round
+from exactspec.deciders import RngDecider
 from exactspec.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
 
 # ---------------------------------------------------------------- Random123 known-answer tests
@@ -181,17 +183,53 @@ def test_gumbel_max_np_matches_scalar_random():
 
 
 # ---------------------------------------------------------------- addressing: k and domains
-def _round_draws(seed, round_id, k, vocab):
-    """What a speculative round with k proposals would draw: per position, draft row + accept uniform."""
-    return [([rng.draw_bits(seed, rng.DRAFT_SAMPLE, round_id, p, t) for t in range(vocab)],
-             rng.uniform_accept(seed, round_id, p)) for p in range(k)]
+class _RecordingDecider(RngDecider):
+    """RngDecider that logs every draw as (domain, round_id, position) -> outcome."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.log = {}
+
+    def bernoulli(self, probability, domain, round_id, position):
+        out = super().bernoulli(probability, domain, round_id, position)
+        self.log[(domain, round_id, position)] = out
+        return out
+
+    def categorical(self, weights, domain, round_id, position):
+        out = super().categorical(weights, domain, round_id, position)
+        self.log[(domain, round_id, position)] = out
+        return out
+
+
+def _speculative_round(seed, round_id, k, p_target_rows, p_draft_rows):
+    """Draft k proposals from p_draft_rows, then decide_round: -> (proposals, decision, draw log)."""
+    decider = _RecordingDecider(seed)
+    proposals = [decider.categorical(p_draft_rows[i], rng.DRAFT_SAMPLE, round_id, i) for i in range(k)]
+    decision = decide_round(p_target_rows[:k + 1], p_draft_rows[:k], proposals, decider, round_id,
+                            (), k + 1, greedy=False)
+    return proposals, decision, decider.log
 
 
 def test_changing_k_does_not_move_draws():
-    d2, d4 = _round_draws(123, 9, 2, 5), _round_draws(123, 9, 4, 5)
-    assert d4[:2] == d2
-    # and the correction draw at position k is addressed by position, not by how many were drawn before
-    assert rng.draw_bits(123, rng.CORRECTION_SAMPLE, 9, 2, 0) == rng.draw_bits(123, rng.CORRECTION_SAMPLE, 9, 2, 0)
+    """The same round drafted with k = 2 and k = 4 (same rows, seed, round): the first two
+    proposals and their accept draws are the same draws, and a rejection at position j < 2 is
+    corrected with the same draw (CORRECTION_SAMPLE is addressed by j, not by k or draw count)."""
+    gen = np.random.default_rng(8)
+    n_early_rejections = 0
+    for seed in range(40):
+        p_target_rows = gen.dirichlet(np.ones(5), size=5)                # (k + 1, V) for k = 4
+        p_draft_rows = gen.dirichlet(np.ones(5), size=4)                 # (k, V)
+        prop2, dec2, log2 = _speculative_round(seed, 9, 2, p_target_rows, p_draft_rows)
+        prop4, dec4, log4 = _speculative_round(seed, 9, 4, p_target_rows, p_draft_rows)
+        assert prop4[:2] == prop2, seed
+        early = (rng.DRAFT_SAMPLE, rng.ACCEPT_UNIFORM)
+        assert {a: out for a, out in log4.items() if a[0] in early and a[2] < 2} == \
+            {a: out for a, out in log2.items() if a[0] in early}, seed
+        if dec4.rejected_at is not None and dec4.rejected_at < 2:
+            n_early_rejections += 1
+            assert (dec2.n_accepted, dec2.rejected_at, dec2.next_token) == \
+                (dec4.n_accepted, dec4.rejected_at, dec4.next_token), seed
+    assert n_early_rejections >= 10           # the correction check is not vacuous
 
 
 def test_domains_rounds_seeds_give_different_streams():
