@@ -8,12 +8,9 @@ import struct
 
 import pytest
 
-tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-
-from exactspec.errors import E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError  # noqa: E402
-from exactspec.manifest import MAY_DIFFER, MUST_MATCH, check_pair, load_model_identity  # noqa: E402
-from exactspec.safetensors import write_safetensors  # noqa: E402
+from exactspec.errors import E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
+from exactspec.manifest import MAY_DIFFER, MUST_MATCH, check_pair, load_model_identity
+from exactspec.safetensors import write_safetensors
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
@@ -24,6 +21,8 @@ TEXT = ("The quick brown fox jumps over the lazy dog. It's a test, isn't it? "
 
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory) -> str:
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
     tok = tokenizers.Tokenizer(models.BPE(dropout=None, unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -40,6 +39,7 @@ def make_model_dir(root, name: str, tokenizer_json: str, seed: int = 0, **config
     d = os.path.join(str(root), name)
     os.makedirs(d)
     shutil.copy(tokenizer_json, os.path.join(d, "tokenizer.json"))
+    import tokenizers
     vocab = tokenizers.Tokenizer.from_file(tokenizer_json).get_vocab_size()
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
               "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,

@@ -179,11 +179,9 @@ def test_batch_and_argmax():
 
 
 # ---------------------------------------------------------------- equivalence with Hugging Face warpers
-torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.generation.logits_process")
-
-
 def hf_probs(logits, context, temperature, top_k, top_p, penalty):
+    import torch
+    from transformers.generation import logits_process as hf
     scores = torch.tensor(logits, dtype=torch.float64)[None, :]             # (1, V)
     ids = torch.tensor([list(context)], dtype=torch.long)                   # (1, L)
     chain = [hf.RepetitionPenaltyLogitsProcessor(penalty=float(penalty))]
