@@ -523,7 +523,9 @@ class _Matcher:
         for lst in self.by_first.values():
             lst.sort(key=lambda x: -len(x[0]))    # stable: first declared wins on equal length
 
-    def split(self, s: str) -> list[tuple[str, AddedToken | None]]:
+    def split(self, s: str, split_special_tokens: bool = False) -> list[tuple[str, AddedToken | None]]:
+        """With split_special_tokens, a matched *special* token is not taken: its text stays
+        plain text (tokenizers' encode_special_tokens; the match still consumes its span)."""
         if not self.by_first or not s:
             return [(s, None)]
         by_first = self.by_first
@@ -545,6 +547,8 @@ class _Matcher:
             pat, tok = hit
             start, stop = i, i + len(pat)
             i = stop                                   # matches never overlap
+            if split_special_tokens and tok.special:
+                continue
             if tok.single_word:
                 start_space = start == 0 or not is_word_char(s[start - 1])
                 stop_space = stop == n or not is_word_char(s[stop])
@@ -661,7 +665,12 @@ class Tokenizer:
 
     # -- encode ---------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+        """add_special_tokens: apply the post-processor (e.g. prepend BOS).
+        split_special_tokens: special added tokens written in `text` are NOT recognised and are
+        tokenized as plain text (HF tokenizers' `encode_special_tokens = True`, transformers'
+        `split_special_tokens=True`); non-special added tokens still match. Use it for untrusted
+        text, so it cannot forge control tokens such as chat turn markers."""
         if not isinstance(text, str):
             raise ExactSpecError(E_BAD_ARGUMENT, "encode expects a str")
         try:
@@ -669,13 +678,13 @@ class Tokenizer:
         except UnicodeEncodeError as e:
             raise ExactSpecError(E_BAD_ARGUMENT, f"text has a lone surrogate at index {e.start}") from None
         ids: list[int] = []
-        for piece, tok in self._raw_matcher.split(text):
+        for piece, tok in self._raw_matcher.split(text, split_special_tokens):
             if tok is not None:
                 ids.append(tok.id)
                 continue
             if self.normalize is not None:
                 piece = self.normalize(piece)
-            for sub, ntok in self._norm_matcher.split(piece):
+            for sub, ntok in self._norm_matcher.split(piece, split_special_tokens):
                 if ntok is not None:
                     ids.append(ntok.id)
                 elif sub:
