@@ -93,18 +93,19 @@ def test_mismatched_pair_is_refused(tmp_path):
 
 def test_chat_template_renders_like_transformers():
     from transformers import AutoTokenizer
-    from exactspec.chat import check_template, render_chat
+    from exactspec.chat import check_template, encode_chat_prompt, render_chat
     from exactspec.tokenizer import Tokenizer
     hf = AutoTokenizer.from_pretrained(CHAMPION)
     config = json.loads(open(os.path.join(CHAMPION, "tokenizer_config.json")).read())
     check_template(config["chat_template"])
     tok = Tokenizer.from_file(os.path.join(CHAMPION, "tokenizer.json"))
-    for messages in ([{"role": "user", "content": "Who was Moses?"}],
+    for messages in ([{"role": "user", "content": "Who was Moses?"}], [{"role": "user", "content": "  \n\tx  "}],
                      [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                       {"role": "assistant", "content": "Hail!"}, {"role": "user", "content": "And then?"}]):
         for gen in (True, False):
             want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
             got = render_chat(messages, config["bos_token"], add_generation_prompt=gen)
             assert got == want
-            assert tok.encode(got, add_special_tokens=False) == hf.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=gen, return_dict=False)
+            want_ids = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen, return_dict=False)
+            assert tok.encode(got, add_special_tokens=False) == want_ids
+            assert encode_chat_prompt(tok, config, messages, add_generation_prompt=gen) == want_ids
