@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 from .backends import RunnerChampion, RunnerDraft
+from .config import MAX_CONFIG_BYTES, read_json_file, read_regular_file
 from .errors import E_MODEL_LOAD, ExactSpecError
 from .orchestrator import Orchestrator
-from .tokenizer import Tokenizer
+from .tokenizer import MAX_TOKENIZER_BYTES, Tokenizer
 
 
 def default_models_dir() -> str:
@@ -22,14 +22,15 @@ def default_models_dir() -> str:
     return os.path.normpath(os.path.join(here, "..", "..", "web", "models"))
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: file not found") from None
-    except (OSError, ValueError) as exc:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: not readable JSON ({exc})") from None
+MAX_TOKENIZER_CONFIG_BYTES = 1 << 24   # tokenizer_config.json: chat templates, added tokens
+
+
+def _read_json(path: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict:
+    """A JSON object from a regular file, bounded in size and depth (exactspec.config)."""
+    value = read_json_file(path, max_bytes=max_bytes)
+    if not isinstance(value, dict):
+        raise ExactSpecError(E_MODEL_LOAD, f"{path}: not a JSON object")
+    return value
 
 
 @dataclass
@@ -47,7 +48,8 @@ def stop_ids_from(model_dir: str) -> tuple:
     return tuple(eos if isinstance(eos, list) else [eos])
 
 
-def load_pair(champion_dir: str, draft_dir: Optional[str] = None) -> LoadedPair:
+def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weights: str = "f32") -> LoadedPair:
+    """champion_weights: "f32" (model.safetensors) or "q8" (model.q8.safetensors, what the browser runs)."""
     from .reference_llama import LlamaReference  # numpy: CPython only
     manifest = None
     if draft_dir is not None:
@@ -55,11 +57,11 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None) -> LoadedPair:
         manifest = check_pair(champion_dir, draft_dir)
     tok_path = os.path.join(champion_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_file(tok_path)
-    tok_config = _read_json(os.path.join(champion_dir, "tokenizer_config.json"))
-    champion = LlamaReference.from_dir(champion_dir)
+    tok_config = _read_json(os.path.join(champion_dir, "tokenizer_config.json"), MAX_TOKENIZER_CONFIG_BYTES)
+    champion = LlamaReference.from_dir(champion_dir, weights=champion_weights)
     draft = LlamaReference.from_dir(draft_dir) if draft_dir is not None else None
-    with open(tok_path, "rb") as f:
-        tokenizer_hash = hashlib.sha256(f.read()).hexdigest()   # same bytes the browser hashes
+    tok_bytes = read_regular_file(tok_path, max_bytes=MAX_TOKENIZER_BYTES)
+    tokenizer_hash = hashlib.sha256(tok_bytes).hexdigest()   # same bytes the browser hashes
     identities = {"tokenizer": tokenizer_hash,
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

@@ -14,14 +14,14 @@ start_pos on the next call. See docs/reference_model.md for tolerances and speed
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Sequence
 
 import numpy as np
 
 from .errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
-from .safetensors import load_safetensors
+from .config import open_regular_file, read_json_file, validate_config
+from .safetensors import load_safetensors, read_header
 
 # Agreement the tests demand (tests/test_reference_llama.py; docs/reference_model.md explains).
 REFERENCE_TOLERANCES = {
@@ -99,66 +99,17 @@ def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _rope_theta(config: dict, path: str) -> float:
-    """rope_theta from either the legacy keys (rope_theta/rope_scaling) or rope_parameters."""
-    params = config.get("rope_parameters")
-    scaling = config.get("rope_scaling")
-    if isinstance(params, dict):
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise _load_error(f"{path}: rope_type {rope_type!r} is not supported "
-                              "(only default RoPE)", field="rope_parameters")
-        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    else:
-        theta = config.get("rope_theta", 10000.0)
-    if scaling is not None:
-        scaling_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-        if scaling_type != "default":
-            raise _load_error(f"{path}: rope_scaling {scaling!r} is not supported "
-                              "(only rope_scaling null)", field="rope_scaling")
-    return float(theta)
-
-
 def _parse_config(config: dict, path: str) -> dict:
-    """Validate config.json and return the derived hyper-parameters the forward pass uses."""
-    model_type = config.get("model_type", "llama")
-    if model_type != "llama":
-        raise _load_error(f"{path}: model_type {model_type!r} is not 'llama'", field="model_type")
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise _load_error(f"{path}: hidden_act {act!r} is not supported (only silu)", field="hidden_act")
-    for flag in ("attention_bias", "mlp_bias"):
-        if config.get(flag):
-            raise _load_error(f"{path}: {flag}=true is not supported", field=flag)
-    try:
-        hidden = int(config["hidden_size"])
-        n_heads = int(config["num_attention_heads"])
-        hp = {
-            "vocab_size": int(config["vocab_size"]),
-            "hidden_size": hidden,
-            "intermediate_size": int(config["intermediate_size"]),
-            "num_layers": int(config["num_hidden_layers"]),
-            "num_heads": n_heads,
-            "num_kv_heads": int(config.get("num_key_value_heads") or n_heads),
-            "head_dim": int(config.get("head_dim") or hidden // n_heads),
-            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
-            "max_context": int(config["max_position_embeddings"]),
-            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
-        }
-    except KeyError as exc:
-        raise _load_error(f"{path}: missing config field {exc.args[0]!r}", field=exc.args[0]) from None
-    except (TypeError, ValueError) as exc:
-        raise _load_error(f"{path}: malformed config field ({exc})") from None
-    hp["rope_theta"] = _rope_theta(config, path)
-    if hp["num_heads"] % hp["num_kv_heads"] != 0:
-        raise _load_error(f"{path}: num_attention_heads {hp['num_heads']} is not a multiple of "
-                          f"num_key_value_heads {hp['num_kv_heads']}", field="num_key_value_heads")
-    if hp["head_dim"] % 2 != 0:
-        raise _load_error(f"{path}: head_dim {hp['head_dim']} must be even for RoPE", field="head_dim")
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "max_context"):
-        if hp[key] <= 0:
-            raise _load_error(f"{path}: {key} must be positive, got {hp[key]}", field=key)
-    return hp
+    """Validate config.json (exactspec.config, shared with the browser) and return the derived
+    hyper-parameters the forward pass uses."""
+    c = validate_config(config, source=path)
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
+        "num_kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
+        "max_context": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings,
+        "rope_theta": c.rope_theta,
+    }
 
 
 def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
@@ -185,9 +136,61 @@ def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
+    """Tensor names, dtypes and shapes against the config, before any tensor byte is read.
+
+    entries: name -> {"dtype", "shape"} (a safetensors header). With quantised=True a tensor
+    may instead be stored as ``<n>.q8`` (I8, its shape) plus ``<n>.scale`` (float, (rows,))."""
+    expected = _expected_shapes(hp)
+    stored: dict[str, str] = {}   # base name -> the entry that provides it
+
+    def refuse(message: str, name: str):
+        raise _load_error(f"{path}: {message}", tensor=name, file=path)
+
+    for name, info in entries.items():
+        dtype, shape = str(info["dtype"]).upper(), tuple(int(d) for d in info["shape"])
+        if name.endswith(".bias"):
+            refuse(f"bias tensor {name!r} is not supported", name)
+        base, form = name, "float"
+        if quantised and name.endswith(".q8"):
+            base, form = name[:-3], "q8"
+        elif quantised and name.endswith(".scale") and name[:-6] + ".q8" in entries:
+            base, form = name[:-6], "scale"
+        want = expected.get(base)
+        if want is None and base == "lm_head.weight" and hp["tie_word_embeddings"]:
+            want = (hp["vocab_size"], hp["hidden_size"])  # a tied checkpoint may still carry a copy
+        if want is None:
+            if name.endswith(_IGNORED_SUFFIXES) and len(shape) == 1 and shape[0] <= hp["head_dim"]:
+                continue
+            refuse(f"unexpected tensor {name!r}", name)
+        if form == "q8":
+            want_dtype, want_shape = ("I8",), want
+            if len(want) != 2:
+                refuse(f"tensor {name!r} must be 2-D I8", name)
+            if base + ".scale" not in entries:
+                refuse(f"{name!r} has no {base + '.scale'!r}", name)
+        else:
+            want_dtype, want_shape = _FLOAT_DTYPES, (want if form == "float" else want[:1])
+        if dtype not in want_dtype:
+            refuse(f"tensor {name!r} has dtype {dtype}, expected one of {', '.join(want_dtype)}", name)
+        if shape != want_shape:
+            refuse(f"tensor {name!r} has shape {shape}, expected {want_shape}", name)
+        if form != "scale":
+            if base in stored:
+                refuse(f"tensor {base!r} is stored twice ({stored[base]!r} and {name!r})", name)
+            stored[base] = name
+    for name in expected:
+        if name not in stored:
+            refuse(f"missing tensor {name!r}", name)
+
+
 def _sha256_file(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    fh, _ = open_regular_file(path)
+    with fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -260,22 +263,12 @@ class LlamaReference:
         model_dir = os.fspath(model_dir)
         config_path = os.path.join(model_dir, CONFIG_FILE)
         weights_path = os.path.join(model_dir, WEIGHTS_FILE if weights == "f32" else Q8_WEIGHTS_FILE)
-        for p in (config_path, weights_path):
-            if not os.path.isfile(p):
-                raise _load_error(f"model file not found: {p}", file=p)
-        try:
-            with open(config_path, "r", encoding="utf-8") as fh:
-                config = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise _load_error(f"cannot read {config_path}: {exc}", file=config_path) from None
-        if not isinstance(config, dict):
-            raise _load_error(f"{config_path} is not a JSON object", file=config_path)
-        try:
-            raw = load_safetensors(weights_path)
-        except ExactSpecError:
-            raise
-        except Exception as exc:  # the reader's own failure, re-coded for callers
-            raise _load_error(f"cannot read {weights_path}: {exc}", file=weights_path) from None
+        # Config first (bounded JSON, every size checked), then the weights header against it:
+        # nothing is sized from the files and no tensor byte is read until both agree.
+        config = read_json_file(config_path)
+        hp = _parse_config(config, config_path)
+        _check_header(read_header(weights_path)[0], hp, weights_path, quantised=weights == "q8")
+        raw = load_safetensors(weights_path)
         if weights == "q8":
             tensors = _dequantise_q8(raw, weights_path)
         else:
@@ -284,21 +277,8 @@ class LlamaReference:
 
     def _load_weights(self, tensors: dict[str, np.ndarray], source: str) -> None:
         hp = self._hp
-        expected = _expected_shapes(hp)
-        for name in tensors:
-            if name.endswith(".bias"):
-                raise _load_error(f"{source}: bias tensor {name!r} is not supported", tensor=name, file=source)
-            if name not in expected and not name.endswith(_IGNORED_SUFFIXES):
-                if name == "lm_head.weight":
-                    continue  # tied checkpoints may still carry a copy; HF ties it to embed_tokens
-                raise _load_error(f"{source}: unexpected tensor {name!r}", tensor=name, file=source)
-        for name, shape in expected.items():
-            if name not in tensors:
-                raise _load_error(f"{source}: missing tensor {name!r}", tensor=name, file=source)
-            got = tuple(tensors[name].shape)
-            if got != shape:
-                raise _load_error(f"{source}: tensor {name!r} has shape {got}, expected {shape}",
-                                  tensor=name, file=source)
+        _check_header({name: {"dtype": "F32", "shape": t.shape} for name, t in tensors.items()},
+                      hp, source, quantised=False)
 
         def w64(name: str) -> np.ndarray:
             return np.asarray(tensors[name], dtype=np.float32).astype(np.float64)

@@ -6,7 +6,9 @@ buffer. Offsets are relative to the buffer. The reader refuses, with E_MODEL_LOA
 file and the problem, everything the format forbids: a short file, an absurd header length,
 a header that is not a UTF-8 JSON object, a malformed entry, an unknown dtype, offsets out of
 bounds or reversed, a byte length that disagrees with the shape, and overlaps, gaps or
-trailing bytes (the tensors must tile the data buffer exactly).
+trailing bytes (the tensors must tile the data buffer exactly). Only regular files are opened
+(a FIFO or device is refused without blocking); the 8-byte length and the header are read and
+checked against the file size before a single tensor byte is read.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import math
 import struct
 from dataclasses import dataclass
 
+from .config import open_regular_file, read_exact
 from .errors import E_BAD_ARGUMENT, E_MODEL_LOAD, ExactSpecError
 
 MAX_HEADER_BYTES = 100_000_000          # the limit the reference implementation enforces
@@ -54,14 +57,6 @@ def _fail(path, problem: str):
     raise ExactSpecError(E_MODEL_LOAD, f"safetensors file {path}: {problem}", path=str(path))
 
 
-def _read_bytes(path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        _fail(path, f"cannot read ({e.strerror or e})")
-
-
 def _no_duplicate_keys(pairs):
     out = {}
     for k, v in pairs:
@@ -71,26 +66,32 @@ def _no_duplicate_keys(pairs):
     return out
 
 
-def parse_header(buf, path="<bytes>") -> tuple[dict, dict, int]:
-    """Validate a whole file image. Returns (entries, metadata, data_start) where entries maps
-    name -> (dtype, shape, begin, end) with offsets relative to the data buffer."""
-    size = len(buf)
-    if size < 8:
-        _fail(path, f"file is {size} bytes, shorter than the 8-byte header length")
-    (n,) = struct.unpack_from("<Q", buf, 0)
+def header_length(prefix, file_size: int, path="<bytes>") -> int:
+    """N from the first 8 bytes, refused unless 8 + N fits the file and N <= MAX_HEADER_BYTES."""
+    if file_size < 8 or len(prefix) < 8:
+        _fail(path, f"file is {file_size} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack_from("<Q", prefix, 0)
     if n > MAX_HEADER_BYTES:
         _fail(path, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
-    if 8 + n > size:
-        _fail(path, f"header length {n} exceeds the file size {size} - 8")
-    raw = bytes(buf[8:8 + n])
+    if 8 + n > file_size:
+        _fail(path, f"header length {n} exceeds the file size {file_size} - 8")
+    return n
+
+
+def parse_header_json(raw, data_len: int, path="<bytes>") -> tuple[dict, dict]:
+    """Validate the N header bytes against a data buffer of data_len bytes. Returns
+    (entries, metadata); entries maps name -> (dtype, shape, begin, end), offsets relative to
+    the data buffer, and the entries tile [0, data_len) exactly."""
     try:
-        text = raw.decode("utf-8")
+        text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
         _fail(path, f"header is not UTF-8 ({e.reason} at byte {e.start})")
     if not text.startswith("{"):
         _fail(path, "header does not start with '{' (not a JSON object)")
     try:
         header = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:   # nesting deeper than the interpreter's recursion limit
+        _fail(path, "header JSON nests too deep")
     except ValueError as e:
         _fail(path, f"header is not valid JSON ({e})")
     if not isinstance(header, dict):
@@ -103,7 +104,6 @@ def parse_header(buf, path="<bytes>") -> tuple[dict, dict, int]:
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         _fail(path, "__metadata__ is not an object of string values")
 
-    data_len = size - 8 - n
     entries = {}
     for name, info in header.items():
         where = f"tensor {name!r}"
@@ -144,24 +144,42 @@ def parse_header(buf, path="<bytes>") -> tuple[dict, dict, int]:
         cursor = end
     if cursor != data_len:
         _fail(path, f"{data_len - cursor} trailing bytes after the last tensor (data buffer {data_len}, covered {cursor})")
+    return entries, metadata
+
+
+def parse_header(buf, path="<bytes>") -> tuple[dict, dict, int]:
+    """Validate a whole file image. Returns (entries, metadata, data_start) as parse_header_json."""
+    n = header_length(buf[:8], len(buf), path)
+    entries, metadata = parse_header_json(buf[8:8 + n], len(buf) - 8 - n, path)
+    return entries, metadata, 8 + n
+
+
+def _read_validated_header(f, size: int, path) -> tuple[dict, dict, int]:
+    """Read only the 8 + N header bytes of an open file and validate them against its size."""
+    n = header_length(read_exact(f, min(size, 8), path), size, path)
+    entries, metadata = parse_header_json(read_exact(f, n, path), size - 8 - n, path)
     return entries, metadata, 8 + n
 
 
 def read_header(path) -> tuple[dict, dict]:
-    """(entries, metadata) of a validated file; entries: name -> {dtype, shape, data_offsets}."""
-    entries, metadata, _ = parse_header(_read_bytes(path), path)
+    """(entries, metadata) of a validated file; entries: name -> {dtype, shape, data_offsets}.
+    Reads the 8 + N header bytes only, never the tensor data."""
+    f, size = open_regular_file(path)
+    with f:
+        entries, metadata, _ = _read_validated_header(f, size, path)
     return ({k: {"dtype": d, "shape": list(s), "data_offsets": [b, e]} for k, (d, s, b, e) in entries.items()},
             metadata)
 
 
 def load_safetensors(path, with_metadata: bool = False):
-    """name -> Tensor (data views one in-memory copy of the file). With with_metadata=True,
-    returns (tensors, metadata)."""
-    buf = _read_bytes(path)
-    entries, metadata, start = parse_header(buf, path)
-    view = memoryview(buf)
-    tensors = {name: Tensor(name, dtype, shape, view[start + b:start + e])
-               for name, (dtype, shape, b, e) in entries.items()}
+    """name -> Tensor (data views one in-memory copy of the data buffer). With
+    with_metadata=True, returns (tensors, metadata). The header is validated against the file
+    size first; then exactly the declared data buffer is read, nothing past it."""
+    f, size = open_regular_file(path)
+    with f:
+        entries, metadata, start = _read_validated_header(f, size, path)
+        view = memoryview(read_exact(f, size - start, path))
+    tensors = {name: Tensor(name, dtype, shape, view[b:e]) for name, (dtype, shape, b, e) in entries.items()}
     return (tensors, metadata) if with_metadata else tensors
 
 

@@ -20,7 +20,10 @@ import heapq
 import json
 import unicodedata
 
+from .config import read_regular_file
 from .errors import E_BAD_ARGUMENT, E_MODEL_LOAD, ExactSpecError
+
+MAX_TOKENIZER_BYTES = 1 << 28   # tokenizer.json: the largest real ones are tens of MB
 
 # ---------------------------------------------------------------------------------------------
 # Byte <-> printable unicode (GPT-2): printable Latin-1 bytes map to themselves, the other 68
@@ -640,12 +643,9 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path) -> "Tokenizer":
+        raw = read_regular_file(path, max_bytes=MAX_TOKENIZER_BYTES)   # no FIFO, device or giant file
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
             text = raw.decode("utf-8")
-        except OSError as e:
-            raise ExactSpecError(E_MODEL_LOAD, f"cannot read tokenizer {path}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
             raise ExactSpecError(E_MODEL_LOAD, f"tokenizer {path} is not UTF-8: {e}") from None
         try:
