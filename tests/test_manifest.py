@@ -5,11 +5,14 @@ import json
 import os
 import shutil
 import struct
+import sys
 
 import pytest
 
-from exactspec.errors import E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
-from exactspec.manifest import MAY_DIFFER, MUST_MATCH, check_pair, load_model_identity
+from exactspec.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
+from exactspec.manifest import (MAY_DIFFER, MUST_MATCH, check_pair, check_pair_identities, check_run_artifact,
+                                check_served_files, check_served_pair, check_weights_metadata, listed_files,
+                                load_model_identity, model_identity_from_files, run_artifact, sha256_bytes)
 from exactspec.safetensors import write_safetensors
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -91,7 +94,9 @@ def test_identical_token_language_is_accepted(pair_dirs):
     assert manifest["shared"]["stop_token_ids"] == [1, 6]
     assert (manifest["shared"]["bos_token_id"], manifest["shared"]["eos_token_id"],
             manifest["shared"]["pad_token_id"]) == (0, 1, 2)
-    assert manifest["differs"] == ["weights_sha256"]        # different weights, same shapes
+    assert manifest["differs"] == ["weights_sha256", "run_weights_sha256"]   # other weights, same shapes
+    assert manifest["champion"]["run_weights_file"] == "model.safetensors"
+    assert manifest["champion"]["quantization"] == "f32"
     json.dumps(manifest)                                    # serialisable as it is
 
 
@@ -104,7 +109,8 @@ def test_sizes_context_and_rope_may_differ(tmp_path, tokenizer_json):
     _edit(os.path.join(draft, "tokenizer_config.json"), lambda c: c.update(model_max_length=32))
     manifest = check_pair(champion, draft)
     assert set(manifest["differs"]) == {
-        "weights_sha256", "weights_bytes", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "weights_sha256", "weights_bytes", "run_weights_sha256", "run_weights_bytes", "hidden_size",
+        "num_hidden_layers", "num_attention_heads",
         "intermediate_size", "max_position_embeddings", "model_max_length", "rope_theta", "rope_scaling",
         "tie_word_embeddings"}
     assert manifest["draft"]["rope_theta"] == 500000.0 and set(manifest["draft"]) == set(MAY_DIFFER)
@@ -260,12 +266,303 @@ def test_merge_format_does_not_change_the_merges_identity(pair_dirs):
     assert a["merges_sha256"] == b["merges_sha256"] and a["tokenizer_sha256"] != b["tokenizer_sha256"]
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.path.join(ROOT, "web", "models")
+
+
 def test_shipped_pair_is_compatible():
-    models_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "web", "models")
-    champion, draft = os.path.join(models_dir, "champion"), os.path.join(models_dir, "draft")
+    champion, draft = os.path.join(MODELS_DIR, "champion"), os.path.join(MODELS_DIR, "draft")
     manifest = check_pair(champion, draft)
     shared = manifest["shared"]
     assert shared["tokenizer_vocab_size"] == shared["config_vocab_size"] == 4096
     assert (shared["bos_token_id"], shared["eos_token_id"], shared["pad_token_id"]) == (0, 1, 2)
     assert shared["stop_token_ids"] == [1, 6]
     assert "weights_sha256" in manifest["differs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# In memory (the browser's path): identities from bytes and digests, served files
+# ---------------------------------------------------------------------------------------------
+
+IDENTITY_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+
+
+def _read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """role -> (identity file bytes, digests of every shipped file) of web/models, as a browser
+    would have them after fetching and hashing; and the committed manifest.json."""
+    out = {}
+    for role in ("champion", "draft"):
+        d = os.path.join(MODELS_DIR, role)
+        served = {}
+        for name in sorted(os.listdir(d)):
+            data = _read(os.path.join(d, name))
+            served[name] = (sha256_bytes(data), len(data))
+        out[role] = ({name: _read(os.path.join(d, name)) for name in IDENTITY_FILES}, served)
+    with open(os.path.join(MODELS_DIR, "manifest.json"), encoding="utf-8") as f:
+        return out, json.load(f)
+
+
+def _without_dir(identity: dict) -> dict:
+    return {k: v for k, v in identity.items() if k != "model_dir"}
+
+
+@pytest.mark.parametrize("run_weights", ["model.safetensors", "model.q8.safetensors"])
+@pytest.mark.parametrize("role", ["champion", "draft"])
+def test_in_memory_identity_equals_the_directory_identity(shipped, role, run_weights):
+    (files, served), _ = shipped[0][role], shipped[1]
+    d = os.path.join(MODELS_DIR, role)
+    from_dir = load_model_identity(d, run_weights=run_weights)
+    weights = {name: served[name] for name in ("model.safetensors", run_weights)}
+    from_memory = model_identity_from_files(files, weights, source=role, run_weights=run_weights)
+    assert "model_dir" not in from_memory and from_dir["model_dir"] == os.path.abspath(d)
+    assert from_memory == _without_dir(from_dir)
+    assert set(from_memory) == set(MUST_MATCH) | set(MAY_DIFFER)
+    assert from_memory["run_weights_sha256"] == served[run_weights][0]
+    assert from_memory["quantization"] == {"model.safetensors": "f32", "model.q8.safetensors": "q8-sym-row-v1"}[run_weights]
+
+
+def test_weights_sha256_is_none_when_only_the_run_artifact_was_fetched(shipped):
+    files, served = shipped[0]["champion"]
+    ident = model_identity_from_files(files, {"model.q8.safetensors": served["model.q8.safetensors"]},
+                                      source="champion")
+    assert ident["weights_sha256"] is None and ident["weights_bytes"] is None
+    assert ident["run_weights_file"] == "model.q8.safetensors" and ident["quantization"] == "q8-sym-row-v1"
+
+
+def test_the_shipped_pair_passes_the_whole_browser_check(shipped):
+    (roles, manifest) = shipped
+    pair = check_served_pair(manifest, *roles["champion"], *roles["draft"])
+    assert pair["champion"]["run_weights_file"] == "model.q8.safetensors"
+    assert pair["champion"]["quantization"] == "q8-sym-row-v1"
+    assert pair["champion"]["run_weights_sha256"] == manifest["models"]["champion"]["run_artifact"]["sha256"]
+    assert pair["draft"]["run_weights_file"] == "model.safetensors" and pair["draft"]["quantization"] == "f32"
+    assert pair["shared"]["stop_token_ids"] == [1, 6]
+    json.dumps(pair)
+
+
+def _tokenizer_without_last_merge(raw: bytes) -> bytes:
+    spec = json.loads(raw)
+    spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    return json.dumps(spec).encode()
+
+
+def _other_eos(raw: bytes) -> bytes:
+    config = json.loads(raw)
+    config["eos_token"] = "<|end|>"
+    return json.dumps(config).encode()
+
+
+def _manifest_for(roles: dict) -> dict:
+    """A web/models/manifest.json that lists exactly these served digests (a deployment whose
+    files are intact but whose pair is incompatible)."""
+    files = [{"path": f"{role}/{name}", "sha256": sha, "bytes": n}
+             for role, (_, served) in roles.items() for name, (sha, n) in sorted(served.items())]
+    models = {}
+    for role, (_, served) in roles.items():
+        name = "model.q8.safetensors" if role == "champion" else "model.safetensors"
+        models[role] = {"dir": role, "run_artifact": {"file": name, "sha256": served[name][0], "bytes": served[name][1],
+                                                      "quantization": "q8-sym-row-v1" if role == "champion" else "f32"}}
+    return {"version": 2, "total_bytes": sum(f["bytes"] for f in files), "files": files, "models": models}
+
+
+@pytest.mark.parametrize("field, name, mutate", [
+    ("merges_sha256", "tokenizer.json", _tokenizer_without_last_merge),
+    ("eos_token_id", "tokenizer_config.json", _other_eos),
+])
+def test_an_incompatible_draft_is_refused_in_memory_naming_the_field(shipped, field, name, mutate):
+    roles = {role: (dict(files), dict(served)) for role, (files, served) in shipped[0].items()}
+    draft_files, draft_served = roles["draft"]
+    draft_files[name] = mutate(draft_files[name])
+    draft_served[name] = (sha256_bytes(draft_files[name]), len(draft_files[name]))
+    champion = model_identity_from_files(*roles["champion"], source="champion")
+    draft = model_identity_from_files(draft_files, draft_served, source="draft", run_weights="model.safetensors")
+    for refuse in (lambda: check_pair_identities(champion, draft),
+                   lambda: check_served_pair(_manifest_for(roles), *roles["champion"], *roles["draft"])):
+        with pytest.raises(ExactSpecError) as err:
+            refuse()
+        assert err.value.code == E_MANIFEST_MISMATCH
+        assert f"field {field!r} differs" in err.value.message and field in err.value.detail["fields"]
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.q8.safetensors", "config.json"])
+def test_a_served_file_with_one_byte_changed_is_refused_naming_it(shipped, name):
+    roles, manifest = shipped
+    data = bytearray(_read(os.path.join(MODELS_DIR, "champion", name)))
+    data[len(data) // 2] ^= 0x01
+    served = dict(roles["champion"][1], **{name: (sha256_bytes(bytes(data)), len(data))})
+    with pytest.raises(ExactSpecError) as err:
+        check_served_files(manifest, "champion", served)
+    assert err.value.code == E_MANIFEST_MISMATCH
+    assert err.value.message.startswith(f"champion/{name}: sha256 differs from web/models/manifest.json")
+    assert err.value.detail["files"] == [f"champion/{name}"]
+    check_served_files(manifest, "champion", roles["champion"][1])          # the intact files pass
+
+
+def test_a_served_file_of_another_size_is_refused(shipped):
+    roles, manifest = shipped
+    sha, n = roles["draft"][1]["config.json"]
+    with pytest.raises(ExactSpecError) as err:
+        check_served_files(manifest, "draft", {"config.json": (sha, n + 1)})
+    assert err.value.code == E_MANIFEST_MISMATCH and "draft/config.json: size differs" in err.value.message
+
+
+def test_a_served_file_the_manifest_lacks_is_refused(shipped):
+    roles, manifest = shipped
+    served = dict(roles["draft"][1], **{"chat_template.jinja": (sha256_bytes(b"{{ x }}"), 7)})
+    with pytest.raises(ExactSpecError) as err:
+        check_served_files(manifest, "draft", served)
+    assert err.value.code == E_MANIFEST_MISMATCH
+    assert err.value.message == "draft/chat_template.jinja: not listed in web/models/manifest.json"
+
+
+def test_every_bad_served_file_is_named_at_once(shipped):
+    roles, manifest = shipped
+    served = {"config.json": roles["champion"][1]["tokenizer.json"], "extra.bin": (sha256_bytes(b""), 0)}
+    with pytest.raises(ExactSpecError) as err:
+        check_served_files(manifest, "champion", served)
+    assert err.value.detail["files"] == ["champion/config.json", "champion/extra.bin"]
+
+
+def test_the_run_artifact_is_bound_by_file_hash_and_size(shipped):
+    roles, manifest = shipped
+    q8 = roles["champion"][1]["model.q8.safetensors"]
+    assert check_run_artifact(manifest, "champion", "model.q8.safetensors", *q8) == "q8-sym-row-v1"
+    assert run_artifact(manifest, "champion")["file"] == "model.q8.safetensors"
+    refusals = [
+        (("model.safetensors", *roles["champion"][1]["model.safetensors"]), "champion runs champion/model.safetensors"),
+        (("model.q8.safetensors", roles["draft"][1]["model.q8.safetensors"][0], q8[1]), "run artifact differs"),
+        (("model.q8.safetensors", q8[0], q8[1] - 1), "run artifact differs"),
+    ]
+    for args, needle in refusals:
+        with pytest.raises(ExactSpecError) as err:
+            check_run_artifact(manifest, "champion", *args)
+        assert err.value.code == E_MANIFEST_MISMATCH and needle in err.value.message, err.value.message
+
+
+def test_identity_bytes_must_be_the_served_bytes(shipped):
+    roles, manifest = shipped
+    champion_files = dict(roles["champion"][0], **{"config.json": roles["draft"][0]["config.json"]})
+    with pytest.raises(ExactSpecError) as err:
+        check_served_pair(manifest, champion_files, roles["champion"][1], *roles["draft"])
+    assert err.value.code == E_MANIFEST_MISMATCH and err.value.detail["files"] == ["champion/config.json"]
+    served = {k: v for k, v in roles["champion"][1].items() if k != "model.q8.safetensors"}
+    with pytest.raises(ExactSpecError) as err:
+        check_served_pair(manifest, roles["champion"][0], served, *roles["draft"])
+    assert err.value.code == E_BAD_ARGUMENT and "champion/model.q8.safetensors" in err.value.message
+
+
+@pytest.mark.parametrize("weights, code, needle", [
+    ({}, E_MODEL_LOAD, "champion/model.q8.safetensors: file not found"),
+    ({"model.q8.safetensors": ("ABC", 3)}, E_BAD_ARGUMENT, "weights digest"),
+    ({"model.q8.safetensors": ("0" * 64, -1)}, E_BAD_ARGUMENT, "weights digest"),
+])
+def test_bad_weight_digests_are_refused(shipped, weights, code, needle):
+    files = shipped[0]["champion"][0]
+    with pytest.raises(ExactSpecError) as err:
+        model_identity_from_files(files, weights, source="champion")
+    assert err.value.code == code and needle in err.value.message
+
+
+def test_an_unknown_run_artifact_has_no_scheme(shipped):
+    files, served = shipped[0]["champion"]
+    with pytest.raises(ExactSpecError) as err:
+        model_identity_from_files(files, {"model.q4.bin": served["model.q8.safetensors"]}, source="champion",
+                                  run_weights="model.q4.bin")
+    assert err.value.code == E_MODEL_LOAD and "no quantisation scheme" in err.value.message
+
+
+# ---------------------------------------------------------------------------------------------
+# web/models/manifest.json itself
+# ---------------------------------------------------------------------------------------------
+
+
+def test_committed_manifest_lists_every_committed_file_with_its_hash(shipped):
+    manifest = shipped[1]
+    on_disk = {f"{role}/{name}": digest for role, (_, served) in shipped[0].items() for name, digest in served.items()}
+    assert sorted(os.listdir(MODELS_DIR)) == ["champion", "draft", "manifest.json"]
+    assert listed_files(manifest) == on_disk
+
+
+def test_committed_manifest_binds_what_the_browser_runs(shipped):
+    manifest = shipped[1]
+    assert {role: (a["file"], a["quantization"]) for role, a in
+            ((r, run_artifact(manifest, r)) for r in ("champion", "draft"))} == {
+        "champion": ("model.q8.safetensors", "q8-sym-row-v1"), "draft": ("model.safetensors", "f32")}
+    for role in ("champion", "draft"):
+        artifact = run_artifact(manifest, role)
+        assert (artifact["sha256"], artifact["bytes"]) == shipped[0][role][1][artifact["file"]]
+
+
+def test_export_hf_writes_the_committed_manifest(shipped):
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+    try:
+        import export_hf
+    finally:
+        sys.path.pop(0)
+    assert export_hf.build_manifest(MODELS_DIR) == shipped[1]
+
+
+def _drop(key):
+    return lambda m: m.pop(key)
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda m: m.update(version=1), "version is 1"),
+    (lambda m: m.update(files={}), "'files' is not a list"),
+    (lambda m: m["files"][0].pop("sha256"), "files[0]"),
+    (lambda m: m["files"][0].update(sha256=m["files"][0]["sha256"].upper()), "files[0]"),
+    (lambda m: m["files"][0].update(bytes=True), "files[0]"),
+    (lambda m: m["files"].append(dict(m["files"][0])), "twice"),
+    (lambda m: m.update(total_bytes=m["total_bytes"] + 1), "total_bytes"),
+    (_drop("models"), "'models'"),
+    (lambda m: m["models"]["draft"].pop("dir"), "models.draft"),
+    (lambda m: m["models"]["champion"].pop("run_artifact"), "models.champion.run_artifact"),
+    (lambda m: m["models"]["champion"]["run_artifact"].update(bytes=1), "does not repeat"),
+    (lambda m: m["models"]["champion"]["run_artifact"].update(quantization="f32"), "quantization is 'f32'"),
+    (lambda m: m["models"]["champion"]["run_artifact"].update(file="model.q4.bin"), "no quantisation scheme"),
+    (lambda m: m["models"].pop("champion"), "has no models.champion"),
+])
+def test_a_malformed_manifest_is_a_load_error(shipped, mutate, needle):
+    manifest = json.loads(json.dumps(shipped[1]))
+    mutate(manifest)
+    with pytest.raises(ExactSpecError) as err:
+        check_served_files(manifest, "champion", shipped[0]["champion"][1])
+    assert err.value.code == E_MODEL_LOAD and "web/models/manifest.json" in err.value.message
+    assert needle in err.value.message, err.value.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPython path reads the run artifact's header: its metadata must state the scheme
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metadata, ok", [
+    ({"quantization": "int8 symmetric per output row; w = q8 * scale[:,None]", "format": "pt"}, True),
+    ({"quantization": "int4 per group"}, False),
+    ({}, False),
+])
+def test_q8_header_metadata_must_state_the_scheme(pair_dirs, metadata, ok):
+    d = pair_dirs[0]
+    write_safetensors(os.path.join(d, "model.q8.safetensors"),
+                      {"x.q8": ("I8", (2, 2), b"\x01\x02\x03\x04"), "x.scale": ("F32", (2,), struct.pack("<2f", 1, 2))},
+                      metadata)
+    if ok:
+        assert load_model_identity(d, run_weights="model.q8.safetensors")["quantization"] == "q8-sym-row-v1"
+        return
+    with pytest.raises(ExactSpecError) as err:
+        load_model_identity(d, run_weights="model.q8.safetensors")
+    assert err.value.code == E_MODEL_LOAD and "metadata 'quantization'" in err.value.message
+    assert os.path.join(d, "model.q8.safetensors") in err.value.message
+
+
+def test_an_f32_run_artifact_must_carry_no_quantization_metadata():
+    check_weights_metadata("model.safetensors", {"format": "pt"}, "x")
+    with pytest.raises(ExactSpecError) as err:
+        check_weights_metadata("model.safetensors", {"quantization": "int8"}, "x")
+    assert err.value.code == E_MODEL_LOAD

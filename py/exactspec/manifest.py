@@ -5,7 +5,13 @@ that the champion scores, so ids, the text they stand for, the prompt they were 
 template, special tokens) and where generation stops must mean the same thing on both sides.
 Weights, sizes, context length and RoPE may differ: the draft is only a proposal that the
 champion's own distribution accepts or corrects, and no KV cache is ever shared. Those are
-recorded in the manifest but never refused. Pure Python (hashlib, json); runs in Pyodide.
+recorded in the manifest but never refused.
+
+Two manifests meet here: the pair manifest (check_pair_identities: what the pair shares and
+where it differs) and web/models/manifest.json, the list of served files with their sha256
+and the artifact each model runs (check_served_files, check_run_artifact). Pure Python
+(hashlib, json); runs in Pyodide: everything except the directory wrappers at the end works on
+bytes and digests in memory, and check_served_pair is the browser's whole load-time check.
 """
 from __future__ import annotations
 
@@ -13,12 +19,23 @@ import hashlib
 import json
 import os
 
-from .errors import E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
 from .tokenizer import Tokenizer
 
 MANIFEST_VERSION = 1
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"          # read only when tokenizer_config has none
 WEIGHTS_FILE = "model.safetensors"
+Q8_WEIGHTS_FILE = "model.q8.safetensors"
+
+# Run artifact (the weights file a backend actually runs) -> (quantisation scheme name, the
+# safetensors "__metadata__" "quantization" string that file must carry, None = no such key).
+# The scheme is derived from the file name (the browser passes only hashes); the CPython
+# directory path also reads the file's header and refuses a metadata that disagrees.
+RUN_WEIGHTS_SCHEMES = {
+    WEIGHTS_FILE: ("f32", None),
+    Q8_WEIGHTS_FILE: ("q8-sym-row-v1", "int8 symmetric per output row; w = q8 * scale[:,None]"),
+}
 
 # Fields that must be identical (in this order of reporting).
 MUST_MATCH = (
@@ -29,7 +46,8 @@ MUST_MATCH = (
 )
 # Recorded, allowed to differ.
 MAY_DIFFER = (
-    "weights_sha256", "weights_bytes", "model_type", "architectures", "hidden_size",
+    "weights_sha256", "weights_bytes", "run_weights_file", "run_weights_sha256", "run_weights_bytes",
+    "quantization", "model_type", "architectures", "hidden_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
     "max_position_embeddings", "model_max_length", "rope_theta", "rope_scaling", "torch_dtype",
     "tie_word_embeddings",
@@ -37,6 +55,7 @@ MAY_DIFFER = (
 # tokenizer_config.json switches that change the ids or text transformers would produce.
 _TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "clean_up_tokenization_spaces",
                     "add_prefix_space", "legacy")
+_HEX = frozenset("0123456789abcdef")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -51,38 +70,48 @@ def sha256_json(value) -> str:
     return sha256_bytes(canonical_json(value))
 
 
-def sha256_file(path: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-                size += len(chunk)
-    except OSError as e:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
-    return h.hexdigest(), size
+def is_sha256_hex(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
-def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: file not found") from None
-    except OSError as e:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
+def is_byte_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _read_json_object(path: str) -> tuple[dict, bytes]:
-    raw = _read_bytes(path)
+def run_weights_scheme(run_weights: str, where: str = "") -> str:
+    """The quantisation scheme name of a run artifact, by file name (RUN_WEIGHTS_SCHEMES)."""
+    if run_weights not in RUN_WEIGHTS_SCHEMES:
+        raise ExactSpecError(E_MODEL_LOAD, f"{where or run_weights}: no quantisation scheme is known for "
+                             f"a run artifact named {run_weights!r} (known: {sorted(RUN_WEIGHTS_SCHEMES)})")
+    return RUN_WEIGHTS_SCHEMES[run_weights][0]
+
+
+def check_weights_metadata(run_weights: str, metadata: dict, where: str) -> None:
+    """E_MODEL_LOAD unless a run artifact's safetensors metadata states its scheme's quantisation."""
+    scheme = run_weights_scheme(run_weights, where)
+    expected, found = RUN_WEIGHTS_SCHEMES[run_weights][1], metadata.get("quantization")
+    if found != expected:
+        raise ExactSpecError(E_MODEL_LOAD, f"{where}: safetensors metadata 'quantization' is {found!r}, "
+                             f"but scheme {scheme!r} (from the file name) needs {expected!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity from in-memory files (browser and CPython alike)
+# ---------------------------------------------------------------------------------------------
+
+
+def _where(source: str, name: str) -> str:
+    return f"{source}{'' if source.endswith('/') else '/'}{name}" if source else name
+
+
+def _parse_json_object(raw: bytes, where: str) -> dict:
     try:
         value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: not valid UTF-8 JSON ({e})") from None
+        raise ExactSpecError(E_MODEL_LOAD, f"{where}: not valid UTF-8 JSON ({e})") from None
     if not isinstance(value, dict):
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: not a JSON object")
-    return value, raw
+        raise ExactSpecError(E_MODEL_LOAD, f"{where}: not a JSON object")
+    return value
 
 
 def _token_content(value):
@@ -92,26 +121,63 @@ def _token_content(value):
     return value
 
 
-def _as_id_list(value, path: str, key: str) -> list[int]:
+def _as_id_list(value, where: str, key: str) -> list[int]:
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: {key} must be a token id or a list of ids")
+        raise ExactSpecError(E_MODEL_LOAD, f"{where}: {key} must be a token id or a list of ids")
     return sorted(set(items))
 
 
-def load_model_identity(model_dir: str) -> dict:
-    """Everything that identifies a model's token language and shape, hashed where large."""
-    paths = {name: os.path.join(model_dir, name) for name in FILES}
-    config, _ = _read_json_object(paths["config.json"])
-    tok_spec, tok_raw = _read_json_object(paths["tokenizer.json"])
-    tok_config, _ = _read_json_object(paths["tokenizer_config.json"])
-    gen_config, _ = _read_json_object(paths["generation_config.json"])
+def _file_bytes(files: dict, name: str, where: str, required: bool = True):
+    data = files.get(name)
+    if data is None:
+        if required:
+            raise ExactSpecError(E_MODEL_LOAD, f"{where}: file not found")
+        return None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{where}: contents must be bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+def _weights_digest(weights: dict, name: str, where: str):
+    """(sha256 hex, byte count) the caller computed for a weights file, or None if not given."""
+    entry = weights.get(name)
+    if entry is None:
+        return None
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2
+            and is_sha256_hex(entry[0]) and is_byte_count(entry[1])):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{where}: weights digest must be (lowercase sha256 hex, "
+                             f"byte count), got {entry!r}")
+    return entry[0], entry[1]
+
+
+def model_identity_from_files(files: dict, weights: dict, *, source: str,
+                              run_weights: str = Q8_WEIGHTS_FILE) -> dict:
+    """Everything that identifies a model's token language and shape, hashed where large.
+
+    files: name -> bytes for config.json, tokenizer.json, tokenizer_config.json,
+    generation_config.json and optionally chat_template.jinja (other names are ignored).
+    weights: weights file name -> (sha256 hex, byte count), computed by the caller over the
+    bytes it runs; must hold run_weights, may hold model.safetensors (weights_sha256 and
+    weights_bytes are None without it). source names the model in error messages
+    ("champion", a directory); it is not part of the result.
+    """
+    if not isinstance(files, dict) or not isinstance(weights, dict):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{source}: files and weights must be dicts")
+    where = {name: _where(source, name) for name in (*FILES, CHAT_TEMPLATE_FILE, WEIGHTS_FILE, run_weights)}
+    config = _parse_json_object(_file_bytes(files, "config.json", where["config.json"]), where["config.json"])
+    tok_raw = _file_bytes(files, "tokenizer.json", where["tokenizer.json"])
+    tok_spec = _parse_json_object(tok_raw, where["tokenizer.json"])
+    tok_config = _parse_json_object(_file_bytes(files, "tokenizer_config.json", where["tokenizer_config.json"]),
+                                    where["tokenizer_config.json"])
+    gen_config = _parse_json_object(_file_bytes(files, "generation_config.json", where["generation_config.json"]),
+                                    where["generation_config.json"])
     try:
         tokenizer = Tokenizer(tok_spec)
     except ExactSpecError as e:
-        raise ExactSpecError(e.code, f"{paths['tokenizer.json']}: {e.message}") from None
+        raise ExactSpecError(e.code, f"{where['tokenizer.json']}: {e.message}") from None
 
     model = tok_spec["model"]
     token_map = [[i, tokenizer.id_to_token(i)] for i in range(tokenizer.vocab_size)]
@@ -121,9 +187,10 @@ def load_model_identity(model_dir: str) -> dict:
              for t in tok_spec.get("added_tokens") or []]
 
     chat_template = tok_config.get("chat_template")
-    jinja_path = os.path.join(model_dir, "chat_template.jinja")
-    if chat_template is None and os.path.exists(jinja_path):
-        chat_template = _read_bytes(jinja_path).decode("utf-8", "replace")
+    if chat_template is None:
+        jinja = _file_bytes(files, CHAT_TEMPLATE_FILE, where[CHAT_TEMPLATE_FILE], required=False)
+        if jinja is not None:
+            chat_template = jinja.decode("utf-8", "replace")
 
     def token_id(key: str):
         content = _token_content(tok_config.get(key))
@@ -131,20 +198,21 @@ def load_model_identity(model_dir: str) -> dict:
             return config.get(key + "_id")
         i = tokenizer.token_to_id(content)
         if i is None:
-            raise ExactSpecError(E_MODEL_LOAD, f"{paths['tokenizer_config.json']}: {key} {content!r} is not in the vocabulary")
+            raise ExactSpecError(E_MODEL_LOAD, f"{where['tokenizer_config.json']}: {key} {content!r} "
+                                 "is not in the vocabulary")
         return i
 
-    weights_path = os.path.join(model_dir, WEIGHTS_FILE)
-    if not os.path.exists(weights_path):
-        raise ExactSpecError(E_MODEL_LOAD, f"{weights_path}: file not found")
-    weights_sha, weights_bytes = sha256_file(weights_path)
+    scheme = run_weights_scheme(run_weights, where[run_weights])
+    run_digest = _weights_digest(weights, run_weights, where[run_weights])
+    if run_digest is None:
+        raise ExactSpecError(E_MODEL_LOAD, f"{where[run_weights]}: file not found")
+    f32_digest = _weights_digest(weights, WEIGHTS_FILE, where[WEIGHTS_FILE]) or (None, None)
 
     config_vocab = config.get("vocab_size")
     if not isinstance(config_vocab, int) or isinstance(config_vocab, bool):
-        raise ExactSpecError(E_MODEL_LOAD, f"{paths['config.json']}: vocab_size missing or not an integer")
+        raise ExactSpecError(E_MODEL_LOAD, f"{where['config.json']}: vocab_size missing or not an integer")
 
     identity = {
-        "model_dir": os.path.abspath(model_dir),
         "tokenizer_sha256": sha256_bytes(tok_raw),
         "tokenizer_vocab_size": tokenizer.vocab_size,
         "config_vocab_size": config_vocab,
@@ -161,9 +229,13 @@ def load_model_identity(model_dir: str) -> dict:
         "bos_token_id": token_id("bos_token"),
         "eos_token_id": token_id("eos_token"),
         "pad_token_id": token_id("pad_token"),
-        "stop_token_ids": _as_id_list(gen_config.get("eos_token_id"), paths["generation_config.json"], "eos_token_id"),
-        "weights_sha256": weights_sha,
-        "weights_bytes": weights_bytes,
+        "stop_token_ids": _as_id_list(gen_config.get("eos_token_id"), where["generation_config.json"], "eos_token_id"),
+        "weights_sha256": f32_digest[0],
+        "weights_bytes": f32_digest[1],
+        "run_weights_file": run_weights,
+        "run_weights_sha256": run_digest[0],
+        "run_weights_bytes": run_digest[1],
+        "quantization": scheme,
         "model_max_length": tok_config.get("model_max_length"),
     }
     for key in MAY_DIFFER:
@@ -179,12 +251,11 @@ def _show(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_pair(champion_dir: str, draft_dir: str) -> dict:
+def check_pair_identities(champion: dict, draft: dict) -> dict:
     """The pair's manifest, or E_MANIFEST_MISMATCH naming every field that must match and
     does not (the draft's output vocabulary must equal the champion's, so both configs'
-    vocab_size must also equal the champion tokenizer's size)."""
-    champion = load_model_identity(champion_dir)
-    draft = load_model_identity(draft_dir)
+    vocab_size must also equal the champion tokenizer's size). Arguments: identities from
+    model_identity_from_files or load_model_identity."""
     problems = []
     for field in MUST_MATCH:
         if champion[field] != draft[field]:
@@ -204,3 +275,201 @@ def check_pair(champion_dir: str, draft_dir: str) -> dict:
         "draft": {field: draft[field] for field in MAY_DIFFER},
         "differs": [field for field in MAY_DIFFER if champion[field] != draft[field]],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Served files against web/models/manifest.json (browser load)
+# ---------------------------------------------------------------------------------------------
+
+FILES_MANIFEST = "web/models/manifest.json"     # how messages name it
+FILES_MANIFEST_VERSION = 2                       # 2 added models.<role>.run_artifact
+
+
+def _malformed(problem: str):
+    raise ExactSpecError(E_MODEL_LOAD, f"{FILES_MANIFEST}: {problem}")
+
+
+def _check_model_entry(role: str, info, listed: dict) -> None:
+    if not isinstance(info, dict) or not isinstance(info.get("dir"), str) or not info["dir"]:
+        _malformed(f"models.{role} is not an object with a non-empty 'dir'")
+    artifact = info.get("run_artifact")
+    if not (isinstance(artifact, dict) and isinstance(artifact.get("file"), str)
+            and is_sha256_hex(artifact.get("sha256")) and is_byte_count(artifact.get("bytes"))):
+        _malformed(f"models.{role}.run_artifact is not {{file, sha256 (lowercase hex), bytes, quantization}}")
+    scheme = run_weights_scheme(artifact["file"], f"{FILES_MANIFEST}: models.{role}.run_artifact")
+    if artifact.get("quantization") != scheme:
+        _malformed(f"models.{role}.run_artifact quantization is {artifact.get('quantization')!r}, "
+                   f"but {artifact['file']} is scheme {scheme!r}")
+    path = f"{info['dir']}/{artifact['file']}"
+    if listed.get(path) != (artifact["sha256"], artifact["bytes"]):
+        _malformed(f"models.{role}.run_artifact does not repeat the listed sha256 and bytes of {path}")
+
+
+def listed_files(manifest) -> dict:
+    """Validate the shape of web/models/manifest.json (parsed); path -> (sha256, bytes) of
+    every listed file. E_MODEL_LOAD naming the first malformed part."""
+    if not isinstance(manifest, dict):
+        _malformed("not a JSON object")
+    if manifest.get("version") != FILES_MANIFEST_VERSION:
+        _malformed(f"version is {manifest.get('version')!r}, expected {FILES_MANIFEST_VERSION}")
+    entries = manifest.get("files")
+    if not isinstance(entries, list):
+        _malformed("'files' is not a list")
+    listed = {}
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and entry["path"]
+                and is_sha256_hex(entry.get("sha256")) and is_byte_count(entry.get("bytes"))):
+            _malformed(f"files[{i}] is not {{path, sha256 (lowercase hex), bytes}}: {_show(entry)}")
+        if entry["path"] in listed:
+            _malformed(f"files lists {entry['path']!r} twice")
+        listed[entry["path"]] = (entry["sha256"], entry["bytes"])
+    if manifest.get("total_bytes") != sum(n for _, n in listed.values()):
+        _malformed(f"total_bytes {manifest.get('total_bytes')!r} is not the sum of the listed bytes")
+    models = manifest.get("models")
+    if not isinstance(models, dict):
+        _malformed("'models' is not an object")
+    for role, info in models.items():
+        _check_model_entry(role, info, listed)
+    return listed
+
+
+def _model_entry(manifest, role: str) -> tuple[dict, dict]:
+    listed = listed_files(manifest)
+    if role not in manifest["models"]:
+        _malformed(f"has no models.{role} (has {sorted(manifest['models'])})")
+    return listed, manifest["models"][role]
+
+
+def check_served_files(manifest: dict, role: str, served: dict) -> None:
+    """Refuse (E_MANIFEST_MISMATCH naming every such file) a served file of model `role` that
+    web/models/manifest.json does not list as "<dir>/<name>" with the same sha256 and bytes.
+    served: file name -> (sha256 hex, byte count) of the bytes actually fetched."""
+    listed, info = _model_entry(manifest, role)
+    if not isinstance(served, dict):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{role}: served must be a dict of name -> (sha256, bytes)")
+    problems = []
+    for name in sorted(served):
+        path = f"{info['dir']}/{name}"
+        sha, nbytes = _weights_digest(served, name, path)
+        want = listed.get(path)
+        if want is None:
+            problems.append((path, f"{path}: not listed in {FILES_MANIFEST}"))
+        elif sha != want[0]:
+            problems.append((path, f"{path}: sha256 differs from {FILES_MANIFEST} "
+                                   f"(served {_show(sha)}, listed {_show(want[0])})"))
+        elif nbytes != want[1]:
+            problems.append((path, f"{path}: size differs from {FILES_MANIFEST} "
+                                   f"(served {nbytes} bytes, listed {want[1]})"))
+    if problems:
+        raise ExactSpecError(E_MANIFEST_MISMATCH, "; ".join(m for _, m in problems),
+                             files=[p for p, _ in problems])
+
+
+def run_artifact(manifest: dict, role: str) -> dict:
+    """models.<role>.run_artifact of a valid web/models/manifest.json: {file, sha256, bytes,
+    quantization}, the weights file that model runs in the browser."""
+    return dict(_model_entry(manifest, role)[1]["run_artifact"])
+
+
+def check_run_artifact(manifest: dict, role: str, file: str, sha256: str, nbytes: int) -> str:
+    """The quantisation scheme of the artifact model `role` runs, or E_MANIFEST_MISMATCH when
+    it is not the file, sha256 and size that models.<role>.run_artifact binds."""
+    _, info = _model_entry(manifest, role)
+    bound = info["run_artifact"]
+    path = f"{info['dir']}/{bound['file']}"
+    if file != bound["file"]:
+        raise ExactSpecError(E_MANIFEST_MISMATCH, f"{role} runs {info['dir']}/{file}, but {FILES_MANIFEST} "
+                             f"models.{role}.run_artifact binds {path}", files=[f"{info['dir']}/{file}"])
+    sha256, nbytes = _weights_digest({file: (sha256, nbytes)}, file, path)
+    if (sha256, nbytes) != (bound["sha256"], bound["bytes"]):
+        raise ExactSpecError(E_MANIFEST_MISMATCH, f"{path}: the run artifact differs from {FILES_MANIFEST} "
+                             f"models.{role}.run_artifact (run sha256 {_show(sha256)} {nbytes} bytes, "
+                             f"bound {_show(bound['sha256'])} {bound['bytes']} bytes)", files=[path])
+    return bound["quantization"]
+
+
+def check_served_pair(manifest: dict, champion_files: dict, champion_served: dict,
+                      draft_files: dict, draft_served: dict) -> dict:
+    """The browser's whole load-time check; returns the pair manifest (check_pair_identities).
+
+    Per role: every served file matches web/models/manifest.json (check_served_files); the run
+    artifact was served and is the one run_artifact binds (check_run_artifact); the bytes in
+    *_files (name -> bytes: config.json, tokenizer.json, tokenizer_config.json,
+    generation_config.json) are the served bytes; then the identities, computed from those
+    bytes and the served digests, must agree on every MUST_MATCH field.
+    """
+    identities = {}
+    for role, files, served in (("champion", champion_files, champion_served),
+                                ("draft", draft_files, draft_served)):
+        check_served_files(manifest, role, served)
+        _, info = _model_entry(manifest, role)
+        bound = info["run_artifact"]
+        if bound["file"] not in served:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{info['dir']}/{bound['file']}: the run artifact that "
+                                 f"{FILES_MANIFEST} binds was not among the served files")
+        check_run_artifact(manifest, role, bound["file"], *served[bound["file"]])
+        if not isinstance(files, dict):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{role}: files must be a dict of name -> bytes")
+        for name in sorted(files):
+            path = f"{info['dir']}/{name}"
+            data = _file_bytes(files, name, path)
+            if name not in served:
+                raise ExactSpecError(E_BAD_ARGUMENT, f"{path}: given as file contents but not among the served files")
+            if sha256_bytes(data) != served[name][0]:
+                raise ExactSpecError(E_MANIFEST_MISMATCH, f"{path}: the contents given differ from the served "
+                                     f"bytes (sha256 {_show(sha256_bytes(data))}, served {_show(served[name][0])})",
+                                     files=[path])
+        identities[role] = model_identity_from_files(files, served, source=info["dir"], run_weights=bound["file"])
+    return check_pair_identities(identities["champion"], identities["draft"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Directory wrappers (CPython reference path)
+# ---------------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError as e:
+        raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest(), size
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict:
+    """model_identity_from_files over a directory's files, plus "model_dir"; the run artifact's
+    safetensors header must also state its scheme's quantisation (check_weights_metadata)."""
+    files = {name: _read_bytes(os.path.join(model_dir, name))
+             for name in (*FILES, CHAT_TEMPLATE_FILE) if os.path.exists(os.path.join(model_dir, name))}
+    weights = {}
+    run_path = os.path.join(model_dir, run_weights)
+    if os.path.exists(run_path):
+        run_image = _read_bytes(run_path)
+        weights[run_weights] = (sha256_bytes(run_image), len(run_image))
+    f32_path = os.path.join(model_dir, WEIGHTS_FILE)
+    if run_weights != WEIGHTS_FILE and os.path.exists(f32_path):
+        weights[WEIGHTS_FILE] = sha256_file(f32_path)
+    identity = model_identity_from_files(files, weights, source=model_dir, run_weights=run_weights)
+    from .safetensors import parse_header   # here, so the browser bundle needs no safetensors.py
+    _, metadata, _ = parse_header(run_image, run_path)
+    check_weights_metadata(run_weights, metadata, run_path)
+    return {"model_dir": os.path.abspath(model_dir), **identity}
+
+
+def check_pair(champion_dir: str, draft_dir: str) -> dict:
+    """check_pair_identities of two model directories (each run as model.safetensors, f32, as
+    the CPython reference runs them)."""
+    return check_pair_identities(load_model_identity(champion_dir), load_model_identity(draft_dir))

@@ -30,6 +30,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Llama, LlamaConf, hf_config  # noqa: E402
 from train_tokenizer import tokenizer_config  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "py"))
+from exactspec.manifest import (FILES_MANIFEST_VERSION, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,  # noqa: E402
+                                check_weights_metadata, run_weights_scheme)
+from exactspec.safetensors import read_header  # noqa: E402
+
+# What the browser runs for each model (manifest.json models.<name>.run_artifact): the WebGPU
+# champion the int8 file, the WASM draft the float32 one.
+RUN_ARTIFACTS = {"champion": Q8_WEIGHTS_FILE, "draft": "model.safetensors"}
 SPECIAL_MAP = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>",
                "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]}
 
@@ -83,7 +91,7 @@ def export(ckpt_path, out, tokenizer_dir, check=True, meta=None):
         else:
             q8[k] = v
     save_file(q8, os.path.join(out, "model.q8.safetensors"),
-              metadata=dict(info, quantization="int8 symmetric per output row; w = q8 * scale[:,None]"))
+              metadata=dict(info, quantization=RUN_WEIGHTS_SCHEMES[Q8_WEIGHTS_FILE][1]))
 
     cfg = hf_config(conf)
     write_json(os.path.join(out, "config.json"), cfg)
@@ -127,7 +135,8 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def write_manifest(root, extra=None):
+def list_files(root):
+    """Every file under root but manifest.json, as {path, bytes, sha256}, sorted by path."""
     files = []
     for dp, _dn, fns in os.walk(root):
         for fn in sorted(fns):
@@ -137,11 +146,40 @@ def write_manifest(root, extra=None):
                 continue
             files.append({"path": rel, "bytes": os.path.getsize(p), "sha256": sha256_file(p)})
     files.sort(key=lambda f: f["path"])
-    man = {"version": 1, "total_bytes": sum(f["bytes"] for f in files), "files": files}
-    if extra:
-        man.update(extra)
+    return files
+
+
+def model_entry(root, name, listed):
+    """models.<name>: training provenance, shape, and the run artifact the browser runs for it
+    (its quantisation scheme from the file name, checked against the file's own metadata)."""
+    _, md = read_header(os.path.join(root, name, "model.safetensors"))
+    with open(os.path.join(root, name, "config.json")) as f:
+        cfg = json.load(f)
+    run_file = RUN_ARTIFACTS[name]
+    run_path = os.path.join(root, name, run_file)
+    check_weights_metadata(run_file, read_header(run_path)[1], run_path)
+    digest = listed[f"{name}/{run_file}"]
+    return {"dir": name, "step": int(md.get("exactspec_step", -1)),
+            "tokens_seen": int(md.get("exactspec_tokens_seen", -1)),
+            "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
+            "run_artifact": {"file": run_file, "sha256": digest["sha256"], "bytes": digest["bytes"],
+                             "quantization": run_weights_scheme(run_file)}}
+
+
+def build_manifest(root):
+    """The manifest.json of ROOT (see docs/formats.md, "Served files")."""
+    files = list_files(root)
+    listed = {f["path"]: f for f in files}
+    models = {name: model_entry(root, name, listed) for name in RUN_ARTIFACTS
+              if os.path.exists(os.path.join(root, name, "model.safetensors"))}
+    return {"version": FILES_MANIFEST_VERSION, "total_bytes": sum(f["bytes"] for f in files),
+            "files": files, "models": models, "tokenizer_shared": True}
+
+
+def write_manifest(root):
+    man = build_manifest(root)
     write_json(os.path.join(root, "manifest.json"), man)
-    print(f"manifest: {len(files)} files, {man['total_bytes']} bytes")
+    print(f"manifest: {len(man['files'])} files, {man['total_bytes']} bytes")
     if man["total_bytes"] > 40 * 1000 * 1000:
         raise SystemExit("model bytes exceed 40 MB")
     return man
@@ -157,20 +195,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.manifest:
-        models = {}
-        for name in ("champion", "draft"):
-            p = os.path.join(args.manifest, name, "model.safetensors")
-            if os.path.exists(p):
-                from safetensors import safe_open
-                with safe_open(p, "pt") as f:
-                    md = f.metadata() or {}
-                with open(os.path.join(args.manifest, name, "config.json")) as f:
-                    cfg = json.load(f)
-                models[name] = {"dir": name, "step": int(md.get("exactspec_step", -1)),
-                                "tokens_seen": int(md.get("exactspec_tokens_seen", -1)),
-                                "hidden_size": cfg["hidden_size"],
-                                "num_hidden_layers": cfg["num_hidden_layers"]}
-        write_manifest(args.manifest, {"models": models, "tokenizer_shared": True})
+        write_manifest(args.manifest)
         return
     if not (args.ckpt and args.out):
         ap.error("--ckpt and --out are required (or --manifest)")
