@@ -1,20 +1,29 @@
-"""safetensors reader/writer: round trips with the official package, one test per corruption."""
+"""safetensors reader/writer: round trips with the official package, one test per corruption,
+hostile files (sparse giants, /dev/zero, FIFOs) refused without reading them."""
 from __future__ import annotations
 
 import json
 import os
+import resource
 import struct
+import threading
+import tracemalloc
 
 import numpy as np
 import pytest
 
-st_numpy = pytest.importorskip("safetensors.numpy")
-
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError  # noqa: E402
-from exactspec.safetensors import (  # noqa: E402
+import exactspec.safetensors as st_module
+from exactspec.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.safetensors import (
     MAX_HEADER_BYTES, load_safetensors, read_header, serialize_safetensors, tensor_values, to_numpy,
     write_safetensors,
 )
+
+
+def _reference():
+    """The official `safetensors` package (installed with the test extras), NumPy flavour."""
+    import safetensors.numpy
+    return safetensors.numpy
 
 
 def _arrays():
@@ -35,6 +44,7 @@ def _arrays():
 
 
 def test_files_written_by_safetensors_load_identically(tmp_path):
+    st_numpy = _reference()
     arrays = _arrays()
     path = tmp_path / "ref.safetensors"
     st_numpy.save_file(arrays, str(path), metadata={"format": "np", "note": "x"})
@@ -52,6 +62,7 @@ def test_files_written_by_safetensors_load_identically(tmp_path):
 
 
 def test_files_we_write_load_identically_with_safetensors(tmp_path):
+    st_numpy = _reference()
     arrays = _arrays()
     names = {np.dtype(np.float32): "F32", np.dtype(np.int8): "I8", np.dtype(np.float16): "F16",
              np.dtype(np.float64): "F64", np.dtype(np.int32): "I32", np.dtype(np.int64): "I64",
@@ -122,6 +133,8 @@ CORRUPTIONS = {
     "empty file": (b"", "shorter than the 8-byte"),
     "header longer than file": (struct.pack("<Q", 1000) + b"{}", "exceeds the file size"),
     "header over 100 MB": (struct.pack("<Q", MAX_HEADER_BYTES + 1) + b"{}", "exceeds the 100000000-byte limit"),
+    "header length 2^64-1": (b"\xff" * 8 + b"{}", "exceeds the 100000000-byte limit"),
+    "header nested too deep": (_raw(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", b""), "nests too deep"),
     "header not utf-8": (struct.pack("<Q", 4) + b"{\xff\xfe}", "not UTF-8"),
     "header not json": (struct.pack("<Q", 5) + b"{abc}", "not valid JSON"),
     "header not object": (struct.pack("<Q", 2) + b"[]", "does not start with '{'"),
@@ -170,7 +183,7 @@ def test_reference_reader_also_refuses(tmp_path, case):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(blob)
     with pytest.raises(Exception):
-        st_numpy.load_file(str(path))
+        _reference().load_file(str(path))
 
 
 def test_missing_file_is_refused(tmp_path):
@@ -203,8 +216,143 @@ SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_shipped_checkpoints_load_identically(rel):
     path = os.path.join(SHIPPED, rel)
     assert os.path.exists(path), f"missing {path}"
-    ours, ref = load_safetensors(path), st_numpy.load_file(path)
+    ours, ref = load_safetensors(path), _reference().load_file(path)
     assert set(ours) == set(ref)
     for name, a in ref.items():
         assert ours[name].shape == a.shape
         assert bytes(ours[name].data) == a.tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile files: refused (or inspected) without reading what they declare.
+# ---------------------------------------------------------------------------------------------
+
+GIB = 1 << 30
+PEAK_BYTES = 4 << 20   # Python-side allocation bound for inspecting / refusing any file below
+
+
+def _peak_of(fn):
+    """(result or raised ExactSpecError, peak bytes traced by tracemalloc while fn ran)."""
+    tracemalloc.start()
+    try:
+        try:
+            out = fn()
+        except ExactSpecError as err:
+            out = err
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _sparse(path, blob: bytes, size: int):
+    path.write_bytes(blob)
+    os.truncate(path, size)   # a hole: no disk, no page cache, but read() would return zeros
+    return path
+
+
+def _assert_refused(out, path, problem):
+    assert isinstance(out, ExactSpecError), out
+    assert out.code == E_MODEL_LOAD and str(path) in out.message and problem in out.message, out.message
+
+
+@pytest.mark.parametrize("reader", [load_safetensors, read_header])
+def test_8_gib_sparse_tail_is_refused_from_the_header(tmp_path, reader):
+    path = _sparse(tmp_path / "tail.safetensors", _file(GOOD_HEADER, GOOD_DATA), 8 * GIB)
+    out, peak = _peak_of(lambda: reader(path))
+    _assert_refused(out, path, "trailing bytes after the last tensor")
+    assert peak < PEAK_BYTES, peak
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * GIB // 1024   # kB: never near 8 GiB
+
+
+def _giant_header(n_bytes: int) -> dict:
+    return {"model.embed_tokens.weight": {"dtype": "F32", "shape": [n_bytes // 4 // 256, 256],
+                                          "data_offsets": [0, n_bytes]}}
+
+
+def test_8_gib_declared_tensor_header_is_read_without_its_data(tmp_path):
+    header = _giant_header(8 * GIB)
+    blob = _file(header, b"")
+    path = _sparse(tmp_path / "giant.safetensors", blob, len(blob) + 8 * GIB)
+    out, peak = _peak_of(lambda: read_header(path))
+    assert out[0] == header and peak < PEAK_BYTES, (out, peak)
+
+
+def test_reference_loader_checks_the_header_against_the_config_before_reading(tmp_path):
+    from exactspec.reference_llama import LlamaReference
+    blob = _file(_giant_header(8 * GIB), b"")
+    _sparse(tmp_path / "model.safetensors", blob, len(blob) + 8 * GIB)
+    (tmp_path / "config.json").write_bytes(open(os.path.join(SHIPPED, "champion", "config.json"), "rb").read())
+    out, peak = _peak_of(lambda: LlamaReference.from_dir(tmp_path))
+    _assert_refused(out, tmp_path / "model.safetensors", "model.embed_tokens.weight' has shape (8388608, 256)")
+    assert peak < PEAK_BYTES, peak
+
+
+def test_reads_are_exactly_the_header_then_exactly_the_data(tmp_path, monkeypatch):
+    blob = _file(GOOD_HEADER, GOOD_DATA, pad=b"  ")
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(blob)
+    tail = _sparse(tmp_path / "tail.safetensors", blob, 1 << 20)
+    requested = []
+
+    def counting_open(path):
+        f, size = open_regular(path)
+        real_read = f.read
+        f.read = lambda n=-1: (requested.append(n), real_read(n))[1]
+        return f, size
+
+    open_regular = st_module.open_regular_file
+    monkeypatch.setattr(st_module, "open_regular_file", counting_open)
+    header_end = len(blob) - len(GOOD_DATA)
+    read_header(good)
+    assert requested == [8, header_end - 8]
+    requested.clear()
+    load_safetensors(good)
+    assert requested == [8, header_end - 8, len(GOOD_DATA)]
+    requested.clear()
+    with pytest.raises(ExactSpecError, match="trailing bytes"):
+        load_safetensors(tail)
+    assert requested == [8, header_end - 8]   # the 1 MiB tail is never asked for
+
+
+def test_symlink_to_dev_zero_is_refused(tmp_path):
+    link = tmp_path / "zero.safetensors"
+    os.symlink("/dev/zero", link)
+    for reader in (load_safetensors, read_header):
+        out, peak = _peak_of(lambda: reader(link))
+        _assert_refused(out, link, "is a character device, not a regular file")
+        assert peak < PEAK_BYTES
+
+
+def test_directory_is_refused(tmp_path):
+    out, _ = _peak_of(lambda: load_safetensors(tmp_path))
+    _assert_refused(out, tmp_path, "is a directory, not a regular file")
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_peak_of(lambda: load_safetensors(fifo))[0]),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=30)   # a hang guard only: a correct reader returns at once
+    if worker.is_alive():     # unblock the stuck open() so the thread can end, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("load_safetensors blocked on a FIFO")
+    _assert_refused(outcome[0], fifo, "is a FIFO, not a regular file")
+
+
+def test_file_shrinking_under_the_reader_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(_file(GOOD_HEADER, GOOD_DATA))
+    real_open = st_module.open_regular_file
+
+    def open_then_shrink(p):
+        f, size = real_open(p)
+        os.truncate(p, size - 4)   # another process cuts the file after it was measured
+        return f, size
+
+    monkeypatch.setattr(st_module, "open_regular_file", open_then_shrink)
+    with pytest.raises(ExactSpecError) as err:
+        load_safetensors(path)
+    assert err.value.code == E_MODEL_LOAD and "ended after 8 of 12 expected bytes" in err.value.message
