@@ -24,7 +24,7 @@ def make_envelope(kind: str, request_id: str, seq: int, epoch: int, payload: dic
 def validate_envelope(env) -> None:
     if not isinstance(env, dict) or set(env) != set(SCHEMA["envelope"]):
         raise ExactSpecError(E_PROTOCOL, f"envelope fields must be {SCHEMA['envelope']}")
-    if env["kind"] not in KINDS:
+    if not isinstance(env["kind"], str) or env["kind"] not in KINDS:   # a list or dict is unhashable
         raise ExactSpecError(E_PROTOCOL, f"unknown message kind {env['kind']!r}")
     for key in ("seq", "epoch"):
         if not isinstance(env[key], int) or isinstance(env[key], bool) or env[key] < 0:

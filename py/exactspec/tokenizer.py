@@ -264,17 +264,30 @@ def _unicode_normalizer(form: str):
     return run
 
 
+def _object(spec, what: str) -> dict:
+    """spec itself when it is a JSON object, else E_MODEL_LOAD (a wrong type is a malformed file)."""
+    if not isinstance(spec, dict):
+        raise ExactSpecError(E_MODEL_LOAD, f"{what} must be an object, got {type(spec).__name__}")
+    return spec
+
+
+def _list(value, what: str) -> list:
+    if not isinstance(value, list):
+        raise ExactSpecError(E_MODEL_LOAD, f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
 def _build_normalizer(spec):
     if spec is None:
         return None
-    kind = spec.get("type")
+    kind = _object(spec, "normalizer").get("type")
     if kind in ("NFC", "NFD", "NFKC", "NFKD"):
         return _unicode_normalizer(kind)
     if kind == "Lowercase":
         # tokenizers lowercases char by char (no final-sigma context rule).
         return lambda s: "".join([_lower_char(c) for c in s])
     if kind == "Sequence":
-        steps = [_build_normalizer(x) for x in spec.get("normalizers", [])]
+        steps = [_build_normalizer(x) for x in _list(spec.get("normalizers", []), "normalizers")]
         steps = [f for f in steps if f is not None]
 
         def run(s):
@@ -289,7 +302,7 @@ def _build_pre_tokenizer(spec):
     """Returns f(piece) -> list of byte-level pre-tokens."""
     if spec is None:
         raise ExactSpecError(E_MODEL_LOAD, "unsupported pre_tokenizer null (ByteLevel required)")
-    kind = spec.get("type")
+    kind = _object(spec, "pre_tokenizer").get("type")
     if kind != "ByteLevel":
         raise ExactSpecError(E_MODEL_LOAD, f"unsupported pre_tokenizer {kind!r}")
     add_prefix_space = bool(spec.get("add_prefix_space", True))
@@ -308,11 +321,11 @@ def _build_post_processor(spec):
     """Returns f(ids) -> ids applied when add_special_tokens=True."""
     if spec is None:
         return lambda ids: ids
-    kind = spec.get("type")
+    kind = _object(spec, "post_processor").get("type")
     if kind == "ByteLevel":                       # only touches offsets
         return lambda ids: ids
     if kind == "Sequence":
-        steps = [_build_post_processor(x) for x in spec.get("processors", [])]
+        steps = [_build_post_processor(x) for x in _list(spec.get("processors", []), "processors")]
 
         def run(ids):
             for f in steps:
@@ -320,18 +333,22 @@ def _build_post_processor(spec):
             return ids
         return run
     if kind == "TemplateProcessing":
-        specials = spec.get("special_tokens", {})
+        specials = _object(spec.get("special_tokens", {}), "TemplateProcessing special_tokens")
         parts: list = []                           # ints are literal ids, None is $A
-        for item in spec.get("single", []):
+        for item in _list(spec.get("single", []), "TemplateProcessing single"):
+            item = _object(item, "TemplateProcessing item")
             if "Sequence" in item:
-                if item["Sequence"].get("id") != "A":
+                if _object(item["Sequence"], "TemplateProcessing Sequence").get("id") != "A":
                     raise ExactSpecError(E_MODEL_LOAD, "TemplateProcessing single uses a sequence other than $A")
                 parts.append(None)
             elif "SpecialToken" in item:
-                name = item["SpecialToken"]["id"]
-                if name not in specials:
+                name = _object(item["SpecialToken"], "TemplateProcessing SpecialToken").get("id")
+                if not isinstance(name, str) or name not in specials:
                     raise ExactSpecError(E_MODEL_LOAD, f"TemplateProcessing special token {name!r} has no ids")
-                parts.extend(int(i) for i in specials[name]["ids"])
+                ids = _list(_object(specials[name], f"special token {name!r}").get("ids"), f"ids of {name!r}")
+                if not all(_is_token_id(i) for i in ids):
+                    raise ExactSpecError(E_MODEL_LOAD, f"TemplateProcessing ids of {name!r} are not token ids")
+                parts.extend(ids)
             else:
                 raise ExactSpecError(E_MODEL_LOAD, f"unsupported TemplateProcessing item {item!r}")
 
@@ -364,12 +381,15 @@ class _BPE:
             raise ExactSpecError(E_MODEL_LOAD, "BPE model has no vocab object")
         self.vocab: dict[str, int] = {}
         for tok, i in vocab.items():
-            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-                raise ExactSpecError(E_MODEL_LOAD, f"BPE vocab id for {tok!r} is not a non-negative int")
+            if not _is_token_id(i):
+                raise ExactSpecError(E_MODEL_LOAD, f"BPE vocab id for {tok!r} is not an integer in [0, 2^32)")
             self.vocab[tok] = i
         self.vocab_r = {i: t for t, i in self.vocab.items()}
         if len(self.vocab_r) != len(self.vocab):
             raise ExactSpecError(E_MODEL_LOAD, "BPE vocab maps two tokens to the same id")
+        for key in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+            if not isinstance(spec.get(key), (str, type(None))):
+                raise ExactSpecError(E_MODEL_LOAD, f"BPE {key} must be a string or null")
         self.unk_token = spec.get("unk_token")
         self.prefix = spec.get("continuing_subword_prefix") or ""
         self.suffix = spec.get("end_of_word_suffix") or ""
@@ -498,15 +518,19 @@ class _BPE:
 # ---------------------------------------------------------------------------------------------
 
 
+def _is_token_id(value) -> bool:
+    """A JSON integer that fits tokenizers' u32 ids."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32
+
+
 class AddedToken:
     __slots__ = ("id", "content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
     def __init__(self, d: dict):
-        try:
-            self.id = int(d["id"])
-            self.content = str(d["content"])
-        except (KeyError, TypeError, ValueError):
-            raise ExactSpecError(E_MODEL_LOAD, f"added token without id/content: {d!r}") from None
+        if not isinstance(d, dict) or not _is_token_id(d.get("id")) or not isinstance(d.get("content"), str):
+            raise ExactSpecError(E_MODEL_LOAD, f"added token without an integer id and a string content: {d!r}"[:300])
+        self.id = d["id"]
+        self.content = d["content"]
         self.single_word = bool(d.get("single_word", False))
         self.lstrip = bool(d.get("lstrip", False))
         self.rstrip = bool(d.get("rstrip", False))
@@ -600,13 +624,13 @@ class Tokenizer:
         self.normalize = _build_normalizer(spec.get("normalizer"))
         self.pre_tokenize = _build_pre_tokenizer(spec.get("pre_tokenizer"))
         dec = spec.get("decoder")
-        if dec is None or dec.get("type") != "ByteLevel":
-            name = None if dec is None else dec.get("type")
+        if not isinstance(dec, dict) or dec.get("type") != "ByteLevel":
+            name = dec.get("type") if isinstance(dec, dict) else dec
             raise ExactSpecError(E_MODEL_LOAD, f"unsupported decoder {name!r} (ByteLevel required)")
 
         self.added: dict[int, AddedToken] = {}
         self.added_by_content: dict[str, AddedToken] = {}
-        for d in spec.get("added_tokens") or []:
+        for d in _list(spec.get("added_tokens") or [], "added_tokens"):
             tok = AddedToken(d)
             if not tok.content:
                 continue
@@ -637,7 +661,7 @@ class Tokenizer:
     def from_json_str(cls, s: str) -> "Tokenizer":
         try:
             spec = json.loads(s)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, RecursionError) as e:   # RecursionError: nesting too deep
             raise ExactSpecError(E_MODEL_LOAD, f"tokenizer.json is not valid JSON: {e}") from None
         return cls(spec)
 
