@@ -1,64 +1,175 @@
-import { loadProtocol } from "/web/protocol.mjs";
-
-// Main-thread engine API (embeddable): one orchestrator worker, promise per request, event stream.
+// Main-thread engine API (embeddable): one orchestrator worker, one request at a time.
 //   const engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" });
 //   const result = await engine.generate({ prompt: "…", config: { speculate: "draft", k: 4 } }, onEvent);
-export class Engine {
-  constructor(worker, validate) {
-    this.worker = worker;
-    this.validate = validate;
-    this.invalidDropped = 0;
-    this.seq = 0;
-    this.epoch = 0;
-    this.pending = new Map();            // request_id -> { resolve, reject, onEvent }
-    this.staleDropped = 0;
-    worker.onmessage = (ev) => this._onMessage(ev.data);
-    worker.onerror = (ev) => this._failAll({ code: "E_DEVICE_LOST", message: ev.message || "worker error" });
-  }
+//   engine.cancel();          // the running request ends "cancelled" at its next round boundary
+//   await engine.terminate(); // frees GPU buffers, both workers, every Pyodide proxy
+//
+// generate() queues behind the running request (FIFO); with {ifBusy: "refuse"} (or the engine
+// option whenBusy: "refuse") a busy engine refuses it with E_BUSY instead. It resolves with the
+// result (finish_reason eos|stop|length|cancelled|error; a failure after the request started is
+// a result with `error`), and rejects with an Error carrying .code only when the request was
+// refused before it started (E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_DRAFT_LOST, E_BUSY, ...).
+// Epochs: every request runs under the engine's epoch at its start; cancel() moves the epoch on.
+// Envelopes from the worker for anything but the running request in its own epoch (late events
+// of a finished request, junk) are dropped and counted: result.stats.stale_dropped.engine.
+import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
 
-  static async create(models, { timeoutMs = 300000 } = {}) {
-    const validate = await loadProtocol();
-    const worker = new Worker("/web/orchestrator/worker.mjs", { type: "module" });
-    const engine = new Engine(worker, validate);
-    engine.ready = await engine._request("load", { models }, null, timeoutMs);
+export class Engine {
+  /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
+   *  refuseAllocAfter, workerUrl}. `faults` enables engine.fault() (tests). */
+  static async create(models, options = {}) {
+    const engine = new Engine(options);
+    try {
+      await engine.load(models, options);
+    } catch (err) {
+      engine._kill(err);
+      throw err;
+    }
     return engine;
   }
 
-  _send(kind, request_id, payload) {
-    this.worker.postMessage({ kind, request_id, seq: this.seq++, epoch: this.epoch, payload });
+  constructor({ whenBusy = "queue", workerUrl = null } = {}) {
+    this.whenBusy = whenBusy;
+    this.workerUrl = workerUrl ?? new URL("./orchestrator/worker.mjs", import.meta.url).href;
+    this.worker = null;
+    this.schema = null;
+    this.seq = 0;
+    this._epoch = 0;
+    this.queue = [];                     // waiting requests: {payload, onEvent, resolve, reject}
+    this.running = null;                 // {request_id, epoch, onEvent, resolve, reject, stale0}
+    this.control = new Map();            // request_id of load/memory/fault/terminate -> {resolve, reject}
+    this.staleDropped = 0;
+    this.invalidDropped = 0;
+    this.ready = null;
+    this.terminated = false;
   }
 
-  _request(kind, payload, onEvent, timeoutMs = 0) {
-    const request_id = `${kind}-${this.seq}-${Math.random().toString(16).slice(2, 10)}`;
+  /** The current cancellation epoch (moves on at every cancel()). */
+  get epoch() { return this._epoch; }
+
+  /** Load (or replace) the pair; a second load frees everything the first one held. */
+  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1 } = {}) {
+    if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
+    if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
+    this.schema ??= await loadSchema();
+    if (!this.worker) this._startWorker();
+    this.ready = await this._control("load", { models, options: { faults, refuse_alloc_after: refuseAllocAfter } }, timeoutMs);
+    return this.ready;
+  }
+
+  _startWorker() {
+    this.worker = new Worker(this.workerUrl, { type: "module" });
+    this.worker.onmessage = (ev) => this._onMessage(ev.data);
+    this.worker.onerror = (ev) => this._kill(codedError("E_INTERNAL", `orchestrator worker failed: ${ev.message || "error event"}`));
+  }
+
+  _send(kind, request_id, epoch, payload) {
+    this.worker.postMessage({ kind, request_id, seq: this.seq++, epoch, payload });
+  }
+
+  _newId(kind) { return `${kind}-${this.seq}-${Math.random().toString(16).slice(2, 10)}`; }
+
+  _control(kind, payload, timeoutMs = 0) {
+    const id = this._newId(kind);
     return new Promise((resolve, reject) => {
-      this.pending.set(request_id, { resolve, reject, onEvent, epoch: this.epoch });
-      if (timeoutMs) setTimeout(() => this._settle(request_id, null, { code: "E_TIMEOUT", message: `${kind} timed out` }), timeoutMs);
-      this._send(kind, request_id, payload);
+      const entry = { resolve, reject, timer: null };
+      if (timeoutMs) {
+        entry.timer = setTimeout(() => {
+          this.control.delete(id);
+          reject(codedError("E_TIMEOUT", `${kind} did not finish within ${timeoutMs} ms`));
+        }, timeoutMs);
+      }
+      this.control.set(id, entry);
+      this._send(kind, id, this._epoch, payload);
     });
   }
 
-  generate(payload, onEvent = null) { return this._request("generate", payload, onEvent); }
-
-  cancel() {                              // the running request ends "cancelled" at its next round
-    this._send("cancel", "", {});
+  /** Queue a request; see the header for what resolves and what rejects. */
+  generate(payload, onEvent = null, { ifBusy = this.whenBusy } = {}) {
+    if (this.terminated) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
+    if (!this.ready) return Promise.reject(codedError("E_BAD_ARGUMENT", "no model is loaded"));
+    if ((this.running || this.queue.length) && ifBusy === "refuse") {
+      return Promise.reject(codedError("E_BUSY", "a request is running (ifBusy: \"refuse\")"));
+    }
+    return new Promise((resolve, reject) => {
+      this.queue.push({ payload, onEvent, resolve, reject });
+      this._pump();
+    });
   }
 
-  _settle(id, value, error) {
-    const p = this.pending.get(id);
-    if (!p) return;
-    this.pending.delete(id);
-    if (error) p.reject(Object.assign(new Error(`${error.code}: ${error.message}`), { code: error.code }));
-    else p.resolve(value);
+  _pump() {
+    if (this.running || !this.queue.length || this.terminated) return;
+    const next = this.queue.shift();
+    const request_id = this._newId("generate");
+    this.running = { ...next, request_id, epoch: this._epoch, stale0: this.staleDropped };
+    this._send("generate", request_id, this._epoch, next.payload);
   }
 
-  _failAll(error) { for (const id of [...this.pending.keys()]) this._settle(id, null, error); }
+  _finishRunning(fn) {
+    const r = this.running;
+    this.running = null;
+    fn(r);
+    queueMicrotask(() => this._pump());
+  }
+
+  /** End the running request at its next round boundary (it resolves "cancelled"); true if one ran. */
+  cancel() {
+    if (!this.running || this.terminated) return false;
+    this._epoch += 1;
+    this._send("cancel", this.running.request_id, this._epoch, {});
+    return true;
+  }
+
+  /** Fault injection for tests (needs Engine.create(..., {faults: true})): {action, at, min_round, ms}. */
+  fault(spec) { return this._control("fault", spec, 60000); }
+
+  /** The worker's own accounting: GPU buffers live / bytes, WASM and Pyodide heap sizes, stale drops. */
+  memory() { return this._control("memory", {}, 60000); }
+
+  /** Free the GPU buffers, end both workers, destroy every proxy; queued requests fail E_TERMINATED. */
+  async terminate({ timeoutMs = 10000 } = {}) {
+    if (this.terminated) return;
+    for (const q of this.queue.splice(0)) q.reject(codedError("E_TERMINATED", "the engine was terminated"));
+    this.cancel();
+    if (this.worker) {
+      try {
+        await this._control("terminate", {}, timeoutMs);
+      } catch { /* a worker that does not answer is ended below all the same */ }
+    }
+    this._kill(codedError("E_TERMINATED", "the engine was terminated"));
+  }
+
+  _kill(error) {
+    this.terminated = true;
+    this.worker?.terminate();
+    this.worker = null;
+    if (this.running) this._finishRunning((r) => r.reject(error));
+    for (const q of this.queue.splice(0)) q.reject(error);
+    for (const [id, c] of this.control) { clearTimeout(c.timer); c.reject(error); this.control.delete(id); }
+  }
 
   _onMessage(env) {
-    try { this.validate(env); } catch { this.invalidDropped++; return; }
-    const p = this.pending.get(env.request_id);
-    if (!p) { this.staleDropped++; return; }
-    if (env.kind === "ready" || env.kind === "result") this._settle(env.request_id, env.payload, null);
-    else if (env.kind === "error" && env.payload.fatal) this._settle(env.request_id, null, env.payload);
-    else if (p.onEvent) p.onEvent(env);   // tokens, progress, and a visible mid-answer error event
+    try { this.schema.validate(env); } catch { this.invalidDropped++; return; }
+    const c = this.control.get(env.request_id);
+    if (c) {
+      if (env.kind === "progress" && !["fault_armed", "memory", "terminated"].includes(env.payload.stage)) return;
+      this.control.delete(env.request_id);
+      clearTimeout(c.timer);
+      if (env.kind === "error") c.reject(codedError(env.payload.code, env.payload.message));
+      else c.resolve(env.payload);
+      return;
+    }
+    const r = this.running;
+    if (!r || env.request_id !== r.request_id || env.epoch !== r.epoch) { this.staleDropped++; return; }
+    if (env.kind === "result") {
+      const result = env.payload;
+      result.stats.stale_dropped = { ...(result.stats.stale_dropped ?? {}), engine: this.staleDropped - r.stale0 };
+      this._finishRunning((x) => x.resolve(result));
+    } else if (env.kind === "error" && env.payload.fatal) {
+      const { code, message } = errorPayload(env.payload, "E_INTERNAL", this.schema.codes);
+      this._finishRunning((x) => x.reject(codedError(code, message)));
+    } else if (r.onEvent) {
+      try { r.onEvent(env); } catch (err) { console.error("onEvent threw:", err); }
+    }
   }
 }

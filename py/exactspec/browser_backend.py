@@ -11,7 +11,7 @@ import json
 
 from .acceptance import RoundDecision
 from .backends import Proposal
-from .errors import ALL_CODES, E_BAD_ARGUMENT, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_CACHE_STATE, E_INTERNAL, ExactSpecError, coded_error
 from .orchestrator import CancelToken, GenerationConfig, Orchestrator
 from .policy import AllowedSetGrammar, SamplingPolicy
 
@@ -43,13 +43,19 @@ def _p_draft_for_js(rows, proposals, vocab_size: int):
     flat = Float32Array.new(len(rows) * vocab_size)
     for i, (row, y) in enumerate(zip(rows, proposals)):
         if row[y] != 1:
-            raise ExactSpecError("E_CACHE_STATE", "host-side p_draft rows must be one-hot (prompt lookup)")
+            raise ExactSpecError(E_CACHE_STATE, "host-side p_draft rows must be one-hot (prompt lookup)")
         flat[i * vocab_size + y] = 1.0
     return flat
 
 
-def _coded(code: str, message: str) -> ExactSpecError:
-    return ExactSpecError(code if code in ALL_CODES else "E_DEVICE_LOST", message)
+def _coded(code: str, message: str, default: str = "E_DEVICE_LOST") -> ExactSpecError:
+    return coded_error(RuntimeError(f"{code}: {message}"), default)
+
+
+# What the f32 GPU/WASM maths can run without overflow (logits up to ~1e30 in magnitude stay
+# finite after dividing by the temperature or applying the penalty). Refused before any output.
+F32_MIN_TEMPERATURE = 1e-6
+F32_PENALTY_RANGE = (1e-6, 1e6)
 
 
 class BrowserChampion:
@@ -59,6 +65,17 @@ class BrowserChampion:
         self.bridge, self.vocab_size, self.max_context = bridge, vocab_size, max_context
         self.identity, self.max_block = identity, max_block
         self.n_calls = 0
+        self.limits = {"max_k": max_block - 1, "min_temperature": F32_MIN_TEMPERATURE,
+                       "repetition_penalty_range": F32_PENALTY_RANGE}
+
+    def counters(self) -> dict:
+        """Cumulative stale-epoch drops per receiver (orchestrator worker, draft client, draft worker)."""
+        return json.loads(self.bridge.counters())
+
+    def environment(self) -> dict:
+        """hardware_class, browser_version, runtime_version and peak_resident_bytes (by category),
+        from the engine's own accounting on the JS side."""
+        return json.loads(self.bridge.environment())
 
     async def prefill(self, cache):
         upto = cache.n_committed - 1
@@ -128,9 +145,13 @@ class Session:
         self.tokenizer_config, self.stop_token_ids = tokenizer_config, tuple(stop_token_ids)
         self.cancel = CancelToken()
 
+    def cancel_epoch(self, epoch: int) -> None:
+        """The worker's cancel message: the running request (an older epoch) ends at its next round."""
+        self.cancel.advance(epoch)
+
 
 def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, generation_config_json: str,
-                 champion_info_json: str, draft_info_json: str) -> Session:
+                 champion_info_json: str, draft_info_json: str, draft_error: str = "") -> Session:
     from .tokenizer import Tokenizer
     tok = Tokenizer.from_json_str(tokenizer_json)
     tok_config = json.loads(tokenizer_config_json)
@@ -145,49 +166,150 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}
-    orch = Orchestrator(champion, draft, decode=decode, identities=identities)
+    orch = Orchestrator(champion, draft, decode=decode, identities=identities, draft_error=draft_error or None)
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 
+CONFIG_KEYS = ("max_new_tokens", "speculate", "k", "seed", "temperature", "top_k", "top_p", "repetition_penalty",
+               "suppress_token_ids", "allowed_token_ids", "stop_token_ids", "stop_strings")
+
+
+def _bad(key: str, why: str) -> ExactSpecError:
+    return ExactSpecError(E_BAD_ARGUMENT, f"config.{key} {why}")
+
+
+def _int(c: dict, key: str, default: int) -> int:
+    v = c.get(key, default)
+    if isinstance(v, float) and v.is_integer():   # JS numbers: 4 may arrive as 4.0
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _bad(key, f"must be an integer, got {v!r}")
+    return v
+
+
+def _real(c: dict, key: str, default: float) -> float:
+    v = c.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise _bad(key, f"must be a number, got {v!r}")
+    return float(v)
+
+
+def _list(c: dict, key: str, item_type, what: str) -> tuple:
+    v = c.get(key, [])
+    if v is None:
+        v = []
+    if not isinstance(v, list):   # a bare string would otherwise become one item per character
+        raise _bad(key, f"must be a list of {what}, got {type(v).__name__}")
+    out = []
+    for x in v:
+        if item_type is int and isinstance(x, float) and x.is_integer():
+            x = int(x)
+        if not isinstance(x, item_type) or isinstance(x, bool):
+            raise _bad(key, f"must be a list of {what}, got an item {x!r}")
+        out.append(x)
+    return tuple(out)
+
+
 def config_from_json(payload: dict, stop_token_ids) -> GenerationConfig:
+    """The page's {config: {...}} as a GenerationConfig; every type is checked (E_BAD_ARGUMENT)."""
     c = payload.get("config", {})
-    try:
-        policy = SamplingPolicy(temperature=float(c.get("temperature", 1.0)), top_k=int(c.get("top_k", 0)),
-                                top_p=float(c.get("top_p", 1.0)),
-                                repetition_penalty=float(c.get("repetition_penalty", 1.0)),
-                                suppress_token_ids=tuple(c.get("suppress_token_ids", ())),
-                                grammar=AllowedSetGrammar(c["allowed_token_ids"]) if c.get("allowed_token_ids") else None)
-        return GenerationConfig(max_new_tokens=int(c.get("max_new_tokens", 64)), policy=policy,
-                                speculate=str(c.get("speculate", "draft")), k=int(c.get("k", 4)),
-                                seed=int(c.get("seed", 0)),
-                                stop_token_ids=tuple(stop_token_ids) + tuple(int(t) for t in c.get("stop_token_ids", ())),
-                                stop_strings=tuple(c.get("stop_strings", ())))
-    except (TypeError, ValueError) as exc:
-        raise ExactSpecError(E_BAD_ARGUMENT, f"bad generation config: {exc}") from None
+    if not isinstance(c, dict):
+        raise _bad("", "must be an object")
+    unknown = sorted(set(c) - set(CONFIG_KEYS))
+    if unknown:
+        raise _bad(unknown[0], f"is not a known option (known: {', '.join(CONFIG_KEYS)})")
+    allowed = _list(c, "allowed_token_ids", int, "token ids")
+    policy = SamplingPolicy(temperature=_real(c, "temperature", 1.0), top_k=_int(c, "top_k", 0),
+                            top_p=_real(c, "top_p", 1.0), repetition_penalty=_real(c, "repetition_penalty", 1.0),
+                            suppress_token_ids=_list(c, "suppress_token_ids", int, "token ids"),
+                            grammar=AllowedSetGrammar(allowed) if allowed else None)
+    speculate = c.get("speculate", "draft")
+    if not isinstance(speculate, str):
+        raise _bad("speculate", f"must be a string, got {speculate!r}")
+    return GenerationConfig(max_new_tokens=_int(c, "max_new_tokens", 64), policy=policy, speculate=speculate,
+                            k=_int(c, "k", 4), seed=_int(c, "seed", 0),
+                            stop_token_ids=tuple(stop_token_ids) + _list(c, "stop_token_ids", int, "token ids"),
+                            stop_strings=_list(c, "stop_strings", str, "strings"))
 
 
 def prompt_ids(session: Session, payload: dict) -> list:
     if "prompt_ids" in payload:
-        return [int(t) for t in payload["prompt_ids"]]
+        ids = payload["prompt_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ExactSpecError(E_BAD_ARGUMENT, "prompt_ids must be a list of integers")
+        return list(ids)
     text = payload["prompt"]
+    if not isinstance(text, str):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be a string, got {type(text).__name__}")
     if payload.get("chat"):
-        from .chat import check_template, render_chat
-        check_template(session.tokenizer_config.get("chat_template", ""))
-        rendered = render_chat([{"role": "user", "content": text}], session.tokenizer_config.get("bos_token", ""))
-        return session.tokenizer.encode(rendered, add_special_tokens=False)
+        from .chat import encode_chat_prompt   # user text never parsed for special tokens
+        return encode_chat_prompt(session.tokenizer, session.tokenizer_config, [{"role": "user", "content": text}])
     return session.tokenizer.encode(text, add_special_tokens=True)
 
 
 async def generate(session: Session, request_json: str, post) -> str:
-    """Run one request; `post(json_str)` receives every event envelope. Returns the result JSON."""
-    request = json.loads(request_json)
-    payload = request["payload"]
+    """Run one request; `post(json_str)` receives every event envelope. Returns the result JSON:
+    the whole result, or {"error": {code, message}} for a request refused before it started.
+    Never raises: whatever goes wrong crosses the boundary as a code and a sentence."""
     try:
+        request = json.loads(request_json)
+        payload = request["payload"]
         ids = prompt_ids(session, payload)
         config = config_from_json(payload, session.stop_token_ids)
         result = await session.orchestrator.agenerate(
             ids, config, on_event=lambda env: post(json.dumps(env)), cancel=session.cancel,
-            request_id=request["request_id"])
-    except ExactSpecError as err:
-        return json.dumps({"error": err.to_dict()})
+            request_id=request["request_id"], epoch=request["epoch"])
+    except Exception as exc:   # ExactSpecError (refused before start), or a bug: coded either way
+        return json.dumps({"error": coded_error(exc, E_INTERNAL, "generate").to_dict()})
     return json.dumps(result.to_dict())
+
+
+# ------------------------------------------------------------------ load-time checks
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+DEFAULT_RUN_WEIGHTS = {"champion": "model.q8.safetensors", "draft": "model.safetensors"}
+
+
+def check_models(spec_json: str, get_file) -> str:
+    """The browser's load-time checks, run in Pyodide over the bytes the page fetched.
+
+    spec: {"roles": ["champion"(, "draft")], "manifest": web/models/manifest.json or null,
+           "served": {role: {name: [sha256 (WebCrypto), bytes]}} (run artifacts included, or
+           absent for the first stage)}; get_file("role/name") -> Uint8Array of a MODEL_FILES file.
+    Stage 1 (no "served"): every config.json through the one config validator (the reference
+    loader's), so both paths refuse the same files with the same code, before any weights load.
+    Stage 2: served files against the manifest (when there is one), the run artifacts against
+    models.<role>.run_artifact, and the pair's identities over the same fields as under CPython.
+    Returns JSON {"ok": summary} or {"error": {code, message}}: nothing raises across the boundary."""
+    from .config import load_json_bounded, validate_config
+    from .manifest import (check_pair_identities, check_run_artifact, check_served_files, check_served_pair,
+                           model_identity_from_files)
+    try:
+        spec = json.loads(spec_json)
+        roles = spec["roles"]
+        files = {role: {name: bytes(get_file(f"{role}/{name}").to_bytes()) for name in MODEL_FILES} for role in roles}
+        configs = {role: validate_config(load_json_bounded(files[role]["config.json"], source=f"{role}/config.json"),
+                                         source=f"{role}/config.json") for role in roles}
+        summary = {"configs": {role: {"layers": c.num_hidden_layers, "hidden": c.hidden_size} for role, c in configs.items()}}
+        served = spec.get("served")
+        if served is None:
+            return json.dumps({"ok": summary})
+        served = {role: {name: (d[0], d[1]) for name, d in served[role].items()} for role in roles}
+        manifest = spec.get("manifest")
+        if manifest is not None and len(roles) == 2:
+            pair = check_served_pair(manifest, files["champion"], served["champion"], files["draft"], served["draft"])
+        else:
+            for role in roles if manifest is not None else ():   # one role (the draft failed to load)
+                check_served_files(manifest, role, served[role])
+                bound = manifest["models"][role]["run_artifact"]["file"]
+                check_run_artifact(manifest, role, bound, *served[role][bound])
+            run = {role: (manifest["models"][role]["run_artifact"]["file"] if manifest else DEFAULT_RUN_WEIGHTS[role])
+                   for role in roles}
+            ids = {role: model_identity_from_files(files[role], served[role], source=role, run_weights=run[role])
+                   for role in roles}
+            pair = check_pair_identities(ids["champion"], ids["draft"]) if len(roles) == 2 else None
+        summary["manifest_checked"] = manifest is not None
+        summary["pair_checked"] = pair is not None
+        summary["differs"] = pair["differs"] if pair else []
+        return json.dumps({"ok": summary})
+    except Exception as exc:
+        return json.dumps({"error": coded_error(exc, E_INTERNAL, "model check").to_dict()})

@@ -80,6 +80,16 @@ class LogicalCache:
         """Abort the open transaction: drop the whole provisional tail."""
         self.commit_prefix(0)
 
+    def abort(self) -> None:
+        """Abort a round whose result was not used (device error, invalid row, cancellation).
+
+        Like rollback(), and the last committed token becomes pending again: the model may have
+        consumed it in the aborted call, but its logits were not kept, so the next call must
+        feed it again (its K/V is rewritten at the same position, bit for bit)."""
+        if self.in_transaction:
+            self.rollback()
+        self.n_materialized = min(self.n_materialized, max(self.n_committed - 1, 0))
+
     def rollback_to(self, logical_length: int) -> None:
         """Make tokens beyond logical_length unreachable; committed tokens cannot be rolled back."""
         if not (self.n_committed <= logical_length <= len(self.tokens)):

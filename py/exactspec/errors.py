@@ -53,3 +53,25 @@ class ExactSpecError(Exception):
 
     def to_dict(self) -> dict:
         return {"code": self.code, "message": self.message}
+
+
+def coded_error(exc: BaseException, default_code: str, context: str = "") -> ExactSpecError:
+    """The ExactSpecError an exception stands for.
+
+    An ExactSpecError is returned as is. Anything else (a JS error surfacing in Pyodide as
+    JsException, an OSError, a bug) keeps the code its message starts with when that code is in
+    the table ("E_DEVICE_LOST: ..." or "Error: E_DEVICE_LOST: ..."), and otherwise gets
+    `default_code`, with the exception's type and text in the message."""
+    if isinstance(exc, ExactSpecError):
+        return exc
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    for prefix in ("Error: ", "JsException: ", "PythonError: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    head, sep, rest = text.partition(": ")
+    if sep and head in ALL_CODES:
+        return ExactSpecError(head, rest or head)
+    if head in ALL_CODES and not sep:
+        return ExactSpecError(head, head)
+    where = f"{context}: " if context else ""
+    return ExactSpecError(default_code, f"{where}{type(exc).__name__}: {text or 'no message'}")

@@ -18,8 +18,8 @@ from .acceptance import decide_round
 from .backends import LookupProposer, Proposal
 from .caches import LogicalCache
 from .deciders import RngDecider
-from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST,
-                     E_RESIDUAL_INVARIANT, ExactSpecError)
+from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
+                     E_RESIDUAL_INVARIANT, ExactSpecError, coded_error)
 from .policy import SamplingPolicy
 from .protocol import make_envelope
 from .receipts import build_receipt
@@ -53,9 +53,35 @@ class GenerationConfig:
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
             bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or not 0 <= t < vocab_size:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
                 bad("stop_token_ids", f"contains {t!r}, outside [0, {vocab_size})")
+        if not isinstance(self.stop_strings, (tuple, list)):   # a bare str would stop on every character
+            bad("stop_strings", f"must be a list of strings, got {type(self.stop_strings).__name__}")
+        for s in self.stop_strings:
+            if not isinstance(s, str) or not s:
+                bad("stop_strings", f"must hold non-empty strings, got {s!r}")
         self.policy.validate(vocab_size)
+        allowed = getattr(self.policy.grammar, "allowed", None)
+        if allowed is not None:
+            for t in allowed:
+                if not 0 <= t < vocab_size:
+                    bad("allowed_token_ids", f"contains {t!r}, outside [0, {vocab_size})")
+
+    def check_limits(self, limits: dict) -> None:
+        """Refuse, before any output, what a backend declares it cannot run (`limits`, see
+        BACKEND_LIMIT_KEYS): a block longer than its verify buffer, a temperature or penalty whose
+        f32 arithmetic would overflow."""
+        def bad(name, why):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{name} {why}")
+        if self.speculate != "none" and "max_k" in limits and self.k > limits["max_k"]:
+            bad("k", f"is {self.k}: this champion backend verifies at most {limits['max_k']} proposals per round")
+        for policy in filter(None, (self.policy, self.draft_policy)):
+            t, r = policy.temperature, policy.repetition_penalty
+            if t != 0 and t < limits.get("min_temperature", 0):
+                bad("temperature", f"is {t!r}: below this backend's limit {limits['min_temperature']} (f32 overflow)")
+            lo, hi = limits.get("repetition_penalty_range", (0, float("inf")))
+            if not lo <= r <= hi:
+                bad("repetition_penalty", f"is {r!r}: outside this backend's range [{lo}, {hi}] (f32 overflow)")
         if self.draft_policy is not None:
             self.draft_policy.validate(vocab_size)
 
@@ -68,6 +94,10 @@ class CancelToken:
 
     def cancel(self):
         self.epoch += 1
+
+    def advance(self, epoch: int):
+        """Adopt a newer epoch set elsewhere (the worker's cancel message); never goes back."""
+        self.epoch = max(self.epoch, int(epoch))
 
 
 @dataclass
@@ -83,11 +113,13 @@ class GenerationResult:
     receipt: dict
     events: int = 0
 
+    seed_opening: Optional[str] = None   # opens receipt["seed_commitment"]; local, never in the receipt
+
     def to_dict(self) -> dict:
         return {"request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
                 "prompt_ids": self.prompt_ids, "finish_reason": self.finish_reason,
                 "stats": self.stats, "timing_ms": self.timing_ms, "error": self.error,
-                "receipt": self.receipt}
+                "receipt": self.receipt, "seed_opening": self.seed_opening}
 
 
 def _new_stats(k: int) -> dict:
@@ -99,12 +131,12 @@ def _new_stats(k: int) -> dict:
 class _Run:
     """Mutable state of one request."""
 
-    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event):
+    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event, cancel=None):
         self.config = config
         self.greedy = config.policy.temperature == 0
         self.draft_policy = config.draft_policy or config.policy
         self.stop_ids = frozenset(config.stop_token_ids)
-        self.request_id, self.epoch, self.on_event = request_id, epoch, on_event
+        self.request_id, self.epoch, self.on_event, self.cancel = request_id, epoch, on_event, cancel
         self.token_ids: list[int] = []
         self.text = TextAssembler(decode, config.stop_strings)
         self.finish: Optional[str] = None
@@ -118,6 +150,10 @@ class _Run:
         self.draft_cache: Optional[LogicalCache] = None
         self.t_start = time.perf_counter()
 
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.epoch != self.epoch
+
     def send(self, kind, payload):
         if self.on_event is not None:
             self.on_event(make_envelope(kind, self.request_id, self.seq, self.epoch, payload))
@@ -127,9 +163,11 @@ class _Run:
 class Orchestrator:
     """Runs requests over a champion backend and an optional draft backend (see backends.py)."""
 
-    def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None):
+    def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
+                 draft_error: Optional[str] = None):
         self.champion = champion
         self.draft = draft
+        self.draft_error = draft_error      # why there is no draft (it failed to load), or None
         self.vocab_size = champion.vocab_size
         self.decode = decode or (lambda ids: "")
         self.identities = dict(identities or {})
@@ -139,17 +177,24 @@ class Orchestrator:
     # ----------------------------------------------------------------------------------------
     def generate(self, prompt_ids, config: GenerationConfig, on_event=None,
                  cancel: Optional[CancelToken] = None, request_id: Optional[str] = None,
-                 decider=None) -> GenerationResult:
+                 decider=None, epoch: Optional[int] = None) -> GenerationResult:
         """Synchronous entry (CPython backends): drives agenerate() without an event loop."""
-        return run_without_loop(self.agenerate(prompt_ids, config, on_event, cancel, request_id, decider))
+        return run_without_loop(self.agenerate(prompt_ids, config, on_event, cancel, request_id, decider, epoch))
 
     async def agenerate(self, prompt_ids, config: GenerationConfig, on_event=None,
                         cancel: Optional[CancelToken] = None, request_id: Optional[str] = None,
-                        decider=None) -> GenerationResult:
+                        decider=None, epoch: Optional[int] = None) -> GenerationResult:
         """The request loop. Backend methods may return values or awaitables (JS promises in
-        Pyodide); each is awaited only when it is one, so one code path serves both."""
+        Pyodide); each is awaited only when it is one, so one code path serves both.
+
+        Raises ExactSpecError only for a request refused before it started (bad arguments,
+        context overflow, backend limits); once started, every outcome is a result, and any
+        unexpected failure ends it as a coded error (E_INTERNAL when nothing better is known).
+        `epoch` is the request's cancellation epoch (default: the cancel token's current one);
+        the request ends "cancelled" at the first round boundary after the token moves off it."""
         prompt_ids = list(prompt_ids)
         config.validate(self.vocab_size)
+        config.check_limits(getattr(self.champion, "limits", None) or {})
         if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
             raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be 1+ token ids in [0, {self.vocab_size})")
         limit = self.champion.max_context
@@ -157,15 +202,32 @@ class Orchestrator:
             raise ExactSpecError(E_CONTEXT_OVERFLOW, f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
                                  f"({config.max_new_tokens}) exceeds the champion's context of {limit}")
         if config.speculate == "draft" and self.draft is None:
-            raise ExactSpecError(E_BAD_ARGUMENT, "speculate=draft needs a draft model")
-        epoch = cancel.epoch if cancel else 0
-        run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event)
+            raise ExactSpecError(E_DRAFT_LOST if self.draft_error else E_BAD_ARGUMENT,
+                                 f"speculate=draft needs a draft model{': ' + self.draft_error if self.draft_error else ''}")
+        if epoch is None:
+            epoch = cancel.epoch if cancel else 0
+        elif cancel is not None:
+            cancel.advance(epoch)
+        run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel)
         decider = decider or RngDecider(config.seed)
         proposer = self.draft if run.mode == "draft" else self.lookup
+        counters0 = self._counters()
+        try:
+            await self._run_request(run, prompt_ids, proposer, decider)
+        except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
+            if run.finish is None:
+                self._fatal(run, coded_error(exc, E_INTERNAL, "orchestrator"))
+        run.timing["total"] = _ms(run.t_start)
+        return self._result(run, prompt_ids, proposer, counters0)
+
+    async def _run_request(self, run: _Run, prompt_ids, proposer, decider):
+        config, limit = run.config, self.champion.max_context
+        if run.cancelled:            # cancelled before it started (its epoch was already stale)
+            return self._finish(run, "cancelled")
         t0 = time.perf_counter()
         run.champion_cache = LogicalCache(self.champion.identity, prompt_ids)
         await self._champion_call(run, self.champion.prefill, run.champion_cache)
-        if run.mode != "none":
+        if run.finish is None and run.mode != "none":
             if len(prompt_ids) + config.max_new_tokens > getattr(proposer, "max_context", limit):
                 self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
             else:
@@ -173,20 +235,18 @@ class Orchestrator:
                 try:
                     await resolve(proposer.prefill(run.draft_cache))
                 except Exception as exc:  # draft worker/backend failure of any kind
-                    self._speculation_failed(run, _as_draft_lost(exc))
+                    if not run.cancelled:
+                        self._speculation_failed(run, _as_draft_lost(exc))
         run.timing["prefill"] += _ms(t0)
 
         while run.finish is None:
-            if cancel is not None and cancel.epoch != epoch:
+            if run.cancelled:
                 self._finish(run, "cancelled")
                 break
             if run.mode == "none":
                 await self._baseline_round(run, decider)
             else:
                 await self._speculative_round(run, proposer, decider)
-
-        run.timing["total"] = _ms(run.t_start)
-        return self._result(run, prompt_ids, proposer)
 
     # ----------------------------------------------------------------------------------------
     async def _speculative_round(self, run: _Run, proposer, decider):
@@ -198,14 +258,15 @@ class Orchestrator:
             return await self._baseline_round(run, decider)
         t0 = time.perf_counter()
         run.draft_cache.begin()
+        run.stats["draft_calls"] += 1
         try:
             proposal = await resolve(proposer.propose(run.draft_cache, k, run.draft_policy, decider, round_id, run.stop_ids))
         except Exception as exc:
-            if run.draft_cache.in_transaction:
-                run.draft_cache.rollback()
+            run.draft_cache.abort()
             run.timing["draft"] += _ms(t0)
+            if run.cancelled:            # the cancel interrupted the draft call: not a draft failure
+                return self._finish(run, "cancelled")
             return self._speculation_failed(run, _as_draft_lost(exc))
-        run.stats["draft_calls"] = proposer.n_calls
         run.timing["draft"] += _ms(t0)
         if proposal.error is not None or not proposal.tokens:
             run.draft_cache.rollback()
@@ -219,8 +280,8 @@ class Orchestrator:
         if decision is None:
             return
         if decision.error is not None:
-            run.champion_cache.rollback()
-            run.draft_cache.rollback()
+            run.champion_cache.abort()
+            run.draft_cache.abort()
             run.stats["numeric_errors"] += 1
             if decision.error.code == E_RESIDUAL_INVARIANT:
                 return self._speculation_failed(run, decision.error)
@@ -251,7 +312,7 @@ class Orchestrator:
         if decision is None:
             return
         if decision.error is not None:
-            run.champion_cache.rollback()
+            run.champion_cache.abort()
             run.stats["numeric_errors"] += 1
             return self._fatal(run, decision.error)
         run.champion_cache.commit_prefix(0)
@@ -289,14 +350,14 @@ class Orchestrator:
         run.stats["target_calls"] += fn.__name__ in ("verify_linear", "verify_and_decide")
         try:
             return await resolve(fn(*args))
-        except ExactSpecError as err:
-            if err.code == E_CACHE_STATE:
-                raise
-            self._fatal(run, err)
-        except Exception as exc:  # device or backend failure of any kind
-            self._fatal(run, ExactSpecError(E_DEVICE_LOST, f"champion backend failed: {type(exc).__name__}: {exc}"))
-        if run.champion_cache.in_transaction:
-            run.champion_cache.rollback()
+        except Exception as exc:  # device or backend failure of any kind, coded where JS coded it
+            run.champion_cache.abort()
+            if run.draft_cache is not None:
+                run.draft_cache.abort()
+            if run.cancelled:
+                self._finish(run, "cancelled")
+            else:
+                self._fatal(run, coded_error(exc, E_DEVICE_LOST, "champion backend failed"))
         return None
 
     def _speculation_failed(self, run: _Run, err: ExactSpecError):
@@ -313,6 +374,8 @@ class Orchestrator:
         self._finish(run, "error")
 
     def _finish(self, run: _Run, reason: str):
+        if run.finish is not None:
+            return
         run.finish = reason
         for cache in (run.champion_cache, run.draft_cache):
             if cache is not None:
@@ -340,9 +403,16 @@ class Orchestrator:
             text.append(run.text.finish())
         run.send("tokens", {"token_ids": emitted, "text": "".join(text)})
 
-    def _result(self, run: _Run, prompt_ids, proposer) -> GenerationResult:
+    def _counters(self) -> dict:
+        """Cumulative counters of the backends (the browser's stale-epoch drops), or {}."""
+        fn = getattr(self.champion, "counters", None)
+        return dict(fn()) if fn is not None else {}
+
+    def _result(self, run: _Run, prompt_ids, proposer, counters0: dict) -> GenerationResult:
         st = dict(run.stats)
-        st["draft_calls"] = proposer.n_calls if run.config.speculate != "none" else 0
+        counters1 = self._counters()
+        if counters1:   # what was dropped as stale while this request ran, by receiver
+            st["stale_dropped"] = {k: v - counters0.get(k, 0) for k, v in counters1.items()}
         st["tokens_per_round"] = (round((st["accepted"] + st["rounds"]) / st["rounds"], 4) if st["rounds"] else None)
         st["mode"] = run.mode
         st["fallback_code"] = run.fallback_code
@@ -353,14 +423,16 @@ class Orchestrator:
                                 "accept": timing["accept"] / n_rounds} if n_rounds else None)
         identities = dict(self.identities)
         identities["draft"] = proposer.identity if run.config.speculate != "none" else "none"
-        receipt = build_receipt(identities=identities, policy_canonical=run.config.policy.canonical(),
-                                scheduler={**SCHEDULER_POLICY, "k": run.config.k, "mode": run.config.speculate},
-                                seed=run.config.seed, stats=st,
-                                timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
-                                failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code)
+        environment = getattr(self.champion, "environment", None)
+        receipt, seed_opening = build_receipt(
+            identities=identities, policy_canonical=run.config.policy.canonical(),
+            scheduler={**SCHEDULER_POLICY, "k": run.config.k, "mode": run.config.speculate},
+            seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
+            failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code,
+            environment=environment() if environment is not None else None)
         error = run.error.to_dict() if run.error else None
         result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
-                                  st, timing, error, receipt, run.seq)
+                                  st, timing, error, receipt, run.seq, seed_opening)
         run.send("result", result.to_dict())
         return result
 
@@ -387,6 +459,6 @@ def _ms(t0: float) -> float:
 
 
 def _as_draft_lost(exc: Exception) -> ExactSpecError:
-    if isinstance(exc, ExactSpecError) and exc.code == E_DRAFT_LOST:
-        return exc
-    return ExactSpecError(E_DRAFT_LOST, f"draft backend failed: {type(exc).__name__}: {exc}")
+    """A draft failure keeps a code the draft side gave it (E_TIMEOUT, E_OUT_OF_MEMORY, ...),
+    else it is E_DRAFT_LOST."""
+    return coded_error(exc, E_DRAFT_LOST, "draft backend failed")

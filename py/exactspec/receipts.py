@@ -1,7 +1,10 @@
 """Privacy-safe receipt (spec: "Privacy-safe receipt"): identities, counts, timings, codes.
 
 Never contains prompt or output text, token ids, decoded strings, paths or model bytes.
-The seed appears only as a salted commitment. `ALLOWED_FIELDS` is the whole schema.
+The seed appears only as a commitment sha256(salt || seed) under a fresh 256-bit secret salt
+that is NOT in the receipt (a published salt would let anyone recover a 64-bit seed by search):
+the salt is the "seed opening", returned to the local caller beside the receipt, so whoever
+holds it can prove which seed ran. `ALLOWED_FIELDS` is the whole schema.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ ALLOWED_FIELDS = (
     "receipt_version", "request_nonce", "champion_artifact_hash", "draft_artifact_hash",
     "tokenizer_hash", "chat_template_hash", "adapter_chain_hash", "sampling_policy_hash",
     "grammar_hash", "position_policy_hash", "scheduler_policy_hash", "hardware_class",
-    "runtime_version", "seed_commitment", "target_call_count", "draft_call_count",
+    "browser_version", "runtime_version", "seed_commitment", "target_call_count", "draft_call_count",
     "proposal_count", "accepted_count_histogram", "rejection_position_histogram",
     "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "failure_code", "fallback_code",
 )
@@ -37,9 +40,27 @@ def peak_resident_bytes() -> dict:
         return {"process_peak_rss": None}
 
 
+def seed_commitment(seed: int, salt_hex: str) -> str:
+    """sha256(salt || seed as 8 little-endian bytes): hiding while the salt stays secret."""
+    return hashlib.sha256(bytes.fromhex(salt_hex) + int(seed).to_bytes(8, "little")).hexdigest()
+
+
+def _cpython_environment() -> dict:
+    return {"hardware_class": f"{platform.system().lower()}-{platform.machine().lower()}",
+            "browser_version": "none",
+            "runtime_version": f"cpython-{sys.version_info.major}.{sys.version_info.minor}",
+            "peak_resident_bytes": peak_resident_bytes()}
+
+
 def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, seed: int,
-                  stats: dict, timing_ms: dict, failure_code, fallback_code) -> dict:
+                  stats: dict, timing_ms: dict, failure_code, fallback_code,
+                  environment: dict | None = None) -> tuple[dict, str]:
+    """-> (receipt, seed_opening). `environment` (the browser backend's) supplies
+    hardware_class, browser_version, runtime_version and peak_resident_bytes; CPython's own
+    are used when it is None."""
     nonce = secrets.token_hex(16)
+    salt = secrets.token_hex(32)
+    env = {**_cpython_environment(), **(environment or {})}
     grammar = policy_canonical.get("grammar")
     receipt = {
         "receipt_version": RECEIPT_VERSION,
@@ -53,19 +74,20 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         "grammar_hash": sha256_json(grammar) if grammar is not None else "none",
         "position_policy_hash": hashlib.sha256(POSITION_POLICY.encode()).hexdigest(),
         "scheduler_policy_hash": sha256_json(scheduler),
-        "hardware_class": f"{platform.system().lower()}-{platform.machine().lower()}",
-        "runtime_version": f"{'pyodide' if sys.platform == 'emscripten' else 'cpython'}-{sys.version_info.major}.{sys.version_info.minor}",
-        "seed_commitment": hashlib.sha256(f"{nonce}:{seed}".encode()).hexdigest(),
+        "hardware_class": env["hardware_class"],
+        "browser_version": env["browser_version"],
+        "runtime_version": env["runtime_version"],
+        "seed_commitment": seed_commitment(seed, salt),
         "target_call_count": stats["target_calls"],
         "draft_call_count": stats["draft_calls"],
         "proposal_count": stats["proposed"],
         "accepted_count_histogram": list(stats["accepted_count_histogram"]),
         "rejection_position_histogram": list(stats["rejection_position_histogram"]),
         "timing_ms": {k: round(v, 3) for k, v in timing_ms.items()},
-        "peak_resident_bytes": peak_resident_bytes(),
+        "peak_resident_bytes": env["peak_resident_bytes"],
         "bounded_numeric_errors": stats["numeric_errors"],
         "failure_code": failure_code or "none",
         "fallback_code": fallback_code or "none",
     }
     assert tuple(receipt) == ALLOWED_FIELDS
-    return receipt
+    return receipt, salt

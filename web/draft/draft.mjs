@@ -136,6 +136,7 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
   const { instance } = await WebAssembly.instantiate(wasm, {});
   const draft = new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);
   draft.identity = await sha256Hex(file);   // = LlamaReference.identity (sha256 of model.safetensors)
+  draft.artifactBytes = file.byteLength;
   return draft;
 }
 
@@ -174,6 +175,8 @@ export class Draft {
       for (const [suffix, kind, shape] of LAYER_TENSORS) place(`model.layers.${l}.${suffix}`, kind, l, shape(c));
     }
     check(this.wasm.draft_check(), "check");
+    this._finalNorm = { ptr: dataStart + tensors["model.norm.weight"].begin, n: c.hidden_size };  // (H,) f32
+    this._nanOnce = false;
 
     // argument / result buffers, allocated once (re-made only if k or a list grows)
     this._idsCap = Math.max(c.max_context, 1024);
@@ -184,6 +187,13 @@ export class Draft {
     this._kCap = 0;
     this._ensureK(16);
   }
+
+  /** Bytes of WASM linear memory (it only grows: this is also its peak). */
+  get memoryBytes() { return this.wasm.memory.buffer.byteLength; }
+
+  /** Fault injection (tests): the next propose() runs with a NaN final-norm weight, so every
+   *  logits row is NaN and the draft's own processors report E_PROCESSOR_INVALID. */
+  injectNaNOnce() { this._nanOnce = true; }
 
   _u8() { return new Uint8Array(this.wasm.memory.buffer); }
   _i32(ptr, n) { return new Int32Array(this.wasm.memory.buffer, ptr, n); }
@@ -266,8 +276,16 @@ export class Draft {
     this._ensureK(k);
     this._ensureIds(feed.length);
     const nFeed = this._writeIds(this._ids, feed);
-    const status = this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0, roundId >>> 0,
-      this._outTokens, this._outRows);
+    const norm = this._nanOnce ? this._f32(this._finalNorm.ptr, this._finalNorm.n) : null;
+    const saved = norm ? norm.slice() : null;
+    if (norm) { norm.fill(NaN); this._nanOnce = false; }
+    let status;
+    try {
+      status = this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0, roundId >>> 0,
+        this._outTokens, this._outRows);
+    } finally {
+      if (norm) this._f32(this._finalNorm.ptr, this._finalNorm.n).set(saved);
+    }
     const m = this.wasm.draft_n_proposed();
     const V = this.vocabSize;
     const tokens = this._i32(this._outTokens, m).slice();

@@ -9,11 +9,15 @@
 //                `pending` at [start_pos ?? committed_length - pending.length, committed_length)
 //                (prefill, = RunnerDraft.prefill); answered with the draft state
 //      "cancel"  {}                              adopt its (newer) epoch; no answer
-// Out: "progress" {stage: "ready" | ...}, "proposals" {round_id, tokens, p_draft, error_code, ms},
-//      "sync" {committed_length, pending, n_cached, dropped_stale, ...}, "error" {code, message}.
+//      "fault"   {action: "nan_next"}            tests: the next propose computes NaN logits
+// Out: "progress" {stage: "ready" | "fault_armed"}, "proposals" {round_id, tokens, p_draft,
+//      error_code, ms}, "sync" {committed_length, pending, n_cached, dropped_stale, ...},
+//      "error" {code, message}. Every reply's payload carries in_reply_to (the seq it answers)
+//      and memory_bytes (the WASM memory size), and the epoch of the message it answers.
 // A message from an epoch older than the newest seen is dropped and counted (dropped_stale); so
-// is a duplicate or out-of-order seq within the current (request, epoch). p_draft (Float32Array
-// m*V) is transferred, not copied.
+// is a duplicate or out-of-order seq within the current (request, epoch): it gets no answer,
+// and the client (which moved to the newer epoch first) has already settled its call.
+// p_draft (Float32Array m*V) is transferred, not copied.
 import { createDraft } from "./draft.mjs";
 
 /** The protocol handler as a plain function of (draft, post): tests can drive it directly. */
@@ -22,8 +26,10 @@ export function createHandler(draftPromise, post) {
     requestId: null, epoch: 0, nextSeq: 0, seqOut: 0,
     droppedStale: 0, droppedOutOfOrder: 0, nTransferred: 0, nProposals: 0,
   };
+  let memoryBytes = 0;
   const reply = (env, kind, payload, transfer = []) =>
-    post({ kind, request_id: env.request_id, seq: state.seqOut++, epoch: env.epoch, payload }, transfer);
+    post({ kind, request_id: env.request_id, seq: state.seqOut++, epoch: env.epoch,
+      payload: { ...payload, in_reply_to: env.seq, memory_bytes: memoryBytes, dropped_stale: state.droppedStale } }, transfer);
 
   function admit(env) {
     if (env.epoch < state.epoch) { state.droppedStale++; return false; }
@@ -58,9 +64,16 @@ export function createHandler(draftPromise, post) {
       reply(env, "error", { code: err.code ?? "E_DRAFT_LOST", message: String(err.message ?? err) });
       return;
     }
+    memoryBytes = draft.memoryBytes;
     const p = env.payload;
     try {
       if (env.kind === "cancel") return;
+      if (env.kind === "fault") {
+        if (p.action !== "nan_next") throw Object.assign(new Error(`unknown fault ${p.action}`), { code: "E_BAD_ARGUMENT" });
+        draft.injectNaNOnce();
+        reply(env, "progress", { stage: "fault_armed" });
+        return;
+      }
       if (env.kind === "sync") {
         const pending = p.pending ?? [];
         if (pending.length) {
@@ -93,59 +106,108 @@ export function createHandler(draftPromise, post) {
 }
 
 /**
- * The other side of the protocol, for the page or the orchestrator worker:
+ * The other side of the protocol, for the orchestrator worker (or a page):
  *   const draft = await DraftWorkerClient.create({ wasmUrl, modelUrl });
+ *   draft.setEpoch(e);                             // the request's epoch; a newer one cancels
  *   await draft.forward(ids, startPos);            // prefill, via "sync"
  *   const { tokens, pDraft, error_code } = await draft.propose({ feed, startPos, k, policy, seed,
  *                                                               roundId, stopTokenIds, contextIds });
- *   draft.cancel();                                // newer epoch: queued older messages are dropped
- * Replies come back in request order (the worker handles one message at a time), so pending
- * calls wait in a FIFO; an "error" reply rejects the call it answers with {code, message}.
+ *   draft.kill(); draft.terminate();               // fault injection / release
+ * Calls are matched to replies by seq (payload.in_reply_to). Moving to a newer epoch settles
+ * every call of the old one at once with E_CANCELLED (the worker drops those messages, or its
+ * late replies, which arrive with the old epoch, are dropped and counted here). A worker that
+ * errors, is killed, or does not answer within callTimeoutMs is dead: its calls and all later
+ * ones fail with E_DRAFT_LOST (E_TIMEOUT for the timeout), and the owner makes a new client.
  */
 export class DraftWorkerClient {
-  static async create({ wasmUrl = "/web/build/draft.wasm", modelUrl = "/web/models/draft/", workerUrl } = {}) {
+  static async create({ wasmUrl = "/web/build/draft.wasm", modelUrl = "/web/models/draft/", workerUrl,
+    callTimeoutMs = 60000 } = {}) {
     const url = new URL(workerUrl ?? import.meta.url);
     url.searchParams.set("wasm", wasmUrl);
     url.searchParams.set("model", modelUrl);
     const worker = new Worker(url, { type: "module" });
-    const ready = await new Promise((resolve, reject) => {
-      worker.onmessage = (ev) => (ev.data.kind === "progress" ? resolve(ev.data.payload)
-        : reject(Object.assign(new Error(ev.data.payload?.message ?? "draft worker failed"),
-          { code: ev.data.payload?.code ?? "E_DRAFT_LOST" })));
-      worker.onerror = (ev) => reject(Object.assign(new Error(ev.message), { code: "E_DRAFT_LOST" }));
-    });
-    return new DraftWorkerClient(worker, ready);
+    let ready;
+    try {
+      ready = await new Promise((resolve, reject) => {
+        worker.onmessage = (ev) => (ev.data.kind === "progress" ? resolve(ev.data.payload)
+          : reject(Object.assign(new Error(`${ev.data.payload?.code ?? "E_DRAFT_LOST"}: ${ev.data.payload?.message ?? "draft worker failed"}`),
+            { code: ev.data.payload?.code ?? "E_DRAFT_LOST" })));
+        worker.onerror = (ev) => reject(Object.assign(new Error(`E_DRAFT_LOST: ${ev.message || "draft worker failed to start"}`),
+          { code: "E_DRAFT_LOST" }));
+      });
+    } catch (err) {
+      worker.terminate();
+      throw err;
+    }
+    return new DraftWorkerClient(worker, ready, callTimeoutMs);
   }
 
-  constructor(worker, ready) {
+  constructor(worker, ready, callTimeoutMs = 60000) {
     this.worker = worker;
     this.vocabSize = ready.vocab_size;
     this.maxContext = ready.max_context;
     this.identity = ready.identity;
+    this.artifactBytes = ready.artifact_bytes;
+    this.memoryBytes = ready.memory_bytes ?? 0;
     this.requestId = "draft";
     this.epoch = 0;
     this.seq = 0;
-    this.pending = [];                 // FIFO of {resolve, reject}
+    this.callTimeoutMs = callTimeoutMs;
+    this.pending = new Map();          // seq -> {resolve, reject, timer}
+    this.droppedStale = 0;             // replies of an older epoch (or unknown seq) dropped here
+    this.workerDroppedStale = 0;       // the worker's own count, as last reported
+    this.dead = null;                  // {code, message} once unusable
     worker.onmessage = (ev) => this._onReply(ev.data);
-    worker.onerror = (ev) => this._failAll({ code: "E_DRAFT_LOST", message: ev.message });
+    worker.onerror = (ev) => this._die("E_DRAFT_LOST", `draft worker failed: ${ev.message || "error event"}`);
   }
 
   _onReply(env) {
-    const call = this.pending.shift();
-    if (!call) return;
-    if (env.kind === "error") call.reject(Object.assign(new Error(`${env.payload.code}: ${env.payload.message}`),
-      { code: env.payload.code }));
-    else call.resolve(env.payload);
+    const p = env?.payload ?? {};
+    if (Number.isInteger(p.memory_bytes)) this.memoryBytes = p.memory_bytes;
+    if (Number.isInteger(p.dropped_stale)) this.workerDroppedStale = p.dropped_stale;
+    const call = env?.epoch === this.epoch ? this.pending.get(p.in_reply_to) : undefined;
+    if (!call) { this.droppedStale++; return; }
+    this.pending.delete(p.in_reply_to);
+    clearTimeout(call.timer);
+    if (env.kind === "error") call.reject(Object.assign(new Error(`${p.code}: ${p.message}`), { code: p.code }));
+    else call.resolve(p);
   }
 
-  _failAll(err) {
-    for (const call of this.pending.splice(0)) call.reject(Object.assign(new Error(err.message), { code: err.code }));
+  _settleAll(code, message) {
+    for (const call of this.pending.values()) {
+      clearTimeout(call.timer);
+      call.reject(Object.assign(new Error(`${code}: ${message}`), { code }));
+    }
+    this.pending.clear();
+  }
+
+  _die(code, message) {
+    if (this.dead) return;
+    this.dead = { code, message };
+    this._settleAll(code, message);
+    this.worker.terminate();
   }
 
   _send(kind, payload) {
-    const env = { kind, request_id: this.requestId, seq: this.seq++, epoch: this.epoch, payload };
+    if (this.dead) return Promise.reject(Object.assign(new Error(`${this.dead.code}: ${this.dead.message}`), { code: this.dead.code }));
+    const seq = this.seq++;
+    const env = { kind, request_id: this.requestId, seq, epoch: this.epoch, payload };
     if (kind === "cancel") { this.worker.postMessage(env); return Promise.resolve(); }
-    return new Promise((resolve, reject) => { this.pending.push({ resolve, reject }); this.worker.postMessage(env); });
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => this._die("E_TIMEOUT", `draft worker did not answer ${kind} within ${this.callTimeoutMs} ms`),
+        this.callTimeoutMs);
+      this.pending.set(seq, { resolve, reject, timer });
+      this.worker.postMessage(env);
+    });
+  }
+
+  /** Adopt the request's epoch; moving forward cancels every call of the older epoch. */
+  setEpoch(epoch) {
+    if (epoch <= this.epoch) return;
+    this.epoch = epoch;
+    this.seq = 0;
+    this._settleAll("E_CANCELLED", `superseded by epoch ${epoch}`);
+    if (!this.dead) this._send("cancel", {});
   }
 
   /** feed ids at [startPos, startPos + n) (no logits come back: the orchestrator never needs them) */
@@ -159,16 +221,19 @@ export class DraftWorkerClient {
     return { tokens: Int32Array.from(p.tokens), pDraft: p.p_draft, error_code: p.error_code, ms: p.ms };
   }
 
-  cancel() {
-    this.epoch += 1;
-    this.seq = 0;
-    return this._send("cancel", {});
-  }
+  /** Cancel the current epoch's calls (moves to the next epoch). */
+  cancel() { this.setEpoch(this.epoch + 1); return Promise.resolve(); }
 
-  terminate() {
-    this._failAll({ code: "E_DRAFT_LOST", message: "draft worker terminated" });
-    this.worker.terminate();
-  }
+  /** Fault injection (tests): the next proposal's logits are NaN, computed so by the WASM. */
+  injectNaN() { return this._send("fault", { action: "nan_next" }); }
+
+  /** Fault injection (tests): the worker dies as a crash would (its calls fail E_DRAFT_LOST). */
+  kill() { this._die("E_DRAFT_LOST", "draft worker was killed"); }
+
+  /** Stale-epoch replies dropped: here, and inside the worker (as it last reported). */
+  get staleCounts() { return { draft_client: this.droppedStale, draft_worker: this.workerDroppedStale }; }
+
+  terminate() { this._die("E_TERMINATED", "draft worker terminated"); }
 }
 
 const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
@@ -184,7 +249,7 @@ if (inWorker) {
   draftPromise.then(
     (d) => post({ kind: "progress", request_id: "", seq: handler.state.seqOut++, epoch: 0,
       payload: { stage: "ready", vocab_size: d.vocabSize, max_context: d.maxContext,
-        identity: d.identity } }, []),
+        identity: d.identity, artifact_bytes: d.artifactBytes, memory_bytes: d.memoryBytes } }, []),
     (err) => post({ kind: "error", request_id: "", seq: handler.state.seqOut++, epoch: 0,
       payload: { code: err.code ?? "E_MODEL_LOAD", message: String(err.message ?? err) } }, []));
 }

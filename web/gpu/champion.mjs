@@ -132,7 +132,8 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   } finally {
     const oom = await device.popErrorScope();
     const invalid = await device.popErrorScope();
-    if (oom || invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${(oom || invalid).message}`);
+    if (oom) throw Object.assign(new Error(`E_OUT_OF_MEMORY: WebGPU: ${oom.message}`), { code: "E_OUT_OF_MEMORY" });
+    if (invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${invalid.message}`);
   }
   const loadMs = {   // fetch: config + weights; hash: parse + sha256; pipelines: wait after that
     fetch: t1 - t0, hash: t2 - t1, pipelines: t3 - t2, upload: performance.now() - t3, total: performance.now() - t0,
@@ -141,7 +142,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const { vocab: V } = hp, B = maxBlock;
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
-    config, identity, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    config, identity, artifactBytes: fileBytes.byteLength, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     logitsBuffer: bufs.logits,
     get length() { return length; },
     /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */
@@ -197,6 +198,12 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
       return ms;
     },
     reset() { length = 0; },
+    /** Free every buffer this champion made (weights, activations, KV cache, metas). */
+    destroy() {
+      const owned = new Set([...Object.values(bufs), metas, ...steps.flatMap((s) => s.tensorsOf)]);
+      for (const b of owned) b.destroy();
+      length = 0;
+    },
   };
   return champion;
 }

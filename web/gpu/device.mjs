@@ -2,9 +2,10 @@
 
 /** Request an adapter + device with the adapter's own limits (no optional features needed). */
 export async function requestDevice() {
-  if (!navigator.gpu) throw new Error("E_NO_WEBGPU: navigator.gpu is missing (insecure context or flags)");
+  const noGpu = (why) => Object.assign(new Error(`E_NO_WEBGPU: ${why}`), { code: "E_NO_WEBGPU" });
+  if (!navigator.gpu) throw noGpu("navigator.gpu is missing (insecure context or flags)");
   const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) throw new Error("E_NO_WEBGPU: no adapter");
+  if (!adapter) throw noGpu("no adapter");
   const a = adapter.limits;
   const device = await adapter.requestDevice({
     requiredLimits: {
@@ -16,9 +17,55 @@ export async function requestDevice() {
       maxComputeWorkgroupSizeX: a.maxComputeWorkgroupSizeX,
     },
   });
-  device.lost.then((info) => console.error(`WebGPU device lost: ${info.reason} ${info.message}`));
+  device.esAdapterInfo = adapter.info ?? {};   // "es" prefix: GPUDevice has its own adapterInfo getter
+  device.esFallbackAdapter = adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter ?? false;
+  device.esLostInfo = null;      // set once the device is lost: {reason, message}
+  device.lost.then((info) => {
+    device.esLostInfo = { reason: info.reason, message: info.message };
+    if (info.reason !== "destroyed") console.error(`WebGPU device lost: ${info.reason} ${info.message}`);
+  });
   device.addEventListener?.("uncapturederror", (e) => console.error(`WebGPU error: ${e.error.message}`));
   return device;
+}
+
+/**
+ * Count every buffer the device creates (live count, live bytes, peak bytes) so receipts and
+ * leak checks read the engine's own accounting, and let a test refuse allocations:
+ * `accounting.refuseAfter = n` makes the (n+1)-th createBuffer from now throw E_OUT_OF_MEMORY.
+ * destroyAll() frees what is still live (terminate, failed load). Mutates `device` in place.
+ */
+export function trackDevice(device) {
+  const live = new Map();      // GPUBuffer -> bytes
+  const accounting = {
+    liveBuffers: 0, liveBytes: 0, peakBytes: 0, created: 0, refuseAfter: -1,
+    destroyAll() { for (const b of [...live.keys()]) b.destroy(); },
+  };
+  const create = device.createBuffer.bind(device);
+  device.createBuffer = (desc) => {
+    if (accounting.refuseAfter === 0) {
+      accounting.refuseAfter = -1;
+      throw Object.assign(new Error(`E_OUT_OF_MEMORY: buffer ${desc.label ?? ""} of ${desc.size} bytes refused`), { code: "E_OUT_OF_MEMORY" });
+    }
+    if (accounting.refuseAfter > 0) accounting.refuseAfter -= 1;
+    const buf = create(desc);
+    const destroy = buf.destroy.bind(buf);
+    live.set(buf, desc.size);
+    accounting.created += 1;
+    accounting.liveBuffers = live.size;
+    accounting.liveBytes += desc.size;
+    accounting.peakBytes = Math.max(accounting.peakBytes, accounting.liveBytes);
+    buf.destroy = () => {
+      if (live.has(buf)) {
+        accounting.liveBytes -= live.get(buf);
+        live.delete(buf);
+        accounting.liveBuffers = live.size;
+      }
+      destroy();
+    };
+    return buf;
+  };
+  device.accounting = accounting;
+  return accounting;
 }
 
 /** Fetch one shader source by URL (throws on HTTP errors). */

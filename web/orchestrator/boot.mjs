@@ -20,7 +20,7 @@ export async function bootPython() {
   pyodide.runPython(`
 import sys
 sys.path.insert(0, "/home/pyodide")
-import exactspec.browser_backend, exactspec.orchestrator, exactspec.tokenizer
+import exactspec.browser_backend, exactspec.orchestrator, exactspec.tokenizer, exactspec.manifest, exactspec.config
 `);
   return { pyodide, timing_ms: { pyodide: t1 - t0, install: performance.now() - t1 } };
 }

@@ -1,55 +1,235 @@
 // The JS side of the Pyodide adapter (py/exactspec/browser_backend.py): one call per round step.
-// Owns the GPU champion + acceptor and a client of the draft worker. Values arriving from Python
-// are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
-import { requestDevice } from "/web/gpu/device.mjs";
+// Owns the GPU champion + acceptor (on a device whose buffers it counts) and a client of the
+// draft worker; recovers both between requests (a lost device is rebuilt, a dead draft worker
+// respawned), arms test faults, and reports counters and memory for receipts. Values arriving
+// from Python are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
+import { requestDevice, trackDevice } from "/web/gpu/device.mjs";
 import { createChampion } from "/web/gpu/champion.mjs";
 import { createAcceptor } from "/web/gpu/accept.mjs";
 import { DraftWorkerClient } from "/web/draft/draft_worker.mjs";
+import { codedError, errorPayload } from "/web/protocol.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
+const FAULT_POINTS = ["championForward", "championRound", "draftForward", "draftPropose"];
+const FAULT_ACTIONS = ["kill_draft", "destroy_device", "nan_champion", "nan_draft", "stall"];
+// Faults that act at once, at no point: "stale_draft" posts an envelope of an older epoch (and of
+// another request) straight into the draft worker, which must drop and count it.
+const IMMEDIATE_FAULTS = ["stale_draft"];
 
-// -> { bridge, info: {champion, draft}, timing_ms }
-export async function createBridge({ championUrl, draftUrl, maxContext }) {
-  const t0 = performance.now();
+/** GPU device + champion + acceptor, built together and freed together. */
+async function openGpu({ championUrl, maxContext, refuseAllocAfter = -1 }) {
   const device = await requestDevice();
-  const champion = await createChampion({ device, modelUrl: championUrl, maxBlock: MAX_BLOCK, maxContext });
-  const acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock: MAX_BLOCK });
+  const accounting = trackDevice(device);
+  accounting.refuseAfter = refuseAllocAfter;
+  let champion = null, acceptor = null;
+  try {
+    champion = await createChampion({ device, modelUrl: championUrl, maxBlock: MAX_BLOCK, maxContext });
+    acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock: MAX_BLOCK });
+  } catch (err) {
+    accounting.destroyAll();   // whatever was allocated before the failure
+    device.destroy();
+    throw err;
+  }
+  const gpu = { device, accounting, champion, acceptor, lost: false };
+  device.lost.then(() => { gpu.lost = true; });
+  gpu.close = () => {
+    acceptor.destroy();
+    champion.destroy();
+    accounting.destroyAll();
+    device.destroy();
+  };
+  return gpu;
+}
+
+/**
+ * -> { bridge, info: {champion, draft, draft_error}, timing_ms, close() }
+ * `counters()` / `runtimeInfo()` (from the worker's runtime) join the bridge's own counts and
+ * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
+ * allocation after that many (tests).
+ */
+export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = "/web/build/draft.wasm",
+  counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
+  const t0 = performance.now();
+  let gpu = await openGpu({ championUrl, maxContext, refuseAllocAfter });
   const t1 = performance.now();
-  const draft = draftUrl ? await DraftWorkerClient.create({ wasmUrl: "/web/build/draft.wasm", modelUrl: draftUrl }) : null;
+  let draft = null, draftError = null, draftRespawns = 0;
+  const spawnDraft = () => DraftWorkerClient.create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
+  if (draftUrl) {
+    try {
+      draft = await spawnDraft();
+    } catch (err) {   // the champion alone still works; speculate="draft" is refused before output
+      draftError = errorPayload(err, "E_DRAFT_LOST");
+    }
+  }
   const t2 = performance.now();
   const ints = (a) => Int32Array.from(a ?? []);
+  const armed = [];                    // fault specs waiting for their point
+  let epoch = 0;
+
+  const liveGpu = () => {
+    if (gpu.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost (${gpu.device.esLostInfo?.reason ?? "destroyed"})`);
+    return gpu;
+  };
+  const liveDraft = () => {
+    if (!draft) throw codedError("E_DRAFT_LOST", draftError ? draftError.message : "no draft model loaded");
+    return draft;
+  };
+  // GPU work on a lost device fails with whatever the browser says; report it as device loss.
+  const onGpu = async (fn) => {
+    try {
+      return await fn(liveGpu());
+    } catch (err) {
+      if (gpu.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost during the call: ${errorPayload(err).message}`);
+      throw err;
+    }
+  };
+
+  async function hit(point, roundId) {
+    for (let i = 0; i < armed.length; i++) {
+      const f = armed[i];
+      if (f.at !== point || roundId < (f.min_round ?? 0)) continue;
+      armed.splice(i--, 1);
+      if (f.action === "kill_draft") draft?.kill();
+      else if (f.action === "destroy_device") { gpu.lost = true; gpu.device.destroy(); }
+      else if (f.action === "nan_draft") await draft?.injectNaN();
+      else if (f.action === "stall") {
+        notify({ stage: "stalled", at: point, round_id: roundId });
+        await new Promise((r) => setTimeout(r, f.ms ?? 300));
+      } else if (f.action === "nan_champion") nanPending = true;   // this round's rows (championRound only)
+    }
+  }
+  let nanPending = false;
+  const nanNow = () => {
+    const now = nanPending;
+    nanPending = false;
+    return now;
+  };
+
   const bridge = {
     async championForward(ids, startPos) {
-      await champion.forward(ints(ids), startPos);
+      await hit("championForward", 0);
+      await onGpu((g) => g.champion.forward(ints(ids), startPos));
     },
     async championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
                         roundId, stopIds, remaining, greedy) {
-      if (feed.length !== m + 1) throw new Error("E_CACHE_STATE: the champion must have exactly one pending token");
-      await champion.forward(ints(feed), startPos);
-      const r = await acceptor.decide({
-        logitsBuffer: champion.logitsBuffer, nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
-        contextIds: ints(committedIds), policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
-        roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
+      await hit("championRound", roundId);
+      if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
+      return onGpu(async (g) => {
+        await g.champion.forward(ints(feed), startPos);
+        if (nanNow()) {   // fault: the champion's rows come out NaN, as a numeric failure would
+          g.device.queue.writeBuffer(g.champion.logitsBuffer, 0, new Float32Array((m + 1) * g.champion.vocabSize).fill(NaN));
+        }
+        const r = await g.acceptor.decide({
+          logitsBuffer: g.champion.logitsBuffer, nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
+          contextIds: ints(committedIds), policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
+          roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
+        });
+        if (gpu.lost) throw codedError("E_DEVICE_LOST", "WebGPU device lost during verification");
+        return JSON.stringify(r);
       });
-      return JSON.stringify(r);
     },
     async championLogits(ids, startPos) {            // diagnostics and tests only
-      await champion.forward(ints(ids), startPos);
-      return champion.readLogits(ids.length);
+      return onGpu(async (g) => {
+        await g.champion.forward(ints(ids), startPos);
+        return g.champion.readLogits(ids.length);
+      });
     },
     async draftForward(ids, startPos) {
-      await draft.forward(ints(ids), startPos);
+      await hit("draftForward", 0);
+      await liveDraft().forward(ints(ids), startPos);
     },
     async draftPropose(feed, startPos, k, policyJson, seedLo, seedHi, roundId, stopIds, contextIds) {
-      const r = await draft.propose({ feed: ints(feed), startPos, k, policy: JSON.parse(policyJson),
+      await hit("draftPropose", roundId);
+      const r = await liveDraft().propose({ feed: ints(feed), startPos, k, policy: JSON.parse(policyJson),
         seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: ints(contextIds) });
       return { tokens_json: JSON.stringify(Array.from(r.tokens)), pDraft: r.pDraft, error_code: r.error_code || "" };
     },
+    /** JSON: cumulative stale-epoch drops by receiver. */
+    counters() {
+      return JSON.stringify({ ...counters(), ...(draft ? draft.staleCounts : { draft_client: 0, draft_worker: 0 }) });
+    },
+    /** JSON: receipt environment (coarse hardware class, versions, peak bytes by category). */
+    environment() {
+      const info = runtimeInfo();
+      const a = gpu.accounting;
+      return JSON.stringify({
+        hardware_class: `webgpu-${gpu.device.esFallbackAdapter ? "fallback" : "hardware"}/${gpu.device.esAdapterInfo.vendor || "unknown"}` +
+          `/cpu-${bucket(navigator.hardwareConcurrency ?? 0)}`,
+        browser_version: browserVersion(),
+        runtime_version: info.runtime_version ?? "pyodide-unknown",
+        peak_resident_bytes: { gpu_buffers: a.peakBytes, wasm_draft: draft ? draft.memoryBytes : 0,
+          pyodide_heap: info.pyodide_heap_bytes ?? 0 },
+      });
+    },
   };
-  const info = {
-    champion: { vocab_size: champion.vocabSize, max_context: maxContext ?? champion.config.max_position_embeddings,
-                identity: champion.identity ?? "webgpu-q8", max_block: MAX_BLOCK },
-    draft: draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity ?? "wasm-f32" } : null,
+
+  return {
+    bridge,
+    info: {
+      champion: { vocab_size: gpu.champion.vocabSize, max_context: maxContext ?? gpu.champion.config.max_position_embeddings,
+        identity: gpu.champion.identity, artifact_bytes: gpu.champion.artifactBytes, max_block: MAX_BLOCK },
+      draft: draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity,
+        artifact_bytes: draft.artifactBytes } : null,
+      draft_error: draftError,
+    },
+    timing_ms: { champion_load: t1 - t0, draft_load: t2 - t1 },
+    /** Before each request: adopt its epoch; rebuild a lost GPU, respawn a dead draft worker. */
+    async beginRequest(requestEpoch) {
+      epoch = Math.max(epoch, requestEpoch);
+      if (gpu.lost) {
+        const old = gpu;
+        gpu = await openGpu({ championUrl, maxContext });
+        try { old.close(); } catch { /* already destroyed */ }
+      }
+      if (draft?.dead && draftUrl) {
+        draft = null;
+        try { draft = await spawnDraft(); draftRespawns++; } catch (err) { draftError = errorPayload(err, "E_DRAFT_LOST"); }
+      }
+      draft?.setEpoch(epoch);
+    },
+    /** A cancel: the draft client moves to the new epoch (its in-flight calls end E_CANCELLED). */
+    cancel(newEpoch) {
+      epoch = Math.max(epoch, newEpoch);
+      draft?.setEpoch(epoch);
+    },
+    arm(spec) {
+      if (!faults) throw codedError("E_BAD_ARGUMENT", "fault injection is off (load with options.faults = true)");
+      if (IMMEDIATE_FAULTS.includes(spec.action)) {
+        if (!draft || draft.dead) throw codedError("E_DRAFT_LOST", "no live draft worker to inject into");
+        if (draft.epoch < 1) throw codedError("E_BAD_ARGUMENT", "no older epoch exists yet (cancel once first)");
+        draft.worker.postMessage({ kind: "propose", request_id: "injected-stale", seq: 0, epoch: draft.epoch - 1,
+          payload: { round_id: 0, k: 1, feed: [0], start_pos: 0, policy: {}, seed: [0, 0] } });
+        return;
+      }
+      if (!FAULT_ACTIONS.includes(spec.action)) throw codedError("E_BAD_ARGUMENT", `unknown fault action ${spec.action}`);
+      if (!FAULT_POINTS.includes(spec.at)) throw codedError("E_BAD_ARGUMENT", `unknown fault point ${spec.at}`);
+      armed.push({ ...spec });
+    },
+    /** GPU buffers live now, bytes live and peak; the draft's WASM memory; respawns. */
+    memory() {
+      const a = gpu.accounting;
+      return { gpu_buffers_live: a.liveBuffers, gpu_bytes_live: a.liveBytes, gpu_bytes_peak: a.peakBytes,
+        wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: gpu.lost };
+    },
+    close() {
+      draft?.terminate();
+      draft = null;
+      gpu.close();
+    },
   };
-  return { bridge, info, timing_ms: { champion_load: t1 - t0, draft_load: t2 - t1 } };
+}
+
+function bucket(n) {
+  return n <= 2 ? "1-2" : n <= 4 ? "3-4" : n <= 8 ? "5-8" : "9+";
+}
+
+/** "chromium-156" from the user agent: the major version only (coarse, not a fingerprint). */
+export function browserVersion() {
+  const ua = globalThis.navigator?.userAgent ?? "";
+  for (const [re, name] of [[/Edg\/(\d+)/, "edge"], [/Chrome\/(\d+)/, "chromium"], [/Firefox\/(\d+)/, "firefox"],
+    [/Version\/(\d+).*Safari/, "safari"]]) {
+    const m = re.exec(ua);
+    if (m) return `${name}-${m[1]}`;
+  }
+  return "unknown";
 }

@@ -1,0 +1,85 @@
+// Load-time model checks, in the orchestrator worker: fetch each model's small files, hash them
+// with WebCrypto, and run exactspec.browser_backend.check_models in Pyodide (the same config
+// validator, manifest fields and pair check as under CPython). Stage 1 runs before any weights
+// are fetched; stage 2 (verifyRunArtifacts) after the champion and draft loaded, with the
+// sha256 of the very bytes they run.
+import { codedError } from "/web/protocol.mjs";
+
+const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
+const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
+
+async function sha256Hex(bytes) {
+  const digest = await crypto.subtle.digest("SHA-256", bytes);
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function fetchBytes(url, limit) {
+  const res = await fetch(url);
+  if (!res.ok) throw codedError("E_MODEL_LOAD", `${new URL(url, location.href).pathname}: HTTP ${res.status}`);
+  const declared = Number(res.headers.get("content-length") ?? 0);
+  if (declared > limit) throw codedError("E_MODEL_LOAD", `${new URL(url, location.href).pathname}: ${declared} bytes is over ${limit}`);
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  if (bytes.byteLength > limit) throw codedError("E_MODEL_LOAD", `${new URL(url, location.href).pathname}: over ${limit} bytes`);
+  return bytes;
+}
+
+/** The manifest that covers these models: models.manifest (a URL, or null for none); by default
+ *  web/models/manifest.json when both models are served from under web/models/. */
+function manifestUrl(models) {
+  if (models.manifest !== undefined) return models.manifest;
+  const shipped = new URL("/web/models/", location.href).href;
+  const under = (u) => !u || new URL(u, location.href).href.startsWith(shipped);
+  return under(models.champion) && under(models.draft) ? new URL("manifest.json", shipped).href : null;
+}
+
+function runPy(pyodide, specJson, blobs) {
+  const check = pyodide.pyimport("exactspec.browser_backend").check_models;
+  try {
+    const out = JSON.parse(check(specJson, (key) => blobs.get(key)));
+    if (out.error) throw codedError(out.error.code, out.error.message);
+    return out.ok;
+  } finally {
+    check.destroy();
+  }
+}
+
+/** -> {tokenizer_json, tokenizer_config_json, generation_config_json, summary, ms, verifyRunArtifacts(info)} */
+export async function checkModels(pyodide, models) {
+  const t0 = performance.now();
+  const roles = models.draft ? ["champion", "draft"] : ["champion"];
+  const mUrl = manifestUrl(models);
+  const blobs = new Map();              // "role/name" -> Uint8Array
+  const served = {};                    // role -> name -> [sha256, bytes]
+  const [manifest] = await Promise.all([
+    mUrl ? fetchBytes(mUrl, MAX_SMALL_FILE).then((b) => JSON.parse(new TextDecoder().decode(b))) : null,
+    ...roles.map(async (role) => {
+      served[role] = {};
+      const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
+      await Promise.all(MODEL_FILES.map(async (name) => {
+        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE);
+        blobs.set(`${role}/${name}`, bytes);
+        served[role][name] = [await sha256Hex(bytes), bytes.byteLength];
+      }));
+    }),
+  ]);
+  let summary = runPy(pyodide, JSON.stringify({ roles }), blobs);     // stage 1: configs
+  const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
+  const ms = performance.now() - t0;
+  return {
+    tokenizer_json: text("tokenizer.json"),
+    tokenizer_config_json: text("tokenizer_config.json"),
+    generation_config_json: text("generation_config.json"),
+    ms,
+    get summary() { return summary; },
+    /** Stage 2, given the bridge's info: the run artifacts' sha256 and bytes, as loaded. */
+    verifyRunArtifacts(info) {
+      const run = { champion: info.champion, draft: info.draft };
+      const present = roles.filter((r) => run[r]);          // a draft that failed to load is not checked
+      const runFile = (role) => manifest?.models?.[role]?.run_artifact?.file
+        ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
+      for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
+      summary = runPy(pyodide, JSON.stringify({ roles: present, manifest, served }), blobs);
+      return summary;
+    },
+  };
+}

@@ -1,0 +1,125 @@
+// The orchestrator worker's runtime: Pyodide (booted once per worker) running
+// exactspec.browser_backend over a bridge to the WebGPU champion and the draft worker. Every
+// PyProxy it makes is destroyed by it: per request, per cancel, and at unload/terminate.
+import { bootPython, fetchOk } from "/web/orchestrator/boot.mjs";
+import { createBridge } from "/web/orchestrator/bridge.mjs";
+import { checkModels } from "/web/orchestrator/model_check.mjs";
+import { codedError } from "/web/protocol.mjs";
+
+/** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
+ *  unless `keep`. */
+function callPy(obj, name, args, keep = false) {
+  const fn = obj[name];
+  try {
+    const out = fn(...args);
+    if (!keep && out && typeof out.destroy === "function") { out.destroy(); return undefined; }
+    return out;
+  } finally {
+    fn.destroy?.();
+  }
+}
+
+export function createPyodideRuntime({ counters, post }) {
+  let py = null;              // { pyodide, timing_ms, backend }
+  let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
+  let current = null;         // the running generate envelope (bridge notices go to its caller)
+  const notifyRequest = (payload) => {
+    if (current) post({ kind: "progress", request_id: current.request_id, seq: 0, epoch: current.epoch, payload });
+  };
+
+  function runtimeInfo() {
+    return {
+      runtime_version: py ? `pyodide-${py.pyodide.version}/python-${py.pythonVersion}` : "pyodide-unknown",
+      pyodide_heap_bytes: py ? py.pyodide._module.HEAP8.buffer.byteLength : 0,
+    };
+  }
+
+  function unload() {
+    if (!loaded) return;
+    const { bridge, session, generate } = loaded;
+    loaded = null;
+    session.destroy();
+    generate.destroy();
+    bridge.close();
+  }
+
+  async function boot() {
+    if (py) return { pyodide: 0, install: 0 };
+    const { pyodide, timing_ms } = await bootPython();
+    const backend = pyodide.pyimport("exactspec.browser_backend");
+    const sys = pyodide.pyimport("sys");
+    const vi = sys.version_info;
+    py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}` };
+    vi.destroy();
+    sys.destroy();
+    return timing_ms;
+  }
+
+  return {
+    async load({ models, options = {} }, notify) {
+      const t0 = performance.now();
+      unload();                                   // a second load frees the first
+      notify({ stage: "python" });
+      const pyTiming = await boot();
+      notify({ stage: "check" });
+      const checked = await checkModels(py.pyodide, models);   // manifest + pair, before any big download
+      notify({ stage: "models" });
+      const built = await createBridge({
+        championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
+        faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
+        notify: notifyRequest,
+      });
+      try {
+        checked.verifyRunArtifacts(built.info);
+        const session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
+          checked.generation_config_json, JSON.stringify(built.info.champion),
+          built.info.draft ? JSON.stringify(built.info.draft) : "",
+          built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}` : ""], true);
+        loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
+      } catch (err) {
+        built.close();
+        throw err;
+      }
+      return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
+        info: { ...built.info, manifest: checked.summary } };
+    },
+
+    async generate(env) {
+      if (!loaded) throw codedError("E_BAD_ARGUMENT", "no model is loaded");
+      current = env;
+      try {
+        await loaded.bridge.beginRequest(env.epoch);
+        const coro = loaded.generate(loaded.session, JSON.stringify(env), (s) => post(JSON.parse(s)));
+        try {
+          return JSON.parse(await coro);
+        } finally {
+          coro.destroy?.();
+        }
+      } finally {
+        current = null;
+      }
+    },
+
+    cancel(epoch) {
+      if (!loaded) return;
+      callPy(loaded.session, "cancel_epoch", [epoch]);
+      loaded.bridge.cancel(epoch);
+    },
+
+    fault(spec) {
+      if (!loaded) throw codedError("E_BAD_ARGUMENT", "no model is loaded");
+      loaded.bridge.arm(spec);
+    },
+
+    memory() {
+      const info = runtimeInfo();
+      return { ...(loaded ? loaded.bridge.memory() : {}), pyodide_heap_bytes: info.pyodide_heap_bytes };
+    },
+
+    async terminate() {
+      unload();
+    },
+  };
+}
+
+export { fetchOk };
