@@ -43,7 +43,7 @@ def harness(chromium_browser, http_server):  # noqa: F811
     page = context.new_page()
     forward_console(page)
     page.goto(http_server.url + "/web/tests/accept_harness.html")
-    page.wait_for_function("window.acceptHarnessReady === true", timeout=60_000)
+    page.wait_for_function("() => window.acceptHarnessReady === true", timeout=60_000)
     yield page
     context.close()
 

@@ -90,7 +90,7 @@ def gpu_page(chromium_browser, http_server):  # noqa: F811
     page = context.new_page()
     forward_console(page, prefix="gpu")
     page.goto(f"{http_server.url}/web/tests/gpu_harness.html")
-    page.wait_for_function("window.harnessReady === true", timeout=60_000)
+    page.wait_for_function("() => window.harnessReady === true", timeout=60_000)
     page.evaluate("window.harness.init()")
     yield page
     context.close()

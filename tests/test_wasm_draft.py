@@ -444,7 +444,7 @@ def test_propose_invalid_row_reports_processor_invalid(which):
 def open_harness(page, http_server):
     ensure_wasm()
     page.goto(f"{http_server.url}/web/tests/draft_harness.html")
-    page.wait_for_function("window.harnessReady === true", timeout=30000)
+    page.wait_for_function("() => window.harnessReady === true", timeout=30000)
 
 
 def rel_url(path: Path) -> str:

@@ -3,11 +3,11 @@
 // draft worker; recovers both between requests (a lost device is rebuilt, a dead draft worker
 // respawned), arms test faults, and reports counters and memory for receipts. Values arriving
 // from Python are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
-import { requestDevice, trackDevice } from "/web/gpu/device.mjs";
-import { createChampion } from "/web/gpu/champion.mjs";
-import { createAcceptor } from "/web/gpu/accept.mjs";
-import { DraftWorkerClient } from "/web/draft/draft_worker.mjs";
-import { codedError, errorPayload } from "/web/protocol.mjs";
+import { requestDevice, trackDevice } from "../gpu/device.mjs";
+import { createChampion } from "../gpu/champion.mjs";
+import { createAcceptor } from "../gpu/accept.mjs";
+import { DraftWorkerClient } from "../draft/draft_worker.mjs";
+import { codedError, errorPayload } from "../protocol.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
 const FAULT_POINTS = ["championForward", "championRound", "draftForward", "draftPropose"];

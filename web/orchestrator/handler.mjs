@@ -14,7 +14,7 @@
 //     cancels it at its next round boundary. A cancel or fault older than the handler's epoch is
 //     stale: dropped and counted, never applied. A generate older than it is counted as stale and
 //     answered as cancelled without running (the caller's promise always settles).
-import { codedError, errorPayload } from "/web/protocol.mjs";
+import { codedError, errorPayload } from "../protocol.mjs";
 
 /**
  * runtime: { load(payload, notify) -> {timing_ms, info}, generate(env, post) -> result | {error},

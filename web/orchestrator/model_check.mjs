@@ -3,7 +3,7 @@
 // validator, manifest fields and pair check as under CPython). Stage 1 runs before any weights
 // are fetched; stage 2 (verifyRunArtifacts) after the champion and draft loaded, with the
 // sha256 of the very bytes they run.
-import { codedError } from "/web/protocol.mjs";
+import { codedError } from "../protocol.mjs";
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB

@@ -1,10 +1,10 @@
 // The orchestrator worker's runtime: Pyodide (booted once per worker) running
 // exactspec.browser_backend over a bridge to the WebGPU champion and the draft worker. Every
 // PyProxy it makes is destroyed by it: per request, per cancel, and at unload/terminate.
-import { bootPython, fetchOk } from "/web/orchestrator/boot.mjs";
-import { createBridge } from "/web/orchestrator/bridge.mjs";
-import { checkModels } from "/web/orchestrator/model_check.mjs";
-import { codedError } from "/web/protocol.mjs";
+import { bootPython, fetchOk } from "./boot.mjs";
+import { createBridge } from "./bridge.mjs";
+import { checkModels } from "./model_check.mjs";
+import { codedError } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
  *  unless `keep`. */

@@ -2,9 +2,9 @@
 // acceptance kernels run on WebGPU here; the draft runs in its own WASM worker. The protocol
 // logic is handler.mjs (a plain function, tested with a mock runtime); this file only wires it
 // to the Pyodide runtime (runtime.mjs) and to postMessage.
-import { createOrchestratorHandler } from "/web/orchestrator/handler.mjs";
-import { createPyodideRuntime } from "/web/orchestrator/runtime.mjs";
-import { loadSchema } from "/web/protocol.mjs";
+import { createOrchestratorHandler } from "./handler.mjs";
+import { createPyodideRuntime } from "./runtime.mjs";
+import { loadSchema } from "../protocol.mjs";
 
 // No top-level await: a message posted while this module is still evaluating would be lost.
 const post = (env) => self.postMessage(env);
