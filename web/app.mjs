@@ -47,8 +47,8 @@ async function run() {
     });
     showStats(result);
     if (!result.error) setStatus("done");
-  } catch (err) {
-    setStatus(String(err.message ?? err), true);
+  } catch (err) {                      // refused before it started: a code and a sentence
+    setStatus(err.code ? err.message : `E_INTERNAL: ${err.message ?? err}`, true);
   } finally {
     $("go").disabled = false;
     $("stop").disabled = true;
@@ -64,7 +64,16 @@ async function main() {
     $("go").textContent = "Unavailable";
     return;
   }
-  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  const draftError = engine.ready.info.draft_error;
+  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
+    (draftError ? ` — the draft could not load (${draftError.code}: ${draftError.message}); running the champion alone` : ""),
+  !!draftError);
+  if (draftError) {                    // "draft" would be refused (E_DRAFT_LOST): offer what works
+    const opt = [...$("speculate").options].find((o) => o.value === "draft");
+    if (opt) opt.disabled = true;
+    if ($("speculate").value === "draft") $("speculate").value = "lookup";
+  }
+  addEventListener("pagehide", () => engine.terminate());
   $("go").textContent = "Generate";
   $("go").disabled = false;
   $("go").onclick = run;
