@@ -2,14 +2,14 @@
 
 Greedy: speculative-with-draft and prompt-lookup ids equal browser champion-alone ids (the GPU
 kernels are batch-invariant, so this is exact, not approximate). Against the CPython reference
-(same q8 champion weights, float64): ids agree except where a float margin explains it; the
-rate is measured and printed.
+(same q8 champion weights, float64): greedy ids agree up to a first difference that only a
+reference logit gap within the f32 error allows; sampled answers agree in all but two
+of eight; the rates are printed.
 """
 import json
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
@@ -20,6 +20,7 @@ from exactspec.orchestrator import GenerationConfig, Orchestrator
 from exactspec.policy import SamplingPolicy
 from exactspec.reference_llama import LlamaReference
 from exactspec.tokenizer import Tokenizer
+from tolerances import flip_margin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = default_models_dir()
@@ -95,12 +96,15 @@ def _reference_orchestrator():
 
 
 def test_browser_matches_the_cpython_reference_greedy(runtime):
-    """Browser greedy ids vs the float64 reference on the same q8 weights: equal, or the first
-    difference sits where the reference's top-two logit margin is tiny."""
+    """Browser greedy ids vs the float64 reference on the same q8 weights, 10 prompts x 16 tokens:
+    where an answer first differs, the reference's logit gap between its token and the browser's
+    at that position must be <= flip_margin("champion_logits_vs_reference") (f32 logits within
+    that tolerance can swap only such a pair). Later positions are not compared: their contexts
+    differ."""
     orch, tok = _reference_orchestrator()
     ref_champion = LlamaReference.from_dir(CHAMPION, weights="q8")
     stops = stop_ids_from(CHAMPION)
-    n_equal, margins = 0, []
+    n_equal, gaps = 0, []
     for prompt in PROMPTS[:10]:
         ids = tok.encode(prompt)
         want = orch.generate(ids, GenerationConfig(max_new_tokens=16, policy=SamplingPolicy(temperature=0),
@@ -109,18 +113,19 @@ def test_browser_matches_the_cpython_reference_greedy(runtime):
         if got == want:
             n_equal += 1
             continue
-        j = next(i for i in range(min(len(got), len(want))) if got[i] != want[i])
+        j = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), min(len(got), len(want)))
+        assert j < len(got) and j < len(want), (prompt, "one answer stops early without differing", got, want)
+        ref_champion.reset()
         logits = ref_champion.forward(ids + want[:j], 0)[-1]
-        top2 = np.sort(logits)[-2:]
-        margins.append(float(top2[1] - top2[0]))
-    print(f"browser vs reference greedy: {n_equal}/10 identical; first-difference margins {margins}")
-    assert all(m < 1e-2 for m in margins), margins
-    assert n_equal >= 8
+        gaps.append(float(logits[want[j]] - logits[got[j]]))
+        assert gaps[-1] <= flip_margin("champion_logits_vs_reference"), (prompt, j, got[j], want[j], gaps[-1])
+    print(f"browser vs reference greedy: {n_equal}/10 identical; logit gaps at first differences {gaps}")
 
 
 def test_same_seed_sampling_browser_vs_reference(runtime):
-    """Same seed, mode and prompt: the browser and CPython sample the same tokens except where a
-    float margin (Gumbel near-tie or u near the acceptance probability) explains it."""
+    """Same seed, mode and prompt: the browser and CPython sample identical answers for at least
+    6 of 8 prompts (f32 vs f64 can flip a Gumbel near-tie or a u near the acceptance probability;
+    tests/test_gpu_accept.py checks each such flip's margin at the decision level)."""
     orch, tok = _reference_orchestrator()
     stops = stop_ids_from(CHAMPION)
     agree, n = 0, 0

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tolerances import within
+
 from exactspec.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
 from exactspec.processors import (PROCESSORS_VERSION, AllowedSetGrammar, Grammar, SamplingPolicy, argmax_tie_low,
                                   process_logits, process_logits_batch)
@@ -37,7 +39,7 @@ def coded(code, fn, *args, **kwargs) -> ExactSpecError:
 
 # ---------------------------------------------------------------- each step on hand-computed vectors
 def test_plain_softmax_and_neg_inf_input():
-    assert np.allclose(run([0.0, math.log(3.0)]), [0.25, 0.75], rtol=0, atol=1e-15)
+    assert within(run([0.0, math.log(3.0)]), [0.25, 0.75], "processors_f64")
     assert np.array_equal(run([0.0, 0.0, NEG_INF, 0.0, 0.0]), [0.25, 0.25, 0.0, 0.25, 0.25])
 
 
@@ -48,13 +50,13 @@ def test_step1_nan_or_pos_inf_is_coded():
 
 
 def test_step2_suppression():
-    assert np.allclose(run([0.0, 9.0, 0.0, 0.0], suppress_token_ids=(1,)), [1 / 3, 0, 1 / 3, 1 / 3], atol=1e-15)
+    assert within(run([0.0, 9.0, 0.0, 0.0], suppress_token_ids=(1,)), [1 / 3, 0, 1 / 3, 1 / 3], "processors_f64")
     coded(E_PROCESSOR_INVALID, run, [1.0, 2.0], suppress_token_ids=(0, 1))
 
 
 def test_step3_grammar_mask():
     g = AllowedSetGrammar({0, 2})
-    assert np.allclose(run([0.0, 5.0, math.log(3.0), 1.0], grammar=g), [0.25, 0, 0.75, 0], atol=1e-15)
+    assert within(run([0.0, 5.0, math.log(3.0), 1.0], grammar=g), [0.25, 0, 0.75, 0], "processors_f64")
     e = coded(E_PROCESSOR_INVALID, run, [0.0, 5.0, NEG_INF], grammar=AllowedSetGrammar({2}))
     assert "no valid token" in e.message
     coded(E_PROCESSOR_INVALID, run, [0.0, 1.0, 2.0], grammar=AllowedSetGrammar(()))
@@ -63,7 +65,7 @@ def test_step3_grammar_mask():
 def test_step4_repetition_penalty_hf_convention():
     # ids 0 (logit 2 > 0: divide) and 1 (logit -1 <= 0: multiply) are in context; repeats count once.
     got = run([2.0, -1.0, 0.5, 3.0], context=[0, 1, 1, 0], repetition_penalty=2.0)
-    assert np.allclose(got, softmax([1.0, -2.0, 0.5, 3.0]), rtol=1e-14)
+    assert within(got, softmax([1.0, -2.0, 0.5, 3.0]), "processors_f64")
     assert np.array_equal(run([0.0, 0.0], context=[0], repetition_penalty=3.0), [0.5, 0.5])   # 0 stays 0
 
 
@@ -76,22 +78,22 @@ def test_step5_greedy_and_ties():
 
 
 def test_step5_temperature():
-    assert np.allclose(run([0.0, math.log(2.0)], temperature=0.5), [0.2, 0.8], rtol=1e-14)
-    assert np.allclose(run([0.0, math.log(4.0)], temperature=2.0), [1 / 3, 2 / 3], rtol=1e-14)
+    assert within(run([0.0, math.log(2.0)], temperature=0.5), [0.2, 0.8], "processors_f64")
+    assert within(run([0.0, math.log(4.0)], temperature=2.0), [1 / 3, 2 / 3], "processors_f64")
 
 
 def test_step6_top_k_exactly_k_with_ties():
     assert np.array_equal(run([1.0, 3.0, 3.0, 2.0, 3.0], top_k=2), [0, 0.5, 0.5, 0, 0])
     assert np.array_equal(run([1.0, 3.0, 3.0, 2.0, 3.0], top_k=1), [0, 1, 0, 0, 0])
-    assert np.allclose(run([0.0, 1.0, 2.0], top_k=3), softmax([0.0, 1.0, 2.0]))           # k >= V: off
-    assert np.allclose(run([0.0, 1.0, NEG_INF], top_k=5), softmax([0.0, 1.0, NEG_INF]))
+    assert within(run([0.0, 1.0, 2.0], top_k=3), softmax([0.0, 1.0, 2.0]), "processors_f64")   # k >= V: off
+    assert within(run([0.0, 1.0, NEG_INF], top_k=5), softmax([0.0, 1.0, NEG_INF]), "processors_f64")
 
 
 def test_step8_top_p():
     halves = [math.log(p) for p in (0.5, 0.25, 0.125, 0.125)]
-    assert np.allclose(run(halves, top_p=0.4), [1, 0, 0, 0])
-    assert np.allclose(run(halves, top_p=0.7), [2 / 3, 1 / 3, 0, 0], rtol=1e-14)
-    assert np.allclose(run(halves, top_p=0.8), [4 / 7, 2 / 7, 1 / 7, 0], rtol=1e-14)
+    assert within(run(halves, top_p=0.4), [1, 0, 0, 0], "processors_f64")
+    assert within(run(halves, top_p=0.7), [2 / 3, 1 / 3, 0, 0], "processors_f64")
+    assert within(run(halves, top_p=0.8), [4 / 7, 2 / 7, 1 / 7, 0], "processors_f64")
     # exact boundary: uniform probs are exact (1/4), cumulative 0.25, 0.5 -> 0.5 >= 0.5 stops at 2; ties -> low ids
     assert np.array_equal(run([0.0] * 4, top_p=0.5), [0.5, 0.5, 0, 0])
     assert np.array_equal(run([0.0] * 4, top_p=0.5000001), [1 / 3, 1 / 3, 1 / 3, 0])
@@ -104,7 +106,7 @@ def test_order_top_k_before_top_p():
     ours = run(logits, top_k=2, top_p=0.6)                          # top-k renormalises to (.625, .375)
     assert np.array_equal(ours, [1, 0, 0])
     other = run(log(run(logits, top_p=0.6)), top_k=2)             # top-p first would keep two
-    assert np.allclose(other, [0.625, 0.375, 0])
+    assert within(other, [0.625, 0.375, 0], "processors_f64")
 
 
 def test_order_penalty_before_top_k_and_greedy():
@@ -218,7 +220,7 @@ def test_matches_hf_warpers_on_random_logits_without_ties():
         ours = process_logits(logits, context, SamplingPolicy(temperature, top_k, top_p, penalty))
         theirs = hf_probs(logits.tolist(), context, temperature, top_k, top_p, penalty)
         assert np.array_equal(ours > 0, theirs > 0), trial
-        assert np.allclose(ours, theirs, rtol=1e-12, atol=1e-300), trial
+        assert within(ours, theirs, "processors_vs_hf"), trial
         checked += 1
     assert checked > 280
 
@@ -226,7 +228,7 @@ def test_matches_hf_warpers_on_random_logits_without_ties():
 def test_documented_difference_top_k_ties_vs_hf():
     logits = [1.0, 2.0, 2.0, 0.0]
     assert np.array_equal(run(logits, top_k=1), [0, 1, 0, 0])                # exactly k, lowest id wins
-    assert np.allclose(hf_probs(logits, [0], 1.0, 1, 1.0, 1.0), [0, 0.5, 0.5, 0])   # HF keeps every tie
+    assert within(hf_probs(logits, [0], 1.0, 1, 1.0, 1.0), [0, 0.5, 0.5, 0], "processors_vs_hf")   # HF keeps every tie
 
 
 # ---------------------------------------------------------------- properties
