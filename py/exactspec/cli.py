@@ -1,4 +1,5 @@
-"""Command line: `exactspec demo | generate | sample`. Errors are one coded line, never a traceback."""
+"""Command line: `exactspec demo | generate | sample | serve`. Every failure ends in one line
+`exactspec: E_CODE: message` on stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -6,9 +7,10 @@ import json
 import os
 import sys
 
-from .errors import E_BAD_ARGUMENT, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_CANCELLED, E_INTERNAL, E_IO, ExactSpecError
 
-EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 70
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 70, 130
+CHAMPION_WEIGHTS = ("q8", "f32")   # q8: model.q8.safetensors, the artifact the browser page runs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -16,11 +18,29 @@ class _Parser(argparse.ArgumentParser):
         raise ExactSpecError(E_BAD_ARGUMENT, message)
 
 
+def _model_dir_arg(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must be a model directory, not an empty string")
+    return value
+
+
+def _port_arg(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0..65535; 0 picks a free one)")
+    return port
+
+
 def _add_generation_args(p):
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--champion", default=None, help="champion model directory (default: shipped)")
-    p.add_argument("--draft", default=None, help="draft model directory (default: shipped)")
+    p.add_argument("--champion", default=None, type=_model_dir_arg, help="champion model directory (default: shipped)")
+    p.add_argument("--draft", default=None, type=_model_dir_arg, help="draft model directory (default: shipped)")
+    p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
+                   help="champion weights on the reference backend: q8 (default, what the browser runs) or f32")
     p.add_argument("--speculate", default="draft", choices=["none", "draft", "lookup"])
     p.add_argument("--k", type=int, default=4, help="proposals per round")
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
@@ -41,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the reference generation demo (main job)")
     demo.add_argument("--toy", action="store_true", help="use the NumPy toy models even if real ones exist")
     demo.add_argument("--json", action="store_true")
+    demo.add_argument("--weights", default="q8", choices=CHAMPION_WEIGHTS, help="champion weights (default q8)")
     serve = sub.add_parser("serve", help="serve the browser runtime on 127.0.0.1 (COOP/COEP, offline)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port_arg, default=8000, help="0..65535; 0 picks a free port")
     _add_generation_args(sub.add_parser("generate", help="generate one answer"))
     sample = sub.add_parser("sample", help="N independent samples, seeds derived from --seed")
     _add_generation_args(sample)
@@ -59,22 +80,21 @@ def _policy(args):
 def _load(args):
     from .models import load_pair
     champion, draft = _model_dirs(args)
-    return load_pair(champion, draft)
+    return load_pair(champion, draft, champion_weights=args.weights or "q8")
 
 
 def _prompt_ids(pair, args):
-    if args.chat:
-        from .chat import check_template, render_chat
-        check_template(pair.tokenizer_config.get("chat_template", ""))
-        text = render_chat([{"role": "user", "content": args.prompt}], pair.tokenizer_config.get("bos_token", ""))
-        return pair.tokenizer.encode(text, add_special_tokens=False)
+    if args.chat:   # message text without special-token parsing: see exactspec.chat
+        from .chat import encode_chat_prompt
+        return encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": args.prompt}])
     return pair.tokenizer.encode(args.prompt, add_special_tokens=True)
 
 
 def _config(pair, args, seed):
     from .orchestrator import GenerationConfig
     return GenerationConfig(max_new_tokens=args.max_new_tokens, policy=_policy(args), speculate=args.speculate,
-                            k=args.k, seed=seed, stop_token_ids=pair.stop_token_ids, stop_strings=tuple(args.stop))
+                            k=args.k, seed=seed, stop_token_ids=pair.stop_token_ids,
+                            stop_strings=tuple(args.stop))   # --stop is repeatable: a list of whole strings
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -99,9 +119,11 @@ def _browser_payload(args, seed: int) -> dict:
         "k": args.k, "seed": seed, "stop_strings": list(args.stop)}}
 
 
-def _run(args, seeds, on_event=None) -> list:
+def _run(args, seeds, stream=None) -> list:
     """Run one request per seed on the chosen backend; returns result dicts (same shape for both)."""
     if args.backend == "browser":
+        if args.weights == "f32":
+            raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser backend runs the q8 champion only")
         from .browser_run import BrowserRuntime
         champion, draft = _model_dirs(args)
         with BrowserRuntime(champion, draft) as rt:
@@ -115,12 +137,38 @@ def _run(args, seeds, on_event=None) -> list:
             return outs
     pair = _load(args)
     ids = _prompt_ids(pair, args)
-    return [pair.orchestrator.generate(ids, _config(pair, args, seed), on_event=on_event).to_dict() for seed in seeds]
+    results = []
+    for seed in seeds:
+        cancel = stream.cancel if stream else None
+        results.append(pair.orchestrator.generate(ids, _config(pair, args, seed), on_event=stream,
+                                                  cancel=cancel).to_dict())
+        if stream and stream.broken:
+            raise stream.broken
+    return results
+
+
+class _TokenPrinter:
+    """on_event callback printing token text as it arrives. A stdout that fails (closed pipe)
+    cancels the request rather than raising inside the orchestrator; _run then raises E_IO."""
+
+    def __init__(self):
+        from .orchestrator import CancelToken
+        self.cancel = CancelToken()
+        self.broken = None   # ExactSpecError(E_IO) once stdout failed
+
+    def __call__(self, env):
+        if env["kind"] != "tokens" or self.broken:
+            return
+        try:
+            sys.stdout.write(env["payload"]["text"])
+            sys.stdout.flush()
+        except OSError as exc:
+            self.broken = _stdout_failed(exc)
+            self.cancel.cancel()
 
 
 def cmd_generate(args) -> int:
-    stream = None if args.json else (lambda env: env["kind"] == "tokens" and
-                                     (sys.stdout.write(env["payload"]["text"]), sys.stdout.flush()))
+    stream = None if args.json else _TokenPrinter()
     result = _run(args, [args.seed], stream)[0]
     if args.json:
         print(json.dumps(result))
@@ -132,7 +180,7 @@ def cmd_generate(args) -> int:
         print(f"[{result['finish_reason']}] {len(result['token_ids'])} tokens, {st['rounds']} rounds, "
               f"{st['accepted']}/{st['proposed']} accepted, {result['timing_ms']['total']:.0f} ms", file=sys.stderr)
     if result["error"]:
-        print(f"exactspec: {result['error']['code']}: {result['error']['message']}", file=sys.stderr)
+        _say_error(result["error"]["code"], result["error"]["message"])
         return EXIT_ERROR
     return 0
 
@@ -151,27 +199,71 @@ def cmd_sample(args) -> int:
     return EXIT_ERROR if any(r["error"] for r in samples) else 0
 
 
+def _say_error(code: str, message: str) -> None:
+    """The one line every failure ends in (nothing if stderr itself is gone)."""
+    if sys.stderr is None:
+        return
+    try:
+        print(f"exactspec: {code}: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _mute_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's final flush of a dead pipe is silent
+    (no "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _stdout_failed(exc: OSError) -> ExactSpecError:
+    _mute_stdout()
+    what = "broken pipe" if isinstance(exc, BrokenPipeError) else (exc.strerror or type(exc).__name__)
+    return ExactSpecError(E_IO, f"cannot write to stdout ({what}); output is incomplete")
+
+
+def _dispatch(args) -> int:
+    if sys.stdout is None:   # started with stdout closed (`>&-`): nowhere to put the output
+        raise ExactSpecError(E_IO, "stdout is closed; redirect it to a file or /dev/null instead")
+    if args.command == "demo":
+        from .demo import run_demo
+        return run_demo(toy=args.toy, as_json=args.json, weights=args.weights)
+    if args.command == "serve":
+        from .server import serve_forever
+        try:
+            serve_forever("127.0.0.1", args.port)
+        except KeyboardInterrupt:   # Ctrl-C is how a server is stopped: a normal exit 0, at any moment
+            pass
+        return 0
+    return {"generate": cmd_generate, "sample": cmd_sample}[args.command](args)
+
+
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        if args.command == "demo":
-            from .demo import run_demo
-            return run_demo(toy=args.toy, as_json=args.json)
-        if args.command == "serve":
-            from .server import serve_forever
-            serve_forever("127.0.0.1", args.port)
-            return 0
-        return {"generate": cmd_generate, "sample": cmd_sample}[args.command](args)
+        rc = _dispatch(build_parser().parse_args(argv))
+        sys.stdout.flush()   # a pipe closed by the reader fails here, not at interpreter exit
+        return rc
     except ExactSpecError as err:
-        print(f"exactspec: {err.code}: {err.message}", file=sys.stderr)
+        _say_error(err.code, err.message)
         return EXIT_USAGE if err.code == E_BAD_ARGUMENT else EXIT_ERROR
     except KeyboardInterrupt:
-        print("exactspec: interrupted", file=sys.stderr)
-        return 130
+        _say_error(E_CANCELLED, "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError as exc:   # stdout (the only pipe the CLI writes) closed by its reader
+        err = _stdout_failed(exc)
+        _say_error(err.code, err.message)
+        return EXIT_ERROR
+    except OSError as exc:   # a file, pipe or socket failure no layer below turned into a code
+        _say_error(E_IO, f"{type(exc).__name__}: {exc.strerror or exc}")
+        return EXIT_ERROR
     except Exception as exc:  # a bug: still one line; EXACTSPEC_DEBUG=1 shows the traceback
         if os.environ.get("EXACTSPEC_DEBUG"):
             raise
-        print(f"exactspec: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say_error(E_INTERNAL, f"{type(exc).__name__}: {exc}")
         return EXIT_INTERNAL
 
 

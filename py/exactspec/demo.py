@@ -18,13 +18,16 @@ DEMO_PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said u
 MODES = [("none", 0), ("draft", 4), ("lookup", 4)]
 
 
-def _setup(toy: bool):
+def _setup(toy: bool, weights: str):
     from .models import default_models_dir, load_pair
+    from .reference_llama import Q8_WEIGHTS_FILE, WEIGHTS_FILE
     base = default_models_dir()
     if not toy and os.path.exists(os.path.join(base, "champion", "model.safetensors")):
-        pair = load_pair(os.path.join(base, "champion"), os.path.join(base, "draft"))
+        pair = load_pair(os.path.join(base, "champion"), os.path.join(base, "draft"), champion_weights=weights)
         encode = lambda text: pair.tokenizer.encode(text)
-        return "shipped pair (" + base + ")", pair.orchestrator, encode, pair.stop_token_ids, DEMO_PROMPTS
+        artifact = Q8_WEIGHTS_FILE if weights == "q8" else WEIGHTS_FILE
+        label = f"shipped pair ({base}): champion {artifact}, draft {WEIGHTS_FILE}"
+        return label, pair.orchestrator, encode, pair.stop_token_ids, DEMO_PROMPTS
     from .backends import RunnerChampion, RunnerDraft
     from .orchestrator import Orchestrator
     from .toy import ToyRunner, toy_draft
@@ -41,8 +44,9 @@ def _survival(hist):
     return [round(sum(hist[i:]) / total, 3) if total else None for i in range(len(hist))]
 
 
-def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48) -> int:
-    label, orch, encode, stop_ids, prompts = _setup(toy)
+def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48, weights: str = "q8") -> int:
+    """weights: the champion's artifact, "q8" (what the browser runs) or "f32"."""
+    label, orch, encode, stop_ids, prompts = _setup(toy, weights)
     out = {"models": label, "prompts": [], "all_greedy_identical": True}
     say = (lambda *a: None) if as_json else print
     say(f"exactspec demo: {label}")

@@ -1,0 +1,6 @@
+"""`python -m exactspec ...`: the same command line as the `exactspec` script."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
