@@ -566,3 +566,19 @@ def test_an_f32_run_artifact_must_carry_no_quantization_metadata():
     with pytest.raises(ExactSpecError) as err:
         check_weights_metadata("model.safetensors", {"quantization": "int8"}, "x")
     assert err.value.code == E_MODEL_LOAD
+
+
+@pytest.mark.parametrize("name, make", [
+    ("tokenizer.json", lambda p: os.mkfifo(p)),
+    ("config.json", lambda p: open(p, "w").write("[" * 100000 + "]" * 100000)),
+    ("config.json", lambda p: open(p, "w").write('{"vocab_size": 1e400}')),
+    ("generation_config.json", lambda p: os.symlink("/dev/zero", p)),
+])
+def test_hostile_model_json_is_refused_coded_without_blocking_or_recursing(pair_dirs, name, make):
+    champion, draft = pair_dirs
+    path = os.path.join(draft, name)
+    os.remove(path)
+    make(path)
+    with pytest.raises(ExactSpecError) as e:
+        check_pair(champion, draft)
+    assert e.value.code == E_MODEL_LOAD and name in e.value.message

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 
+from .config import load_json_bounded, open_regular_file, read_regular_file
 from .errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
 from .tokenizer import Tokenizer
 
@@ -27,6 +28,7 @@ FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_c
 CHAT_TEMPLATE_FILE = "chat_template.jinja"          # read only when tokenizer_config has none
 WEIGHTS_FILE = "model.safetensors"
 Q8_WEIGHTS_FILE = "model.q8.safetensors"
+MAX_MODEL_JSON_BYTES = 256 << 20     # tokenizer.json of a real model is a few MB
 
 # Run artifact (the weights file a backend actually runs) -> (quantisation scheme name, the
 # safetensors "__metadata__" "quantization" string that file must carry, None = no such key).
@@ -105,10 +107,8 @@ def _where(source: str, name: str) -> str:
 
 
 def _parse_json_object(raw: bytes, where: str) -> dict:
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ExactSpecError(E_MODEL_LOAD, f"{where}: not valid UTF-8 JSON ({e})") from None
+    # the bounded loader: size, depth, NaN/Infinity and overflow refused, all E_MODEL_LOAD
+    value = load_json_bounded(raw, max_bytes=MAX_MODEL_JSON_BYTES, source=where)
     if not isinstance(value, dict):
         raise ExactSpecError(E_MODEL_LOAD, f"{where}: not a JSON object")
     return value
@@ -429,24 +429,28 @@ def check_served_pair(manifest: dict, champion_files: dict, champion_served: dic
 
 
 def sha256_file(path: str) -> tuple[str, int]:
+    """(sha256, bytes) of a regular file (a FIFO or device is refused, never read), its declared
+    size exactly."""
     h = hashlib.sha256()
-    size = 0
+    f, size = open_regular_file(path)
+    done = 0
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
+        with f:
+            while done < size:
+                chunk = f.read(min(1 << 20, size - done))
+                if not chunk:
+                    break
                 h.update(chunk)
-                size += len(chunk)
+                done += len(chunk)
     except OSError as e:
         raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
+    if done != size:
+        raise ExactSpecError(E_MODEL_LOAD, f"{path}: shrank while read ({done} of {size} bytes)")
     return h.hexdigest(), size
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ExactSpecError(E_MODEL_LOAD, f"{path}: cannot read ({e.strerror or e})") from None
+    return read_regular_file(path, max_bytes=MAX_MODEL_JSON_BYTES)
 
 
 def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict:
