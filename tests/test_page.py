@@ -9,11 +9,11 @@ def test_page_generates_offline_and_shows_stats(browser_page, http_server, tmp_p
             else foreign.append(req.url))
     page.set_default_timeout(300_000)
     page.goto(http_server.url + "/")
-    page.wait_for_function("window.appReady === true")
+    page.wait_for_function("() => window.appReady === true")
     page.fill("#prompt", "And God said")
     page.fill("#max_new_tokens", "12")
     page.click("#go")
-    page.wait_for_function("document.getElementById('status').textContent === 'done'")
+    page.wait_for_function("() => document.getElementById('status').textContent === 'done'")
     assert len(page.text_content("#output")) > 0
     stats = page.text_content("#stats")
     assert "accepted / proposed" in stats and "tokens per round" in stats

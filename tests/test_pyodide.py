@@ -49,7 +49,7 @@ def cpython_answer():
 def test_orchestrator_in_pyodide_matches_cpython(browser_page, http_server):
     page = browser_page
     page.goto(http_server.url + "/web/tests/pyodide_harness.html")
-    page.wait_for_function("window.harnessReady === true")
+    page.wait_for_function("() => window.harnessReady === true")
     res = page.evaluate("(code) => window.runPy(code)", SCENARIO)
     assert res["ok"], res.get("error")
     assert json.loads(res["value"]) == cpython_answer()
@@ -59,7 +59,7 @@ def test_orchestrator_in_pyodide_matches_cpython(browser_page, http_server):
 def test_pyodide_has_no_numpy_and_only_pure_modules_are_installed(browser_page, http_server):
     page = browser_page
     page.goto(http_server.url + "/web/tests/pyodide_harness.html")
-    page.wait_for_function("window.harnessReady === true")
+    page.wait_for_function("() => window.harnessReady === true")
     res = page.evaluate("(code) => window.runPy(code)", """
 import importlib.util
 str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exactspec.processors") is None,
@@ -83,7 +83,7 @@ def test_tokenizer_in_pyodide_matches_hugging_face(browser_page, http_server):
     want = [hf.encode(t).ids for t in TEXTS]
     page = browser_page
     page.goto(http_server.url + "/web/tests/pyodide_harness.html")
-    page.wait_for_function("window.harnessReady === true")
+    page.wait_for_function("() => window.harnessReady === true")
     code = ("import json\nfrom pyodide.http import open_url\nfrom exactspec.tokenizer import Tokenizer\n"
             "tok = Tokenizer.from_json_str(open_url('/web/models/champion/tokenizer.json').read())\n"
             f"texts = json.loads({json.dumps(json.dumps(TEXTS))})\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import urllib.parse
 
 from .errors import ALL_CODES, E_DEVICE_LOST, E_MODEL_LOAD, ExactSpecError
 from .server import REPO_ROOT, StaticServer
@@ -18,11 +19,13 @@ CHROMIUM_ARGS = [
 
 
 def _url_for(model_dir: str, name: str, mounts: dict) -> str:
-    """URL under which the server exposes model_dir (mounted when outside web/)."""
+    """URL under which the server exposes model_dir: its path under /web/ (percent-encoded) when
+    inside web/, else a mount /models/<name>/ that serves only regular files inside model_dir
+    (server.resolve_request_path applies the same rules to both)."""
     full = os.path.realpath(model_dir)
     web = os.path.realpath(os.path.join(REPO_ROOT, "web"))
     if full.startswith(web + os.sep):
-        return "/web/" + os.path.relpath(full, web).replace(os.sep, "/") + "/"
+        return "/web/" + urllib.parse.quote(os.path.relpath(full, web).replace(os.sep, "/")) + "/"
     prefix = f"/models/{name}/"
     mounts[prefix] = full
     return prefix
@@ -53,7 +56,7 @@ class BrowserRuntime:
         self.page.on("pageerror", lambda e: self.log.append(f"pageerror: {e}"))
         t0 = time.perf_counter()
         self.page.goto(self.server.url + "/web/runner.html")
-        self.page.wait_for_function("window.runnerReady === true")
+        self.page.wait_for_function("() => window.runnerReady === true")
         try:
             self.ready = self.page.evaluate("(m) => window.exactspecRunner.load(m)", models)
         except Exception as exc:
@@ -68,6 +71,10 @@ class BrowserRuntime:
                                      [payload, cancel_after_tokens])
         except Exception as exc:
             raise _coded_from(exc) from None
+        if out.get("refused"):    # refused before it started: the same coded error as the reference backend
+            err = out["refused"]
+            raise _coded_from(RuntimeError(err["message"] if err["message"].startswith(err["code"])
+                                           else f"{err['code']}: {err['message']}"))
         return out
 
     def close(self):
