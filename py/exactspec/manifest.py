@@ -473,7 +473,9 @@ def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict
     return {"model_dir": os.path.abspath(model_dir), **identity}
 
 
-def check_pair(champion_dir: str, draft_dir: str) -> dict:
-    """check_pair_identities of two model directories (each run as model.safetensors, f32, as
-    the CPython reference runs them)."""
-    return check_pair_identities(load_model_identity(champion_dir), load_model_identity(draft_dir))
+def check_pair(champion_dir: str, draft_dir: str, champion_run_weights: str = WEIGHTS_FILE) -> dict:
+    """check_pair_identities of two model directories; the champion's identity names the weights
+    file it runs (the CLI's default is model.q8.safetensors, the browser's artifact), the draft
+    runs model.safetensors (f32) on both paths."""
+    return check_pair_identities(load_model_identity(champion_dir, run_weights=champion_run_weights),
+                                 load_model_identity(draft_dir))

@@ -54,7 +54,8 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
     manifest = None
     if draft_dir is not None:
         from .manifest import check_pair
-        manifest = check_pair(champion_dir, draft_dir)
+        manifest = check_pair(champion_dir, draft_dir,
+                              champion_run_weights="model.q8.safetensors" if champion_weights == "q8" else "model.safetensors")
     tok_path = os.path.join(champion_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_file(tok_path)
     tok_config = _read_json(os.path.join(champion_dir, "tokenizer_config.json"), MAX_TOKENIZER_CONFIG_BYTES)
