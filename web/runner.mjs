@@ -40,7 +40,7 @@ window.exactspecRunner = {
     try {
       return { ready: await this.load(models, options) };
     } catch (err) {
-      engine = null;
+      if (engine?.terminated) engine = null;   // a failed reload leaves a live engine with no model
       return { error: coded(err) };
     }
   },
