@@ -1,0 +1,141 @@
+"""The browser engine's load-time checks and receipts, in headless Chromium: a pair that differs
+from web/models/manifest.json or from itself is refused naming the file or field, a hostile
+config is refused by the shared validator, a draft that cannot load leaves a champion-alone
+engine, and receipts carry per-request counters, versions, peak bytes and a hiding commitment."""
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from browser_fixture import chromium_browser  # noqa: F401
+from exactspec.browser_run import BrowserRuntime
+from exactspec.models import default_models_dir
+from exactspec.receipts import seed_commitment
+
+MODELS = default_models_dir()
+PAYLOAD = {"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 10}}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, chromium_browser):
+    """A copy of the shipped pair (plus its manifest, inside champion/) served from a mount, so a
+    test can damage one file, reload, and restore it."""
+    root = tmp_path_factory.mktemp("pair")
+    for role in ("champion", "draft"):
+        shutil.copytree(os.path.join(MODELS, role), root / role)
+    shutil.copy(os.path.join(MODELS, "manifest.json"), root / "champion" / "manifest.json")
+    rt = BrowserRuntime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600)
+    yield rt, root
+    rt.close()
+
+
+MOUNTED = {"champion": "/models/champion/", "draft": "/models/draft/"}
+WITH_MANIFEST = {**MOUNTED, "manifest": "/models/champion/manifest.json"}
+
+
+def load(rt, models):
+    return rt.page.evaluate("(m) => window.exactspecRunner.tryLoad(m)", models)
+
+
+def answer(rt, mode):
+    out = rt.page.evaluate("(p) => window.exactspecRunner.generate(p)",
+                           {**PAYLOAD, "config": {**PAYLOAD["config"], "speculate": mode}})
+    return out
+
+
+class Damage:
+    """Change one file of the copy for the duration of a `with` block."""
+
+    def __init__(self, path, fn):
+        self.path, self.fn = path, fn
+
+    def __enter__(self):
+        self.saved = self.path.read_bytes()
+        self.path.write_bytes(self.fn(self.saved))
+
+    def __exit__(self, *exc):
+        self.path.write_bytes(self.saved)
+
+
+def edit_json(fn):
+    def run(raw):
+        obj = json.loads(raw)
+        fn(obj)
+        return json.dumps(obj).encode()
+    return run
+
+
+def test_the_intact_copy_loads_with_its_manifest_and_answers_like_the_shipped_pair(pair):
+    rt, _ = pair
+    ready = load(rt, WITH_MANIFEST)["ready"]
+    summary = ready["info"]["manifest"]
+    assert summary["manifest_checked"] and summary["pair_checked"]
+    assert ready["info"]["draft_error"] is None
+    alone = answer(rt, "none")["result"]
+    assert alone["error"] is None and answer(rt, "draft")["result"]["token_ids"] == alone["token_ids"]
+
+
+def test_a_draft_tokenizer_with_one_merge_removed_is_refused(pair):
+    rt, root = pair
+    drop = edit_json(lambda t: t["model"]["merges"].pop())
+    with Damage(root / "draft" / "tokenizer.json", drop):
+        err = load(rt, WITH_MANIFEST)["error"]
+        assert err["code"] == "E_MANIFEST_MISMATCH" and "draft/tokenizer.json" in err["message"], err
+        err = load(rt, {**MOUNTED, "manifest": None})["error"]
+        assert err["code"] == "E_MANIFEST_MISMATCH" and "merges_sha256" in err["message"], err
+
+
+def test_a_draft_with_another_eos_is_refused(pair):
+    rt, root = pair
+    with Damage(root / "draft" / "generation_config.json", edit_json(lambda g: g.update(eos_token_id=[7]))):
+        err = load(rt, {**MOUNTED, "manifest": None})["error"]
+        assert err["code"] == "E_MANIFEST_MISMATCH" and "stop_token_ids" in err["message"], err
+
+
+def test_a_champion_artifact_differing_from_the_manifest_is_refused_naming_it(pair):
+    rt, root = pair
+
+    def flip_last_byte(raw):
+        return raw[:-1] + bytes([raw[-1] ^ 1])
+    with Damage(root / "champion" / "model.q8.safetensors", flip_last_byte):
+        err = load(rt, WITH_MANIFEST)["error"]
+        assert err["code"] == "E_MANIFEST_MISMATCH" and "champion/model.q8.safetensors" in err["message"], err
+
+
+@pytest.mark.parametrize("key, value", [("num_hidden_layers", 10 ** 9), ("hidden_size", 256.9),
+                                        ("num_attention_heads", 0)])
+def test_a_hostile_config_is_refused_by_the_shared_validator(pair, key, value):
+    rt, root = pair
+    with Damage(root / "champion" / "config.json", edit_json(lambda c: c.update({key: value}))):
+        err = load(rt, {**MOUNTED, "manifest": None})["error"]
+        assert err["code"] == "E_MODEL_LOAD" and key in err["message"], err
+
+
+def test_a_draft_that_cannot_load_leaves_a_champion_alone_engine(pair):
+    rt, root = pair
+    with Damage(root / "draft" / "model.safetensors", lambda raw: raw[:1000]):
+        ready = load(rt, {**MOUNTED, "manifest": None})["ready"]
+        assert ready["info"]["draft"] is None and ready["info"]["draft_error"]["code"].startswith("E_")
+        refused = answer(rt, "draft")["refused"]
+        assert refused["code"] == "E_DRAFT_LOST" and "draft" in refused["message"]
+        lookup, alone = answer(rt, "lookup")["result"], answer(rt, "none")["result"]
+        assert lookup["error"] is None and lookup["token_ids"] == alone["token_ids"]
+
+
+def test_receipts_carry_per_request_counts_versions_peak_bytes_and_a_hiding_commitment(pair):
+    rt, _ = pair
+    assert "ready" in load(rt, MOUNTED)
+    runs = [rt.generate({**PAYLOAD, "config": {**PAYLOAD["config"], "speculate": "draft", "temperature": 1.0,
+                                               "seed": 77}})["result"] for _ in range(2)]
+    a, b = (r["receipt"] for r in runs)
+    assert a["draft_call_count"] == b["draft_call_count"] > 0
+    assert a["target_call_count"] == b["target_call_count"] > 0
+    assert re.fullmatch(r"chromium-\d+", a["browser_version"])
+    assert a["runtime_version"].startswith("pyodide-") and "/python-3." in a["runtime_version"]
+    assert a["hardware_class"].startswith("webgpu-")
+    peak = a["peak_resident_bytes"]
+    assert set(peak) == {"gpu_buffers", "wasm_draft", "pyodide_heap"} and all(v > 0 for v in peak.values()), peak
+    assert a["seed_commitment"] == seed_commitment(77, runs[0]["seed_opening"]) != b["seed_commitment"]
+    assert runs[0]["seed_opening"] not in json.dumps(a)
