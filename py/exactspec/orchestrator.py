@@ -60,17 +60,17 @@ class GenerationConfig:
         for s in self.stop_strings:
             if not isinstance(s, str) or not s:
                 bad("stop_strings", f"must hold non-empty strings, got {s!r}")
-        self.policy.validate(vocab_size)
-        allowed = getattr(self.policy.grammar, "allowed", None)
-        if allowed is not None:
-            for t in allowed:
+        for policy in filter(None, (self.policy, self.draft_policy)):
+            policy.validate(vocab_size)
+            allowed = getattr(policy.grammar, "allowed", None)
+            for t in sorted(allowed or ()):
                 if not 0 <= t < vocab_size:
                     bad("allowed_token_ids", f"contains {t!r}, outside [0, {vocab_size})")
 
     def check_limits(self, limits: dict) -> None:
-        """Refuse, before any output, what a backend declares it cannot run (`limits`, see
-        BACKEND_LIMIT_KEYS): a block longer than its verify buffer, a temperature or penalty whose
-        f32 arithmetic would overflow."""
+        """Refuse, before any output, what a backend declares it cannot run (`limits`: "max_k",
+        "min_temperature", "repetition_penalty_range"): a block longer than its verify buffer, a
+        temperature or penalty whose f32 arithmetic would overflow."""
         def bad(name, why):
             raise ExactSpecError(E_BAD_ARGUMENT, f"{name} {why}")
         if self.speculate != "none" and "max_k" in limits and self.k > limits["max_k"]:
@@ -82,8 +82,6 @@ class GenerationConfig:
             lo, hi = limits.get("repetition_penalty_range", (0, float("inf")))
             if not lo <= r <= hi:
                 bad("repetition_penalty", f"is {r!r}: outside this backend's range [{lo}, {hi}] (f32 overflow)")
-        if self.draft_policy is not None:
-            self.draft_policy.validate(vocab_size)
 
 
 class CancelToken:
