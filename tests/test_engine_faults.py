@@ -1,0 +1,363 @@
+"""The browser fault matrix: the engine driven through faults, cancels, bursts and 200 requests.
+
+Real headless Chromium (WebGPU champion, WASM draft, Pyodide orchestrator), one page, greedy
+decoding and a fixed prompt set whose champion-alone answers (speculate "none") are computed
+once in the same page. Every case checks the exact emitted token sequence (the "tokens" events
+concatenated equal result.token_ids, and are a prefix of the champion answer: nothing repeated,
+nothing skipped), the documented error code, and that the next request gives exactly the
+champion answer. Bounds of the 200-request run: GPU buffer count and draft WASM bytes unchanged
+between request 10 and request 200, Pyodide heap and page JS heap each grown by <= 16 MiB.
+"""
+import json
+import os
+
+import pytest
+
+from browser_fixture import chromium_browser  # noqa: F401
+from exactspec.browser_run import BrowserRuntime, _url_for
+from exactspec.models import default_models_dir
+
+CHAMPION, DRAFT = (os.path.join(default_models_dir(), name) for name in ("champion", "draft"))
+N_TOKENS = 32                 # long enough for mid-answer faults at round >= 4 and for cancels to land
+FAULT_PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto Moses,", "O Romeo, Romeo,"]
+MODES = ("none", "draft", "lookup")
+MODELS = {"champion": _url_for(CHAMPION, "champion", {}), "draft": _url_for(DRAFT, "draft", {})}
+HEAP_GROWTH_LIMIT = 16 * 2 ** 20
+N_SEQUENTIAL = 200
+
+
+# ----------------------------------------------------------------------------- page helpers
+def load(rt, **options):
+    return rt.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)", [MODELS, {"faults": True, **options}])
+
+
+def memory(rt):
+    return rt.page.evaluate("() => window.exactspecRunner.memory()")
+
+
+def epoch(rt):
+    return rt.page.evaluate("() => window.exactspecRunner.epoch()")
+
+
+def arm(rt, **spec):
+    return rt.page.evaluate("(s) => window.exactspecRunner.fault(s)", spec)
+
+
+def payload(prompt, mode, n=N_TOKENS):
+    return {"prompt": prompt, "config": {"speculate": mode, "k": 4, "temperature": 0, "max_new_tokens": n}}
+
+
+def generate(rt, prompt, mode, n=N_TOKENS, **options):
+    return rt.page.evaluate("([p, o]) => window.exactspecRunner.generate(p, o)", [payload(prompt, mode, n), options])
+
+
+def generate_all(rt, items):
+    """items: (prompt, mode, options) started at once; results in call order."""
+    return rt.page.evaluate("(xs) => window.exactspecRunner.generateAll(xs)",
+                            [{"payload": payload(p, m), "options": o} for p, m, o in items])
+
+
+def streamed(out):
+    return [t for e in out["events"] if e["kind"] == "tokens" for t in e["payload"]["token_ids"]]
+
+
+def event_log(out):
+    """A compact log of one request's events for assertion messages and the report."""
+    log = []
+    for e in out["events"]:
+        p = e["payload"]
+        log.append((e["kind"], p.get("token_ids") or p.get("stage") or p.get("code")))
+    r = out.get("result") or {}
+    return {"events": log, "finish": r.get("finish_reason"), "error": r.get("error"), "refused": out.get("refused"),
+            "fallback": (r.get("stats") or {}).get("fallback_code"), "stale": (r.get("stats") or {}).get("stale_dropped")}
+
+
+def check_run(out, want, finish, code=None):
+    """The answer's stream is exactly its result, a prefix of `want` (the champion answer),
+    ending with `finish` and error `code` (None: no error). Returns the result."""
+    assert "refused" not in out, event_log(out)
+    r = out["result"]
+    log = event_log(out)
+    assert streamed(out) == r["token_ids"], log
+    assert "".join(e["payload"]["text"] for e in out["events"] if e["kind"] == "tokens") == r["text"], log
+    assert r["token_ids"] == want["token_ids"][:len(r["token_ids"])], (log, want["token_ids"])
+    assert r["finish_reason"] == finish, log
+    assert (r["error"] or {}).get("code") == code, log
+    if finish == want["finish_reason"]:
+        assert r["token_ids"] == want["token_ids"] and r["text"] == want["text"], log
+    return r
+
+
+def check_next_is_champion(rt, reference, mode, prompt=FAULT_PROMPTS[0]):
+    check_run(generate(rt, prompt, mode), reference[prompt], reference[prompt]["finish_reason"])
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def rt(chromium_browser):
+    """One page for the whole module; the engine is reloaded with fault injection on, and the
+    GPU buffer count of the first (plain) load is kept as rt.fresh_memory."""
+    runtime = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=180)
+    runtime.fresh_memory = memory(runtime)
+    runtime.faults_ready = load(runtime)
+    print("load timings (ms):", json.dumps(runtime.ready["timing_ms"]))
+    print("memory after a fresh load:", json.dumps(runtime.fresh_memory))
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture(scope="module")
+def reference(rt):
+    """Champion-alone greedy answers of the prompt set, computed in the same page."""
+    ref = {}
+    for prompt in FAULT_PROMPTS:
+        out = generate(rt, prompt, "none")
+        r = out["result"]
+        assert r["error"] is None and streamed(out) == r["token_ids"], event_log(out)
+        assert len(r["token_ids"]) >= 12, (prompt, r)   # room for a fault at round >= 4
+        ref[prompt] = {k: r[k] for k in ("token_ids", "text", "finish_reason")}
+    return ref
+
+
+# ----------------------------------------------------------------------------- load / reload
+def check_like_a_fresh_load(rt, reference, when):
+    """GPU buffers and bytes as after the first load, and every mode answers exactly."""
+    now = memory(rt)
+    print(f"memory {when}:", json.dumps(now))
+    assert now["gpu_buffers_live"] == rt.fresh_memory["gpu_buffers_live"]
+    assert now["gpu_bytes_live"] == rt.fresh_memory["gpu_bytes_live"]
+    for mode in MODES:
+        check_next_is_champion(rt, reference, mode)
+
+
+def test_reload_leaves_the_gpu_buffers_of_one_load(rt, reference):
+    check_like_a_fresh_load(rt, reference, "after a reload in place")
+
+
+# ----------------------------------------------------------------------------- 1. draft lost
+@pytest.mark.parametrize("at", ["draftForward", "draftPropose"])
+def test_draft_killed_before_the_first_token_falls_back_silently(rt, reference, at):
+    prompt = FAULT_PROMPTS[1]
+    respawns = memory(rt)["draft_respawns"]
+    arm(rt, action="kill_draft", at=at, min_round=0)
+    r = check_run(generate(rt, prompt, "draft"), reference[prompt], reference[prompt]["finish_reason"])
+    assert r["stats"]["fallback_code"] == "E_DRAFT_LOST" and r["stats"]["mode"] == "none"
+    check_next_is_champion(rt, reference, "draft")
+    assert memory(rt)["draft_respawns"] == respawns + 1
+
+
+def test_draft_killed_mid_answer_ends_it_visibly(rt, reference):
+    prompt = FAULT_PROMPTS[2]
+    respawns = memory(rt)["draft_respawns"]
+    arm(rt, action="kill_draft", at="draftPropose", min_round=4)
+    r = check_run(generate(rt, prompt, "draft"), reference[prompt], "error", "E_DRAFT_LOST")
+    assert len(r["token_ids"]) >= 4
+    check_next_is_champion(rt, reference, "draft")
+    assert memory(rt)["draft_respawns"] == respawns + 1
+
+
+# ----------------------------------------------------------------------------- 2. device lost
+@pytest.mark.parametrize("mode", ["none", "draft"])
+@pytest.mark.parametrize("at,min_round", [("championForward", 0), ("championRound", 4)])
+def test_device_destroyed_ends_the_answer_and_is_rebuilt(rt, reference, mode, at, min_round):
+    prompt = FAULT_PROMPTS[3]
+    arm(rt, action="destroy_device", at=at, min_round=min_round)
+    r = check_run(generate(rt, prompt, mode), reference[prompt], "error", "E_DEVICE_LOST")
+    assert len(r["token_ids"]) >= min_round
+    check_next_is_champion(rt, reference, mode)
+    after = memory(rt)
+    assert not after["device_lost"] and after["gpu_buffers_live"] == rt.fresh_memory["gpu_buffers_live"], after
+
+
+# ----------------------------------------------------------------------------- 3. cancellation
+def test_cancel_during_a_reload_leaves_a_working_engine(rt, reference):
+    out = rt.page.evaluate("""async ([m]) => {
+        const R = window.exactspecRunner;
+        const loading = R.load(m, {faults: true});
+        const cancelled = R.cancel();
+        return {ready: await loading, cancelled};
+    }""", [MODELS])
+    assert out["ready"]["info"]["champion"]["vocab_size"] > 0
+    assert out["cancelled"] is False   # nothing was running: a load is not a request
+    for mode in MODES:
+        check_next_is_champion(rt, reference, mode)
+
+
+@pytest.mark.parametrize("mode,at,min_round", [
+    ("none", "championForward", 0), ("draft", "championForward", 0),      # prefill
+    ("draft", "draftPropose", 3),                                          # drafting
+    ("none", "championRound", 3), ("draft", "championRound", 3), ("lookup", "championRound", 3),   # verification
+])
+def test_cancel_at_a_stall_ends_with_a_prefix(rt, reference, mode, at, min_round):
+    prompt = FAULT_PROMPTS[0]
+    epoch0 = epoch(rt)
+    arm(rt, action="stall", at=at, min_round=min_round, ms=300)
+    out = generate(rt, prompt, mode, cancelOnStall=True)
+    assert any(e["kind"] == "progress" and e["payload"].get("stage") == "stalled" for e in out["events"]), event_log(out)
+    r = check_run(out, reference[prompt], "cancelled")
+    assert len(r["token_ids"]) >= min_round and len(r["token_ids"]) < len(reference[prompt]["token_ids"])
+    assert epoch(rt) == epoch0 + 1
+    check_next_is_champion(rt, reference, mode)
+
+
+# ----------------------------------------------------------------------------- 4. burst
+def test_burst_of_cancel_then_generate(rt, reference):
+    """Five rounds of: A (cancelled at its first tokens event) with B and C queued behind it
+    (C also cancelled on odd rounds); modes cycle. Cancelled answers are prefixes, the others
+    the full champion answer, none an error."""
+    epoch0 = epoch(rt)
+    n_cancelled = 0
+    for i in range(5):
+        mode = MODES[i % 3]
+        a, b, c = (FAULT_PROMPTS[(i + j) % len(FAULT_PROMPTS)] for j in range(3))
+        items = [(a, mode, {"cancelAfterTokens": 1}), (b, mode, {}), (c, mode, {"cancelAfterTokens": 2} if i % 2 else {})]
+        outs = generate_all(rt, items)
+        for (prompt, _, options), out in zip(items, outs):
+            want = reference[prompt]
+            if options:
+                r = check_run(out, want, "cancelled") if out["result"]["finish_reason"] == "cancelled" else \
+                    check_run(out, want, want["finish_reason"])   # finished before the cancel landed
+                n_cancelled += r["finish_reason"] == "cancelled"
+            else:
+                check_run(out, want, want["finish_reason"])
+    print(f"burst: {n_cancelled} of 8 cancel requests landed before their answers ended; epoch {epoch0} -> {epoch(rt)}")
+    assert n_cancelled >= 1 and epoch(rt) >= epoch0 + n_cancelled
+    check_next_is_champion(rt, reference, "draft")
+
+
+# ----------------------------------------------------------------------------- 5. concurrency
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [2, 3])
+def test_concurrent_requests_each_get_their_own_answer(rt, reference, mode, n):
+    prompts = FAULT_PROMPTS[:n]
+    outs = generate_all(rt, [(p, mode, {}) for p in prompts])
+    for prompt, out in zip(prompts, outs):
+        check_run(out, reference[prompt], reference[prompt]["finish_reason"])
+
+
+def test_if_busy_refuse_refuses_the_second_request(rt, reference):
+    first, second = FAULT_PROMPTS[:2]
+    outs = generate_all(rt, [(first, "draft", {}), (second, "draft", {"ifBusy": "refuse"})])
+    check_run(outs[0], reference[first], reference[first]["finish_reason"])
+    assert outs[1]["refused"]["code"] == "E_BUSY" and not outs[1]["events"], outs[1]
+    check_next_is_champion(rt, reference, "draft", second)
+
+
+# ----------------------------------------------------------------------------- 6. stale epochs
+def _cancel_once(rt, reference):
+    """A cancelled request, so that an older epoch exists."""
+    prompt = FAULT_PROMPTS[0]
+    check_run(generate(rt, prompt, "draft", cancelAfterTokens=1), reference[prompt], "cancelled")
+    assert epoch(rt) >= 1
+
+
+INJECT_STALE = """async ([p, delayMs]) => {
+    const R = window.exactspecRunner;
+    const old = R.epoch() - 1;
+    const running = R.generate(p, {});
+    if (delayMs) await new Promise((r) => setTimeout(r, delayMs));
+    R.inject({kind: "cancel", request_id: "stale-cancel", seq: 0, epoch: old, payload: {}});
+    R.inject({kind: "fault", request_id: "stale-fault", seq: 1, epoch: old,
+              payload: {action: "destroy_device", at: "championRound", min_round: 0}});
+    return running;
+}"""
+
+
+def test_stale_envelopes_to_the_orchestrator_are_dropped_and_counted(rt, reference):
+    """A stale cancel and a stale destroy_device fault, posted right after a generate and again
+    while the request runs (it stalls 3 s at round 1; they come 0.3 s after the start): neither
+    is applied (full champion answers, no device loss), all four are counted in memory(), and
+    the two that came while the request ran are counted in its stats.stale_dropped."""
+    _cancel_once(rt, reference)
+    prompt = FAULT_PROMPTS[1]
+    dropped0 = memory(rt)["dropped_stale"]
+    out = rt.page.evaluate(INJECT_STALE, [payload(prompt, "draft"), 0])
+    check_run(out, reference[prompt], reference[prompt]["finish_reason"])
+    assert memory(rt)["dropped_stale"] == dropped0 + 2
+    arm(rt, action="stall", at="championRound", min_round=1, ms=3000)
+    out = rt.page.evaluate(INJECT_STALE, [payload(prompt, "draft"), 300])
+    r = check_run(out, reference[prompt], reference[prompt]["finish_reason"])
+    print("stale drops seen by the request:", r["stats"]["stale_dropped"])
+    assert r["stats"]["stale_dropped"]["orchestrator"] == 2, event_log(out)
+    assert memory(rt)["dropped_stale"] == dropped0 + 4 and not memory(rt)["device_lost"]
+    check_next_is_champion(rt, reference, "none")   # the stale fault was never armed
+
+
+def test_stale_envelope_to_the_draft_worker_is_dropped_and_counted(rt, reference):
+    _cancel_once(rt, reference)
+    arm(rt, action="stale_draft")
+    prompt = FAULT_PROMPTS[2]
+    r = check_run(generate(rt, prompt, "draft"), reference[prompt], reference[prompt]["finish_reason"])
+    print("stale drops seen by the request:", r["stats"]["stale_dropped"])
+    assert r["stats"]["stale_dropped"]["draft_worker"] >= 1
+
+
+# ----------------------------------------------------------------------------- 7. NaN logits
+@pytest.mark.parametrize("mode", ["none", "draft"])
+@pytest.mark.parametrize("min_round", [0, 4])
+def test_nan_champion_logits_end_the_answer(rt, reference, mode, min_round):
+    prompt = FAULT_PROMPTS[1]
+    arm(rt, action="nan_champion", at="championRound", min_round=min_round)
+    r = check_run(generate(rt, prompt, mode), reference[prompt], "error", "E_TARGET_NUMERIC_OR_MASK")
+    assert len(r["token_ids"]) >= min_round
+    check_next_is_champion(rt, reference, mode)
+
+
+@pytest.mark.parametrize("min_round", [0, 4])
+def test_nan_draft_falls_back_to_a_champion_step(rt, reference, min_round):
+    prompt = FAULT_PROMPTS[3]
+    arm(rt, action="nan_draft", at="draftPropose", min_round=min_round)
+    r = check_run(generate(rt, prompt, "draft"), reference[prompt], reference[prompt]["finish_reason"])
+    assert r["stats"]["draft_invalid"] >= 1 and r["stats"]["baseline_steps"] >= 1, r["stats"]
+    check_next_is_champion(rt, reference, "draft")
+
+
+# ----------------------------------------------------------------------------- 8. allocation refused
+def test_refused_allocation_fails_the_load_and_leaks_nothing(rt, reference):
+    failed = rt.page.evaluate("([m]) => window.exactspecRunner.tryLoad(m, {faults: true, refuseAllocAfter: 5})", [MODELS])
+    assert failed.get("error", {}).get("code") == "E_OUT_OF_MEMORY", failed
+    load(rt)
+    check_like_a_fresh_load(rt, reference, "after a refused load and a good one")
+
+
+# ----------------------------------------------------------------------------- 9. 200 requests
+def test_200_sequential_requests_stay_bounded(rt, reference):
+    """Greedy, 8 tokens, cycling modes and prompts. Between request 10 and request 200: GPU
+    buffers live and draft WASM bytes unchanged; Pyodide heap and page JS heap grow by at most
+    16 MiB each; the first and the last request of one prompt and mode give the same answer."""
+    def heaps():
+        m = memory(rt)
+        return {**m, "page_heap_bytes": rt.page.evaluate("() => window.exactspecRunner.pageHeap()")}
+
+    short = {p: generate(rt, p, "none", n=8)["result"] for p in FAULT_PROMPTS}
+    assert all(short[p]["token_ids"] == reference[p]["token_ids"][:8] for p in FAULT_PROMPTS)
+    answers, marks = [], {}
+    for i in range(N_SEQUENTIAL):
+        prompt, mode = FAULT_PROMPTS[i % len(FAULT_PROMPTS)], MODES[i % 3]
+        out = generate(rt, prompt, mode, n=8)
+        r = check_run(out, short[prompt], short[prompt]["finish_reason"])
+        answers.append((prompt, mode, r["token_ids"]))
+        if i + 1 in (10, N_SEQUENTIAL):
+            marks[i + 1] = heaps()
+    first, last = marks[10], marks[N_SEQUENTIAL]
+    for key in ("gpu_buffers_live", "gpu_bytes_live", "wasm_draft_bytes", "pyodide_heap_bytes", "page_heap_bytes"):
+        print(f"{key}: after 10 = {first[key]}, after {N_SEQUENTIAL} = {last[key]}, growth = {last[key] - first[key]}")
+    assert last["gpu_buffers_live"] == first["gpu_buffers_live"] and last["gpu_bytes_live"] == first["gpu_bytes_live"]
+    assert last["wasm_draft_bytes"] == first["wasm_draft_bytes"]
+    assert last["pyodide_heap_bytes"] - first["pyodide_heap_bytes"] <= HEAP_GROWTH_LIMIT
+    assert last["page_heap_bytes"] - first["page_heap_bytes"] <= HEAP_GROWTH_LIMIT
+    same = [a for a in answers if a[:2] == answers[0][:2]]
+    assert same[0] == same[-1] and len(same) >= N_SEQUENTIAL // 12
+
+
+# ----------------------------------------------------------------------------- terminate (last)
+def test_terminate_frees_everything_and_refuses_later_requests(rt, reference):
+    before = memory(rt)
+    assert before["gpu_buffers_live"] > 0
+    out = rt.page.evaluate("() => window.exactspecRunner.terminate()")
+    assert out == {"terminated": True}
+    refused = generate(rt, FAULT_PROMPTS[0], "none")
+    assert refused["refused"]["code"] == "E_TERMINATED", refused
+    memory_refused = rt.page.evaluate(
+        "() => window.exactspecRunner.memory().then(() => null, (e) => ({code: e.code, message: String(e.message)}))")
+    assert memory_refused and memory_refused["code"] == "E_TERMINATED", memory_refused
