@@ -267,12 +267,13 @@ def test_stale_envelopes_to_the_orchestrator_are_dropped_and_counted(rt, referen
     """A stale cancel and a stale destroy_device fault, posted right after a generate and again
     while the request runs (it stalls 3 s at round 1; they come 0.3 s after the start): neither
     is applied (full champion answers, no device loss), all four are counted in memory(), and
-    the two that came while the request ran are counted in its stats.stale_dropped."""
+    each drop is reported once, in the first result after it (stats.stale_dropped)."""
     _cancel_once(rt, reference)
     prompt = FAULT_PROMPTS[1]
     dropped0 = memory(rt)["dropped_stale"]
     out = rt.page.evaluate(INJECT_STALE, [payload(prompt, "draft"), 0])
-    check_run(out, reference[prompt], reference[prompt]["finish_reason"])
+    r = check_run(out, reference[prompt], reference[prompt]["finish_reason"])
+    assert r["stats"]["stale_dropped"]["orchestrator"] == 2, event_log(out)
     assert memory(rt)["dropped_stale"] == dropped0 + 2
     arm(rt, action="stall", at="championRound", min_round=1, ms=3000)
     out = rt.page.evaluate(INJECT_STALE, [payload(prompt, "draft"), 300])

@@ -16,7 +16,8 @@ import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
 
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
-   *  refuseAllocAfter, workerUrl}. `faults` enables engine.fault() (tests). */
+   *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads}. `faults`
+   *  enables engine.fault() (tests). "auto" takes WebGPU only from a hardware adapter. */
   static async create(models, options = {}) {
     const engine = new Engine(options);
     try {
@@ -36,9 +37,10 @@ export class Engine {
     this.seq = 0;
     this._epoch = 0;
     this.queue = [];                     // waiting requests: {payload, onEvent, resolve, reject}
-    this.running = null;                 // {request_id, epoch, onEvent, resolve, reject, stale0}
+    this.running = null;                 // {request_id, epoch, onEvent, resolve, reject}
     this.control = new Map();            // request_id of load/memory/fault/terminate -> {resolve, reject}
     this.staleDropped = 0;
+    this.staleReported = 0;              // staleDropped already put in some result's stats
     this.invalidDropped = 0;
     this.ready = null;
     this.terminated = false;
@@ -48,12 +50,13 @@ export class Engine {
   get epoch() { return this._epoch; }
 
   /** Load (or replace) the pair; a second load frees everything the first one held. */
-  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1 } = {}) {
+  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = 1 } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema();
     if (!this.worker) this._startWorker();
-    this.ready = await this._control("load", { models, options: { faults, refuse_alloc_after: refuseAllocAfter } }, timeoutMs);
+    this.ready = await this._control("load", { models, options: { faults, refuse_alloc_after: refuseAllocAfter,
+      champion_backend: championBackend, threads } }, timeoutMs);
     return this.ready;
   }
 
@@ -70,6 +73,7 @@ export class Engine {
   _newId(kind) { return `${kind}-${this.seq}-${Math.random().toString(16).slice(2, 10)}`; }
 
   _control(kind, payload, timeoutMs = 0) {
+    if (this.terminated || !this.worker) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
     const id = this._newId(kind);
     return new Promise((resolve, reject) => {
       const entry = { resolve, reject, timer: null };
@@ -101,7 +105,7 @@ export class Engine {
     if (this.running || !this.queue.length || this.terminated) return;
     const next = this.queue.shift();
     const request_id = this._newId("generate");
-    this.running = { ...next, request_id, epoch: this._epoch, stale0: this.staleDropped };
+    this.running = { ...next, request_id, epoch: this._epoch };
     this._send("generate", request_id, this._epoch, next.payload);
   }
 
@@ -163,7 +167,9 @@ export class Engine {
     if (!r || env.request_id !== r.request_id || env.epoch !== r.epoch) { this.staleDropped++; return; }
     if (env.kind === "result") {
       const result = env.payload;
-      result.stats.stale_dropped = { ...(result.stats.stale_dropped ?? {}), engine: this.staleDropped - r.stale0 };
+      // every drop is reported once: in the first result after it
+      result.stats.stale_dropped = { ...(result.stats.stale_dropped ?? {}), engine: this.staleDropped - this.staleReported };
+      this.staleReported = this.staleDropped;
       this._finishRunning((x) => x.resolve(result));
     } else if (env.kind === "error" && env.payload.fatal) {
       const { code, message } = errorPayload(env.payload, "E_INTERNAL", this.schema.codes);

@@ -25,8 +25,11 @@ async function run(payload, { cancelAfterTokens = 0, cancelOnStall = false, ifBu
 }
 
 window.exactspecRunner = {
-  /** options: Engine.create options ({faults, refuseAllocAfter, whenBusy}). Throws coded on failure. */
+  /** options: Engine.create options ({faults, refuseAllocAfter, whenBusy, championBackend}). The
+   *  runner's championBackend default is "webgpu" (the engine's is "auto"): tests name the backend
+   *  they exercise; the CLI passes its --champion-backend. Throws coded on failure. */
   async load(models, options = {}) {
+    options = { championBackend: "webgpu", ...options };
     if (engine && !engine.terminated) {
       engine.ready = null;
       engine.ready = await engine.load(models, options);

@@ -68,9 +68,10 @@ class BrowserChampion:
         self.limits = {"max_k": max_block - 1, "min_temperature": F32_MIN_TEMPERATURE,
                        "repetition_penalty_range": F32_PENALTY_RANGE}
 
-    def counters(self) -> dict:
-        """Cumulative stale-epoch drops per receiver (orchestrator worker, draft client, draft worker)."""
-        return json.loads(self.bridge.counters())
+    def take_counters(self) -> dict:
+        """Stale-epoch drops per receiver (orchestrator worker, draft client, draft worker) since
+        the previous call."""
+        return json.loads(self.bridge.takeCounters())
 
     def environment(self) -> dict:
         """hardware_class, browser_version, runtime_version and peak_resident_bytes (by category),

@@ -34,7 +34,8 @@ def _url_for(model_dir: str, name: str, mounts: dict) -> str:
 class BrowserRuntime:
     """One server, one Chromium page, one loaded engine; `generate(payload)` per request."""
 
-    def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600):
+    def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
+                 champion_backend: str = "webgpu"):
         for d in filter(None, (champion_dir, draft_dir)):
             if not os.path.isfile(os.path.join(d, "config.json")):
                 raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
@@ -58,7 +59,8 @@ class BrowserRuntime:
         self.page.goto(self.server.url + "/web/runner.html")
         self.page.wait_for_function("() => window.runnerReady === true")
         try:
-            self.ready = self.page.evaluate("(m) => window.exactspecRunner.load(m)", models)
+            self.ready = self.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)",
+                                            [models, {"championBackend": champion_backend}])
         except Exception as exc:
             self.close()
             err = _coded_from(exc)

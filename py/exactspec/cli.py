@@ -51,7 +51,9 @@ def _add_generation_args(p):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", default="reference", choices=["reference", "browser"],
-                   help="reference: CPython/NumPy; browser: headless Chromium (WebGPU champion, WASM draft, Pyodide)")
+                   help="reference: CPython/NumPy; browser: headless Chromium (champion on WebGPU or WASM, WASM draft, Pyodide)")
+    p.add_argument("--champion-backend", default="auto", choices=["auto", "webgpu", "wasm"],
+                   help="browser backend only: auto takes WebGPU from a hardware adapter, else the WASM-SIMD champion")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -126,7 +128,7 @@ def _run(args, seeds, stream=None) -> list:
             raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser backend runs the q8 champion only")
         from .browser_run import BrowserRuntime
         champion, draft = _model_dirs(args)
-        with BrowserRuntime(champion, draft) as rt:
+        with BrowserRuntime(champion, draft, champion_backend=args.champion_backend) as rt:
             outs = []
             for seed in seeds:
                 out = rt.generate(_browser_payload(args, seed))

@@ -209,14 +209,13 @@ class Orchestrator:
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel)
         decider = decider or RngDecider(config.seed)
         proposer = self.draft if run.mode == "draft" else self.lookup
-        counters0 = self._counters()
         try:
             await self._run_request(run, prompt_ids, proposer, decider)
         except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
             if run.finish is None:
                 self._fatal(run, coded_error(exc, E_INTERNAL, "orchestrator"))
         run.timing["total"] = _ms(run.t_start)
-        return self._result(run, prompt_ids, proposer, counters0)
+        return self._result(run, prompt_ids, proposer)
 
     async def _run_request(self, run: _Run, prompt_ids, proposer, decider):
         config, limit = run.config, self.champion.max_context
@@ -401,16 +400,17 @@ class Orchestrator:
             text.append(run.text.finish())
         run.send("tokens", {"token_ids": emitted, "text": "".join(text)})
 
-    def _counters(self) -> dict:
-        """Cumulative counters of the backends (the browser's stale-epoch drops), or {}."""
-        fn = getattr(self.champion, "counters", None)
+    def _take_counters(self) -> dict:
+        """The backends' counters since the previous call (the browser's stale-epoch drops, by
+        receiver), or {}: taken once per result, so every drop lands in exactly one result."""
+        fn = getattr(self.champion, "take_counters", None)
         return dict(fn()) if fn is not None else {}
 
-    def _result(self, run: _Run, prompt_ids, proposer, counters0: dict) -> GenerationResult:
+    def _result(self, run: _Run, prompt_ids, proposer) -> GenerationResult:
         st = dict(run.stats)
-        counters1 = self._counters()
-        if counters1:   # what was dropped as stale while this request ran, by receiver
-            st["stale_dropped"] = {k: v - counters0.get(k, 0) for k, v in counters1.items()}
+        counters = self._take_counters()
+        if counters:
+            st["stale_dropped"] = counters
         st["tokens_per_round"] = (round((st["accepted"] + st["rounds"]) / st["rounds"], 4) if st["rounds"] else None)
         st["mode"] = run.mode
         st["fallback_code"] = run.fallback_code

@@ -21,7 +21,7 @@ ALLOWED_FIELDS = (
     "receipt_version", "request_nonce", "champion_artifact_hash", "draft_artifact_hash",
     "tokenizer_hash", "chat_template_hash", "adapter_chain_hash", "sampling_policy_hash",
     "grammar_hash", "position_policy_hash", "scheduler_policy_hash", "hardware_class",
-    "browser_version", "runtime_version", "seed_commitment", "target_call_count", "draft_call_count",
+    "browser_version", "runtime_version", "champion_backend", "seed_commitment", "target_call_count", "draft_call_count",
     "proposal_count", "accepted_count_histogram", "rejection_position_histogram",
     "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "failure_code", "fallback_code",
 )
@@ -49,6 +49,7 @@ def _cpython_environment() -> dict:
     return {"hardware_class": f"{platform.system().lower()}-{platform.machine().lower()}",
             "browser_version": "none",
             "runtime_version": f"cpython-{sys.version_info.major}.{sys.version_info.minor}",
+            "champion_backend": "reference-numpy",
             "peak_resident_bytes": peak_resident_bytes()}
 
 
@@ -77,6 +78,7 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         "hardware_class": env["hardware_class"],
         "browser_version": env["browser_version"],
         "runtime_version": env["runtime_version"],
+        "champion_backend": env["champion_backend"],
         "seed_commitment": seed_commitment(seed, salt),
         "target_call_count": stats["target_calls"],
         "draft_call_count": stats["draft_calls"],

@@ -96,12 +96,18 @@ function uploadLayer(device, tensors, hp, i, label) {
   };
 }
 
+/** Compile the champion's pipelines (no model needed: the kernels take their shapes at run time). */
+export function compileChampionPipelines(device, shaderUrl = null) {
+  return createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
+}
+
 /** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline. */
-export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null }) {
+export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
   const t0 = performance.now();
   // pipelines compile (slow on SwiftShader) while the weights download
-  const pipelinesReady = createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
+  // `pipelinesPromise`: from compileChampionPipelines, started earlier (e.g. while Pyodide boots)
+  const pipelinesReady = pipelinesPromise ?? compileChampionPipelines(device, shaderUrl);
   pipelinesReady.catch(() => {});   // awaited below; avoid an unhandled rejection if loading fails first
   const config = JSON.parse(await fetchText(new URL("config.json", base)));
   const hp = parseConfig(config);

@@ -1,13 +1,11 @@
 // The JS side of the Pyodide adapter (py/exactspec/browser_backend.py): one call per round step.
-// Owns the GPU champion + acceptor (on a device whose buffers it counts) and a client of the
-// draft worker; recovers both between requests (a lost device is rebuilt, a dead draft worker
+// Owns the champion backend (WebGPU or WASM, champion_backends.mjs) and a client of the draft
+// worker; recovers both between requests (a lost device is rebuilt, a dead draft worker
 // respawned), arms test faults, and reports counters and memory for receipts. Values arriving
 // from Python are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
-import { requestDevice, trackDevice } from "../gpu/device.mjs";
-import { createChampion } from "../gpu/champion.mjs";
-import { createAcceptor } from "../gpu/accept.mjs";
 import { DraftWorkerClient } from "../draft/draft_worker.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
+import { chooseChampionBackend, openChampion } from "./champion_backends.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
 const FAULT_POINTS = ["championForward", "championRound", "draftForward", "draftPropose"];
@@ -16,31 +14,6 @@ const FAULT_ACTIONS = ["kill_draft", "destroy_device", "nan_champion", "nan_draf
 // another request) straight into the draft worker, which must drop and count it.
 const IMMEDIATE_FAULTS = ["stale_draft"];
 
-/** GPU device + champion + acceptor, built together and freed together. */
-async function openGpu({ championUrl, maxContext, refuseAllocAfter = -1 }) {
-  const device = await requestDevice();
-  const accounting = trackDevice(device);
-  accounting.refuseAfter = refuseAllocAfter;
-  let champion = null, acceptor = null;
-  try {
-    champion = await createChampion({ device, modelUrl: championUrl, maxBlock: MAX_BLOCK, maxContext });
-    acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock: MAX_BLOCK });
-  } catch (err) {
-    accounting.destroyAll();   // whatever was allocated before the failure
-    device.destroy();
-    throw err;
-  }
-  const gpu = { device, accounting, champion, acceptor, lost: false };
-  device.lost.then(() => { gpu.lost = true; });
-  gpu.close = () => {
-    acceptor.destroy();
-    champion.destroy();
-    accounting.destroyAll();
-    device.destroy();
-  };
-  return gpu;
-}
-
 /**
  * -> { bridge, info: {champion, draft, draft_error}, timing_ms, close() }
  * `counters()` / `runtimeInfo()` (from the worker's runtime) join the bridge's own counts and
@@ -48,9 +21,12 @@ async function openGpu({ championUrl, maxContext, refuseAllocAfter = -1 }) {
  * allocation after that many (tests).
  */
 export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = "/web/build/draft.wasm",
+  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = 1, choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
   const t0 = performance.now();
-  let gpu = await openGpu({ championUrl, maxContext, refuseAllocAfter });
+  choice ??= await chooseChampionBackend(championBackend);
+  const openOpts = { championUrl, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
+  let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0;
   const spawnDraft = () => DraftWorkerClient.create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
@@ -64,22 +40,28 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   const t2 = performance.now();
   const ints = (a) => Int32Array.from(a ?? []);
   const armed = [];                    // fault specs waiting for their point
+  let retired = { draft_client: 0, draft_worker: 0 };   // counts of draft clients since replaced
+  let taken = {};
+  const cumulative = () => {
+    const d = draft ? draft.staleCounts : { draft_client: 0, draft_worker: 0 };
+    return { ...counters(), draft_client: retired.draft_client + d.draft_client, draft_worker: retired.draft_worker + d.draft_worker };
+  };
   let epoch = 0;
 
-  const liveGpu = () => {
-    if (gpu.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost (${gpu.device.esLostInfo?.reason ?? "destroyed"})`);
-    return gpu;
+  const liveChampion = () => {
+    if (champ.lost) throw codedError("E_DEVICE_LOST", `${champ.kind} champion lost (device destroyed)`);
+    return champ;
   };
   const liveDraft = () => {
     if (!draft) throw codedError("E_DRAFT_LOST", draftError ? draftError.message : "no draft model loaded");
     return draft;
   };
   // GPU work on a lost device fails with whatever the browser says; report it as device loss.
-  const onGpu = async (fn) => {
+  const onChampion = async (fn) => {
     try {
-      return await fn(liveGpu());
+      return await fn(liveChampion());
     } catch (err) {
-      if (gpu.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost during the call: ${errorPayload(err).message}`);
+      if (champ.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost during the call: ${errorPayload(err).message}`);
       throw err;
     }
   };
@@ -90,7 +72,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
       if (f.at !== point || roundId < (f.min_round ?? 0)) continue;
       armed.splice(i--, 1);
       if (f.action === "kill_draft") draft?.kill();
-      else if (f.action === "destroy_device") { gpu.lost = true; gpu.device.destroy(); }
+      else if (f.action === "destroy_device") champ.loseDevice();
       else if (f.action === "nan_draft") await draft?.injectNaN();
       else if (f.action === "stall") {
         notify({ stage: "stalled", at: point, round_id: roundId });
@@ -108,30 +90,28 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   const bridge = {
     async championForward(ids, startPos) {
       await hit("championForward", 0);
-      await onGpu((g) => g.champion.forward(ints(ids), startPos));
+      await onChampion((g) => g.forward(ints(ids), startPos));
     },
     async championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
                         roundId, stopIds, remaining, greedy) {
       await hit("championRound", roundId);
       if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
-      return onGpu(async (g) => {
-        await g.champion.forward(ints(feed), startPos);
-        if (nanNow()) {   // fault: the champion's rows come out NaN, as a numeric failure would
-          g.device.queue.writeBuffer(g.champion.logitsBuffer, 0, new Float32Array((m + 1) * g.champion.vocabSize).fill(NaN));
-        }
-        const r = await g.acceptor.decide({
-          logitsBuffer: g.champion.logitsBuffer, nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
+      return onChampion(async (g) => {
+        await g.forward(ints(feed), startPos);
+        if (nanNow()) g.injectNaN(m + 1);   // fault: the champion's rows come out NaN
+        const r = await g.decide({
+          nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
           contextIds: ints(committedIds), policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
           roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
         });
-        if (gpu.lost) throw codedError("E_DEVICE_LOST", "WebGPU device lost during verification");
+        if (champ.lost) throw codedError("E_DEVICE_LOST", "the champion's device was lost during verification");
         return JSON.stringify(r);
       });
     },
     async championLogits(ids, startPos) {            // diagnostics and tests only
-      return onGpu(async (g) => {
-        await g.champion.forward(ints(ids), startPos);
-        return g.champion.readLogits(ids.length);
+      return onChampion(async (g) => {
+        await g.forward(ints(ids), startPos);
+        return g.readLogits(ids.length);
       });
     },
     async draftForward(ids, startPos) {
@@ -144,20 +124,24 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
         seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: ints(contextIds) });
       return { tokens_json: JSON.stringify(Array.from(r.tokens)), pDraft: r.pDraft, error_code: r.error_code || "" };
     },
-    /** JSON: cumulative stale-epoch drops by receiver. */
-    counters() {
-      return JSON.stringify({ ...counters(), ...(draft ? draft.staleCounts : { draft_client: 0, draft_worker: 0 }) });
+    /** JSON: stale-epoch drops by receiver since the previous call (one call per result, so
+     *  every drop is reported exactly once). Counts of a replaced draft client carry over. */
+    takeCounters() {
+      const now = cumulative();
+      const out = Object.fromEntries(Object.entries(now).map(([k, v]) => [k, v - (taken[k] ?? 0)]));
+      taken = now;
+      return JSON.stringify(out);
     },
     /** JSON: receipt environment (coarse hardware class, versions, peak bytes by category). */
     environment() {
       const info = runtimeInfo();
-      const a = gpu.accounting;
+      const mem = champ.memory();
       return JSON.stringify({
-        hardware_class: `webgpu-${gpu.device.esFallbackAdapter ? "fallback" : "hardware"}/${gpu.device.esAdapterInfo.vendor || "unknown"}` +
-          `/cpu-${bucket(navigator.hardwareConcurrency ?? 0)}`,
+        hardware_class: champ.hardwareClass(),
         browser_version: browserVersion(),
         runtime_version: info.runtime_version ?? "pyodide-unknown",
-        peak_resident_bytes: { gpu_buffers: a.peakBytes, wasm_draft: draft ? draft.memoryBytes : 0,
+        champion_backend: champ.kind,
+        peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draft ? draft.memoryBytes : 0,
           pyodide_heap: info.pyodide_heap_bytes ?? 0 },
       });
     },
@@ -166,8 +150,9 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   return {
     bridge,
     info: {
-      champion: { vocab_size: gpu.champion.vocabSize, max_context: maxContext ?? gpu.champion.config.max_position_embeddings,
-        identity: gpu.champion.identity, artifact_bytes: gpu.champion.artifactBytes, max_block: MAX_BLOCK },
+      champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.config.max_position_embeddings,
+        identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
+        backend: champ.kind, backend_why: choice.why },
       draft: draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity,
         artifact_bytes: draft.artifactBytes } : null,
       draft_error: draftError,
@@ -176,12 +161,14 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     /** Before each request: adopt its epoch; rebuild a lost GPU, respawn a dead draft worker. */
     async beginRequest(requestEpoch) {
       epoch = Math.max(epoch, requestEpoch);
-      if (gpu.lost) {
-        const old = gpu;
-        gpu = await openGpu({ championUrl, maxContext });
+      if (champ.lost) {
+        const old = champ;
+        champ = await openChampion(old.kind, openOpts);
         try { old.close(); } catch { /* already destroyed */ }
       }
       if (draft?.dead && draftUrl) {
+        const d = draft.staleCounts;
+        retired = { draft_client: retired.draft_client + d.draft_client, draft_worker: retired.draft_worker + d.draft_worker };
         draft = null;
         try { draft = await spawnDraft(); draftRespawns++; } catch (err) { draftError = errorPayload(err, "E_DRAFT_LOST"); }
       }
@@ -207,20 +194,17 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     },
     /** GPU buffers live now, bytes live and peak; the draft's WASM memory; respawns. */
     memory() {
-      const a = gpu.accounting;
-      return { gpu_buffers_live: a.liveBuffers, gpu_bytes_live: a.liveBytes, gpu_bytes_peak: a.peakBytes,
-        wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: gpu.lost };
+      const m = champ.memory();
+      return { champion_backend: champ.kind, gpu_buffers_live: m.buffers_live, gpu_bytes_live: m.category === "gpu_buffers" ? m.live : 0,
+        gpu_bytes_peak: m.category === "gpu_buffers" ? m.peak : 0, wasm_champion_bytes: m.category === "wasm_champion" ? m.live : 0,
+        wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: champ.lost };
     },
     close() {
       draft?.terminate();
       draft = null;
-      gpu.close();
+      champ.close();
     },
   };
-}
-
-function bucket(n) {
-  return n <= 2 ? "1-2" : n <= 4 ? "3-4" : n <= 8 ? "5-8" : "9+";
 }
 
 /** "chromium-156" from the user agent: the major version only (coarse, not a fingerprint). */

@@ -3,6 +3,7 @@
 // PyProxy it makes is destroyed by it: per request, per cancel, and at unload/terminate.
 import { bootPython, fetchOk } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
+import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
 import { codedError } from "../protocol.mjs";
 
@@ -59,14 +60,23 @@ export function createPyodideRuntime({ counters, post }) {
     async load({ models, options = {} }, notify) {
       const t0 = performance.now();
       unload();                                   // a second load frees the first
-      notify({ stage: "python" });
-      const pyTiming = await boot();
-      notify({ stage: "check" });
-      const checked = await checkModels(py.pyodide, models);   // manifest + pair, before any big download
+      const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
+      const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
+      let pyTiming, checked, built;
+      try {
+        notify({ stage: "python" });
+        pyTiming = await boot();
+        notify({ stage: "check" });
+        checked = await checkModels(py.pyodide, models);   // configs through the shared validator, before any weights
+      } catch (err) {
+        prepared.close();
+        throw err;
+      }
       notify({ stage: "models" });
-      const built = await createBridge({
+      built = await createBridge({ choice, prepared,
         championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
         faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
+        championBackend: options.champion_backend ?? "auto", threads: options.threads ?? 1,
         notify: notifyRequest,
       });
       try {

@@ -1,0 +1,121 @@
+// The two champion backends behind one interface, and the choice between them.
+//   webgpu: WGSL kernels (web/gpu/champion.mjs + accept.mjs) on a device whose buffers are counted
+//   wasm:   WASM-SIMD forward + float64 decisions in C (web/champion_wasm/champion_wasm.mjs)
+// Both run the same q8 artifact and give decide() results of one shape:
+//   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
+//               forward(ids Int32Array, startPos), decide(args) -> {n_accepted, next_token, ...},
+//               injectNaN(nRows), readLogits(n), loseDevice(), memory(), hardwareClass(), close() }
+// "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
+// navigator.gpu or no adapter at all gives the WASM champion.
+import { requestDevice, trackDevice } from "../gpu/device.mjs";
+import { compileChampionPipelines, createChampion } from "../gpu/champion.mjs";
+import { createAcceptor } from "../gpu/accept.mjs";
+import { codedError } from "../protocol.mjs";
+
+export const CHAMPION_BACKENDS = ["auto", "webgpu", "wasm"];
+
+/** -> {kind: "webgpu"|"wasm", why}: what "auto" (or an explicit choice) resolves to here. */
+export async function chooseChampionBackend(requested = "auto") {
+  if (!CHAMPION_BACKENDS.includes(requested)) {
+    throw codedError("E_BAD_ARGUMENT", `championBackend must be one of ${CHAMPION_BACKENDS.join(", ")}, got ${JSON.stringify(requested)}`);
+  }
+  if (requested !== "auto") return { kind: requested, why: "requested" };
+  if (!globalThis.navigator?.gpu) return { kind: "wasm", why: "no navigator.gpu" };
+  let adapter = null;
+  try { adapter = await navigator.gpu.requestAdapter(); } catch { adapter = null; }
+  if (!adapter) return { kind: "wasm", why: "no WebGPU adapter" };
+  const fallback = adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter ?? false;
+  return fallback ? { kind: "wasm", why: "the WebGPU adapter is a fallback (software) one" }
+    : { kind: "webgpu", why: "hardware WebGPU adapter" };
+}
+
+const cpuBucket = () => {
+  const n = globalThis.navigator?.hardwareConcurrency ?? 0;
+  return n <= 2 ? "1-2" : n <= 4 ? "3-4" : n <= 8 ? "5-8" : "9+";
+};
+
+/** Work that needs no model bytes, started while Pyodide boots: the WebGPU device and the
+ *  champion's pipelines (seconds on SwiftShader). Consumed by openChampion, or closed. */
+export function prepareChampion(kind) {
+  if (kind !== "webgpu") return { kind, close() {} };
+  const devicePromise = requestDevice();
+  const pipelines = devicePromise.then((device) => compileChampionPipelines(device));
+  pipelines.catch(() => {});   // reported where it is awaited
+  return {
+    kind, devicePromise, pipelines,
+    close() { devicePromise.then((d) => d.destroy(), () => {}); },
+  };
+}
+
+async function openWebGpu({ championUrl, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null }) {
+  const device = prepared ? await prepared.devicePromise : await requestDevice();
+  const accounting = trackDevice(device);
+  accounting.refuseAfter = refuseAllocAfter;
+  let champion = null, acceptor = null;
+  try {
+    champion = await createChampion({ device, modelUrl: championUrl, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+    acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock });
+  } catch (err) {
+    accounting.destroyAll();   // whatever was allocated before the failure
+    device.destroy();
+    throw err;
+  }
+  const backend = {
+    kind: "webgpu", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
+    maxContext: champion.maxContext, config: champion.config, lost: false,
+    forward: (ids, startPos) => champion.forward(ids, startPos),
+    decide: (args) => acceptor.decide({ ...args, logitsBuffer: champion.logitsBuffer }),
+    injectNaN(nRows) {   // fault: this block's rows become NaN, as a numeric failure would
+      device.queue.writeBuffer(champion.logitsBuffer, 0, new Float32Array(nRows * champion.vocabSize).fill(NaN));
+    },
+    readLogits: (n) => champion.readLogits(n),
+    loseDevice() { backend.lost = true; device.destroy(); },
+    memory: () => ({ category: "gpu_buffers", peak: accounting.peakBytes, live: accounting.liveBytes,
+      buffers_live: accounting.liveBuffers }),
+    hardwareClass: () => `webgpu-${device.esFallbackAdapter ? "fallback" : "hardware"}/` +
+      `${device.esAdapterInfo.vendor || "unknown"}/cpu-${cpuBucket()}`,
+    close() {
+      acceptor.destroy();
+      champion.destroy();
+      accounting.destroyAll();
+      device.destroy();
+    },
+  };
+  device.lost.then(() => { backend.lost = true; });
+  return backend;
+}
+
+async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = 1 }) {
+  let mod;
+  try {
+    mod = await import("../champion_wasm/champion_wasm.mjs");
+  } catch (err) {
+    throw codedError("E_MODEL_LOAD", `the WASM champion module did not load: ${err.message ?? err}`);
+  }
+  const champion = await mod.createWasmChampion({ wasmUrl, modelUrl: championUrl, maxBlock, maxContext, threads });
+  let nanRows = 0;
+  const backend = {
+    kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
+    maxContext: champion.maxContext, config: champion.config, lost: false,
+    forward: (ids, startPos) => champion.forward(ids, startPos),
+    async decide(args) {
+      if (nanRows) {   // fault: decide on NaN rows (written where the logits live)
+        nanRows = 0;
+        champion.poisonLogits?.(args.nRows);
+      }
+      return champion.decide(args);
+    },
+    injectNaN(nRows) { nanRows = nRows; },
+    readLogits: (n) => champion.readLogits(n),
+    loseDevice() { backend.lost = true; },
+    memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
+    hardwareClass: () => `wasm-simd/threads-${threads}/cpu-${cpuBucket()}`,
+    close() { champion.destroy(); },
+  };
+  return backend;
+}
+
+/** Open the chosen backend; `kind` is "webgpu" or "wasm" (resolve "auto" first). */
+export function openChampion(kind, opts) {
+  return kind === "wasm" ? openWasm(opts) : openWebGpu(opts);
+}
