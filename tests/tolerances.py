@@ -47,6 +47,14 @@ TOLERANCES = {
     "draft_probs_f64": Tol(2e-14, 0.0, measured=1.8e-15),     # float64 processed rows
     "draft_probs_f32": Tol(4e-7, 0.0, measured=3e-8),         # the same rows rounded to float32
     "wasm_sincos": Tol(2e-15, 0.0, measured=1.1e-16),         # angles to 600 rad
+    # --- champion in WASM vs the NumPy references (test_wasm_champion.py) ---------------------------
+    # whole model, q8 weights, f32 vs f64: tiny random 1.9e-6, odd-sized random (large
+    # activations) 6.4e-5, trained champion 7.7e-6 (logits to ~17)
+    "wasm_champion_logits": Tol(6e-4, 0.0, measured=6.44e-5),
+    # decision quantities, float64 on both sides (exp and sum order differ): |a_wasm - a_ref| and
+    # the sampled token's Gumbel score; flip_margin bounds where a decision may differ
+    "wasm_accept_probability": Tol(3e-14, 0.0, measured=2.8e-15),
+    "wasm_gumbel_score": Tol(1.5e-12, 0.0, measured=1.53e-13),
     # --- float64 processors (test_processors.py) -------------------------------------------------
     "processors_f64": Tol(0.0, 2e-15, measured=1.9e-16),      # vs hand-computed values, relative
     "processors_vs_hf": Tol(0.0, 1e-14, measured=6.4e-16),    # vs transformers' warpers (torch f64)

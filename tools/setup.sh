@@ -151,10 +151,11 @@ else
     echo "$NPM_KEY" > "$NPM_STAMP"
 fi
 
-# ---------------------------------------------------------------- WASM draft
-step "wasm draft (web/build/draft.wasm)"
-if [ -f web/build/draft.wasm ] && [ web/build/draft.wasm -nt wasm/draft.c ] && [ web/build/draft.wasm -nt wasm/build.sh ]; then
-    log "wasm draft up to date"
+# ---------------------------------------------------------------- WASM draft + champion
+step "wasm draft + champion (web/build/{draft,champion}.wasm)"
+if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] &&
+   [ -z "$(find wasm -type f -newer web/build/draft.wasm)" ] && [ -z "$(find wasm -type f -newer web/build/champion.wasm)" ]; then
+    log "wasm modules up to date"
 else
     bash wasm/build.sh
 fi

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Build the WASM-SIMD draft: wasm/draft.c -> web/build/draft.wasm (gitignored; rebuilt by set-up
-# and by tests/test_wasm_draft.py when missing or older than the source).
-#   bash wasm/build.sh
+# Build the WASM-SIMD modules into web/build/ (gitignored; rebuilt by set-up and by the tests
+# when missing or older than a source in wasm/):
+#   wasm/draft.c    -> draft.wasm     (the draft model, docs/draft_wasm.md)
+#   wasm/champion.c -> champion.wasm  (the champion + exact decisions, docs/champion_wasm.md)
+# Both include wasm/common.h.
+#   bash wasm/build.sh [OUT_DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-$ROOT/web/build/draft.wasm}"
-mkdir -p "$(dirname "$OUT")"
+OUT_DIR="${1:-$ROOT/web/build}"
+mkdir -p "$OUT_DIR"
 CLANG="${CLANG:-clang}"
 # -ffp-contract=off: no fused multiply-add, so the portable log matches NumPy bit for bit.
 # -ffreestanding: no libc (and no implicit memset/memcpy calls).
-"$CLANG" --target=wasm32 -O3 -ffreestanding -nostdlib -msimd128 -ffp-contract=off \
-    -fno-math-errno -Wall -Wextra -Wno-unused-parameter \
-    -Wl,--no-entry -Wl,--export-dynamic -Wl,--strip-all -Wl,-z,stack-size=1048576 \
-    -o "$OUT.tmp" "$ROOT/wasm/draft.c"
-mv "$OUT.tmp" "$OUT"
-echo "built $OUT ($(wc -c < "$OUT") bytes)"
+build() {   # build NAME [extra flags...]
+    local name="$1" out="$OUT_DIR/$1.wasm"
+    shift
+    "$CLANG" --target=wasm32 -O3 -ffreestanding -nostdlib -msimd128 -ffp-contract=off \
+        -fno-math-errno -Wall -Wextra -Wno-unused-parameter "$@" \
+        -Wl,--no-entry -Wl,--export-dynamic -Wl,--strip-all -Wl,-z,stack-size=1048576 \
+        -o "$out.tmp" "$ROOT/wasm/$name.c"
+    mv "$out.tmp" "$out"
+    echo "built $out ($(wc -c < "$out") bytes)"
+}
+build draft
+build champion

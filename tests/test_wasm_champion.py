@@ -1,0 +1,456 @@
+"""WASM-SIMD champion (wasm/champion.c + web/champion_wasm/champion_wasm.mjs) in Node:
+
+- forward logits vs LlamaReference.from_dir(dir, weights="q8") within
+  TOLERANCES["wasm_champion_logits"], blocks of 1..9 with rollback and re-feed;
+- batch invariance: a position's logits are the same bits decoded alone or inside any block, at
+  any offset, after a rollback;
+- champion_decide vs acceptance.decide_round (process_logits, RngDecider) on thousands of random
+  rounds: decisions equal, except inside the float64 margins of the tolerance table;
+- coded errors for bad calls and bad files.
+
+Models: a random HF Llama (test_gpu_champion.build_tiny_llama), a NumPy-made one with awkward
+sizes (V = 301, one KV head, 3 layers) and the shipped web/models/champion/ when present.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from browser_fixture import REPO_ROOT
+from test_gpu_accept import (as_decision, draft_proposals, js_policy, make_round_set, reference_rows,
+                             reference_scores)
+from test_gpu_champion import build_tiny_llama, quantize_rows, split
+from tolerances import TOLERANCES, flip_margin, max_error, within
+
+from exactspec import rng
+from exactspec.acceptance import decide_round
+from exactspec.deciders import RngDecider
+from exactspec.policy import AllowedSetGrammar, SamplingPolicy
+from exactspec.processors import process_logits
+from exactspec.reference_llama import LlamaReference
+
+WASM = REPO_ROOT / "web" / "build" / "champion.wasm"
+HARNESS = REPO_ROOT / "web" / "tests" / "champion_harness.mjs"
+TEST_MODELS = REPO_ROOT / "build" / "test_models"
+SHIPPED = REPO_ROOT / "web" / "models" / "champion"
+
+
+# ----------------------------------------------------------------------------- set-up
+def ensure_wasm() -> Path:
+    """Build web/build/*.wasm if champion.wasm is missing or older than any source in wasm/."""
+    sources = [p for p in (REPO_ROOT / "wasm").iterdir() if p.suffix in (".c", ".h", ".sh")]
+    if not WASM.exists() or WASM.stat().st_mtime < max(p.stat().st_mtime for p in sources):
+        subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh")], check=True, cwd=REPO_ROOT)
+    return WASM
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """Atomic rename: a concurrent run sees nothing or the whole model (the first one wins)."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def ensure_tiny() -> Path:
+    final = TEST_MODELS / "champion_wasm_tiny_v1"
+    if not (final / "model.q8.safetensors").exists():
+        publish(build_tiny_llama(TEST_MODELS / f"champion_wasm_tiny_v1.tmp{os.getpid()}", seed=3), final)
+    return final
+
+
+def ensure_odd() -> Path:
+    """V = 301 (LM head rows not a multiple of 4), MQA (4 heads / 1 KV head), head_dim 16,
+    3 layers, rope_theta 5e5, eps 1e-6, non-unit norms; q8 written directly."""
+    final = TEST_MODELS / "champion_wasm_odd_v1"
+    if (final / "model.q8.safetensors").exists():
+        return final
+    from safetensors.numpy import save_file
+    V, D, F, H, KV, hd, L = 301, 64, 176, 4, 1, 16, 3
+    rs = np.random.default_rng(2024)
+    t = {"model.embed_tokens.weight": rs.normal(0, 0.6, (V, D)), "model.norm.weight": 1 + 0.3 * rs.normal(size=D)}
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        t[p + "input_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
+        for name, shape in [("self_attn.q_proj", (H * hd, D)), ("self_attn.k_proj", (KV * hd, D)),
+                            ("self_attn.v_proj", (KV * hd, D)), ("self_attn.o_proj", (D, H * hd)),
+                            ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)), ("mlp.down_proj", (D, F))]:
+            q, s = quantize_rows(rs.normal(0, 0.25, shape))
+            t[p + name + ".weight.q8"], t[p + name + ".weight.scale"] = q, s
+    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
+              "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": hd,
+              "max_position_embeddings": 80, "rope_theta": 500000.0, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": True, "hidden_act": "silu"}
+    tmp = TEST_MODELS / f"champion_wasm_odd_v1.tmp{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=v.dtype if v.dtype == np.int8 else np.float32) for k, v in t.items()},
+              str(tmp / "model.q8.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(config))
+    return publish(tmp, final)
+
+
+def model_dirs():
+    dirs = ["tiny", "odd"]
+    if (SHIPPED / "model.q8.safetensors").exists():
+        dirs.append("shipped")
+    return dirs
+
+
+def resolve(which: str) -> Path:
+    return {"tiny": ensure_tiny, "odd": ensure_odd}.get(which, lambda: SHIPPED)()
+
+
+_refs: dict = {}
+
+
+def reference(model_dir: Path) -> LlamaReference:
+    if model_dir not in _refs:
+        _refs[model_dir] = LlamaReference.from_dir(model_dir, weights="q8")
+    return _refs[model_dir]
+
+
+def b64(array) -> str:
+    return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode()
+
+
+def unb64(text, dtype) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype=dtype)
+
+
+def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0) -> dict:
+    ensure_wasm()
+    cases = {"wasm": str(WASM), "model_dir": str(model_dir), "max_block": max_block, "max_context": max_context,
+             **cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
+        cin.write_text(json.dumps(cases))
+        proc = subprocess.run(["node", str(HARNESS), str(cin), str(cout)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"node harness failed:\n{proc.stdout}\n{proc.stderr}"
+        return json.loads(cout.read_text())
+
+
+def forward_rows(out_rows, blocks, vocab) -> list:
+    return [unb64(s, np.float32).reshape(len(ids), vocab) for s, (ids, _) in zip(out_rows, blocks)]
+
+
+def as_blocks(blocks) -> list:
+    return [[[int(i) for i in ids], int(start)] for ids, start in blocks]
+
+
+# ----------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("which", model_dirs())
+def test_logits_match_q8_reference(which):
+    model_dir = resolve(which)
+    ref = reference(model_dir)
+    V = ref.vocab_size
+    gen = np.random.default_rng(11)
+    longest = min(150, ref.max_context)
+    plans = [(5, [5]), (17, [9, 1, 7]), (40, [8, 9, 3, 2]), (longest, [9, 9, 2])]
+    sequences, blocks_of = [], []
+    for length, sizes in plans:
+        ids = gen.integers(0, V, length)
+        blocks = split(ids, sizes)
+        if length > 8:
+            blocks += [(ids[length - 6:length - 1], length - 6)]      # rollback and re-feed 5 positions
+        sequences.append(as_blocks(blocks))
+        blocks_of.append(blocks)
+    out = run_node(model_dir, {"forward": sequences})
+    assert out["info"]["identity"] == ref.identity                 # sha256 of model.q8.safetensors
+    worst = 0.0
+    for rows, blocks in zip(out["forward"], blocks_of):
+        ref.reset()
+        for got, (ids, start) in zip(forward_rows(rows, blocks, V), blocks):
+            want = ref.forward(ids, start)
+            worst = max(worst, max_error(got, want, "wasm_champion_logits"))
+            assert within(got, want, "wasm_champion_logits"), (which, start, len(ids), np.abs(got - want).max())
+    print(f"[err] wasm_champion_logits ({which}): max abs {worst:.3g}; memory {out['info']['memoryBytes']} bytes")
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_block_logits_bitwise_equal_single(which):
+    """Each position's logits: the same float32 bits alone, in blocks of 2..9 at any offset,
+    and after a rollback over a different continuation."""
+    model_dir = resolve(which)
+    V = reference(model_dir).vocab_size
+    ids = np.random.default_rng(7).integers(0, V, 31)
+    other = ids.copy()
+    other[20:] = (other[20:] + 1) % V
+    plans = [[1], [9], [2, 7, 4], [5, 1, 8, 3, 6, 9], [3, 3, 3, 2, 2, 2, 4, 4, 4, 4], [6, 2, 9, 1, 5, 7]]
+    sequences = [split(ids, sizes) for sizes in plans]
+    rollback = split(ids[:20], [9]) + [(other[20:29], 20), (ids[18:27], 18), (ids[27:31], 27)]
+    sequences.append(rollback)
+    out = run_node(model_dir, {"forward": [as_blocks(s) for s in sequences]})
+    got = [np.concatenate(forward_rows(rows, blocks, V)) for rows, blocks in zip(out["forward"], sequences)]
+    singles = got[0].view(np.uint32)
+    for sizes, rows in zip(plans[1:], got[1:-1]):
+        differ = np.flatnonzero((rows.view(np.uint32) != singles).any(axis=1))
+        assert differ.size == 0, f"{which}: block sizes {sizes}: positions {differ.tolist()} differ"
+    again = forward_rows(out["forward"][-1], rollback, V)
+    assert np.array_equal(again[-2].view(np.uint32), singles[18:27]), "re-fed block after rollback differs"
+    assert np.array_equal(again[-1].view(np.uint32), singles[27:31])
+    assert not np.array_equal(again[2].view(np.uint32), singles[20:29])     # the other continuation really differed
+
+
+# ----------------------------------------------------------------------------- decide
+def random_policy(gen, V) -> SamplingPolicy:
+    """Champion policies: every knob, alone and combined (top-p included: float64 on both sides)."""
+    kind = int(gen.integers(0, 8))
+    some = tuple(sorted(set(int(i) for i in gen.choice(V, size=min(V - 1, 3), replace=False))))
+    allowed = AllowedSetGrammar(sorted(set(int(i) for i in gen.choice(V, size=max(2, V // 3), replace=False))))
+    return [
+        SamplingPolicy(),
+        SamplingPolicy(temperature=float(gen.choice([0.5, 0.8, 1.7]))),
+        SamplingPolicy(top_k=int(gen.integers(1, V))),
+        SamplingPolicy(top_p=float(gen.uniform(0.3, 0.99))),
+        SamplingPolicy(repetition_penalty=float(gen.choice([0.8, 1.3, 2.0]))),
+        SamplingPolicy(suppress_token_ids=some),
+        SamplingPolicy(grammar=allowed, top_p=0.9),
+        SamplingPolicy(temperature=0.7, top_k=max(1, V // 4), top_p=0.85, repetition_penalty=1.2,
+                       suppress_token_ids=some[:1], grammar=allowed),
+    ][kind]
+
+
+def reference_decision(logits, p_draft, proposals, policy, seed, round_id, stops, remaining, greedy, context):
+    m = len(proposals)
+    rows = reference_rows(logits[: m + 1], context, proposals, policy)
+    p_draft_rows = [None] * m if greedy else [p_draft[i].astype(np.float64) for i in range(m)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)       # p_draft(y) == 0: ratio inf, accepted
+        decision = decide_round(rows, p_draft_rows, proposals, RngDecider(seed), round_id, stops, remaining, greedy)
+    return rows, decision
+
+
+def reference_quantities(rows, p_draft, proposals, seed, round_id, want):
+    """(a of the last accept test or None, Gumbel score of the sampled token or None) in float64."""
+    n_acc, token, rej = want[0], want[1], want[2]
+    a = score = None
+    if proposals and p_draft is not None:
+        j = rej if rej >= 0 else n_acc - 1
+        if j >= 0 and not want[4]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = rows[j][proposals[j]] / np.float64(p_draft[j][proposals[j]])
+            a = float(ratio) if ratio < 1 else 1.0
+    if token >= 0 and p_draft is not None:
+        score = float(reference_scores(rows, p_draft, proposals, seed, round_id, rej)[token])
+    return a, score
+
+
+def explain(rows, p_draft, proposals, seed, round_id, got, want):
+    """A disagreement is allowed only where float64 rounding can reverse it: the reference's
+    accept test within wasm_accept_probability of its uniform, or the reference's top two
+    Gumbel scores within flip_margin("wasm_gumbel_score")."""
+    if (got[0], got[2]) != (want[0], want[2]):
+        j = min(got[0], want[0])
+        a = min(1.0, rows[j][proposals[j]] / float(p_draft[j][proposals[j]]))
+        return abs(rng.uniform_accept(seed, round_id, j) - a) <= TOLERANCES["wasm_accept_probability"].max_abs
+    if got[1] < 0 or want[1] < 0:
+        return False
+    _, score_want = reference_quantities(rows, p_draft, proposals, seed, round_id, want)
+    _, score_got = reference_quantities(rows, p_draft, proposals, seed, round_id, got)
+    return score_want - score_got <= flip_margin("wasm_gumbel_score")
+
+
+def argmax_chain(logits, context, policy, m) -> list:
+    """Greedy proposals: each the argmax of its processed row (a random id where a row is invalid)."""
+    proposals = []
+    for i in range(m):
+        rows = reference_rows(logits[i:i + 1], list(context) + proposals, [], policy)
+        proposals.append(int(np.argmax(rows[0])) if isinstance(rows[0], np.ndarray) else i)
+    return proposals
+
+
+def build_rounds(gen, V, n_sets, rounds_per_set, max_block=9):
+    """Synthetic logits sets (hard shapes) x random rounds: policies, seeds, stops, remaining, greedy."""
+    styles = ["close", "close", "far", "disjoint", "equal", "scaled", "nan"]
+    sets, jobs, refs = [], [], []
+    for s in range(n_sets):
+        m = int(gen.integers(0, max_block))
+        style = styles[s % len(styles)]
+        logits, p_draft, _ = make_round_set(gen, V, m, style)
+        if s % 5 == 4:                                       # ties everywhere
+            logits = gen.integers(-2, 3, size=logits.shape).astype(np.float32)
+        sets.append({"logits": b64(logits), "p_draft": b64(p_draft) if p_draft.size else ""})
+        seed = int(gen.integers(0, 2**63)) * 2 + int(gen.integers(0, 2))
+        for r in range(rounds_per_set):
+            round_id = int(gen.integers(0, 2**32))
+            greedy = r % 6 == 5
+            policy = SamplingPolicy(temperature=0) if greedy and r % 12 == 5 else random_policy(gen, V)
+            context = [int(c) for c in gen.integers(0, V, size=int(gen.integers(0, 6)))]
+            proposals = draft_proposals(p_draft, seed, round_id)
+            if m and r % 9 == 4:                             # a proposal the draft gave zero mass
+                zero = np.flatnonzero(p_draft[0] == 0)
+                if zero.size:
+                    proposals[0] = int(zero[0])
+            if greedy:                                       # the reference argmax chain, one deviation
+                proposals = argmax_chain(logits, context, policy, m)
+                if m and r % 2:
+                    proposals[int(gen.integers(m))] = int(gen.integers(V))
+            stops = [proposals[int(gen.integers(m))]] if m and r % 4 == 0 else [int(gen.integers(V))]
+            remaining = int(gen.integers(m, m + 3)) if m else 1
+            jobs.append({"set": s, "proposals": proposals, "policy": js_policy(policy), "contextIds": context,
+                         "seed": [seed & 0xFFFFFFFF, seed >> 32], "roundId": round_id, "stopTokenIds": stops,
+                         "remaining": remaining, "greedy": greedy})
+            refs.append((logits, p_draft, proposals, policy, seed, round_id, stops, remaining, greedy, context))
+    return sets, jobs, refs
+
+
+def check_rounds(results, refs, label):
+    """Compare every decision with decide_round; returns counters and the measured errors."""
+    n_diff, kinds, a_errs, score_errs = 0, {}, [0.0], [0.0]
+    for got, (logits, p_draft, proposals, policy, seed, round_id, stops, remaining, greedy, context) in zip(results, refs):
+        assert "thrown" not in got, (label, got)
+        rows, want = reference_decision(logits, p_draft, proposals, policy, seed, round_id, stops, remaining, greedy,
+                                        context)
+        got_t, want_t = as_decision(got), as_decision(want)
+        kinds[want_t[4] or want_t[3] or "token"] = kinds.get(want_t[4] or want_t[3] or "token", 0) + 1
+        if got_t != want_t:
+            n_diff += 1
+            assert not greedy, (label, "greedy decisions must be equal", got_t, want_t)
+            assert explain(rows, p_draft, proposals, seed, round_id, got_t, want_t), (label, got_t, want_t)
+            continue
+        a, score = reference_quantities(rows, None if greedy else p_draft, proposals, seed, round_id, want_t)
+        if a is not None and got["diag"]["a"] is not None:            # NaN (no test) arrives as null
+            a_errs.append(abs(got["diag"]["a"] - a))
+        if score is not None:
+            score_errs.append(abs(got["diag"]["score"] - score))
+    return n_diff, kinds, max(a_errs), max(score_errs), len(a_errs) - 1, len(score_errs) - 1
+
+
+@pytest.mark.parametrize("V,n_sets,rounds_per_set", [(37, 160, 24), (1000, 60, 24), (4096, 6, 20)])
+def test_decide_matches_decide_round(V, n_sets, rounds_per_set):
+    gen = np.random.default_rng(4000 + V)
+    sets, jobs, refs = build_rounds(gen, V, n_sets, rounds_per_set)
+    model_dir = {37: None, 1000: ensure_tiny(), 4096: SHIPPED}[V]
+    if model_dir is None or not (model_dir / "config.json").exists():
+        model_dir = make_vocab_model(V)
+    out = run_node(model_dir, {"decide": {"sets": sets, "jobs": jobs}})
+    n_diff, kinds, a_err, score_err, n_a, n_score = check_rounds(out["decide"]["results"], refs, f"V={V}")
+    total = len(jobs)
+    print(f"decide V={V}: {n_diff}/{total} disagreements; outcomes {kinds}; [err] wasm_accept_probability "
+          f"max abs {a_err:.3g} ({n_a} tests), wasm_gumbel_score max abs {score_err:.3g} ({n_score} tokens)")
+    assert a_err <= TOLERANCES["wasm_accept_probability"].max_abs
+    assert score_err <= TOLERANCES["wasm_gumbel_score"].max_abs
+    assert n_a > total // 4 and n_score > total // 4                    # the compared quantities are not empty
+    if V < 100:                                                          # every outcome occurs
+        assert {"token", "stop", "length", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"} <= set(kinds), kinds
+    assert n_diff <= max(1, total // 2000)
+
+
+def make_vocab_model(V: int) -> Path:
+    """A 1-layer model of vocabulary V (decide only needs V; its logits are set directly)."""
+    final = TEST_MODELS / f"champion_wasm_v{V}_v1"
+    if (final / "model.q8.safetensors").exists():
+        return final
+    from safetensors.numpy import save_file
+    D, F = 8, 8
+    rs = np.random.default_rng(V)
+    t = {"model.embed_tokens.weight": rs.normal(size=(V, D)).astype(np.float32),
+         "model.norm.weight": np.ones(D, np.float32)}
+    p = "model.layers.0."
+    t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = np.ones(D, np.float32)
+    for name, shape in [("self_attn.q_proj", (D, D)), ("self_attn.k_proj", (D, D)), ("self_attn.v_proj", (D, D)),
+                        ("self_attn.o_proj", (D, D)), ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)),
+                        ("mlp.down_proj", (D, F))]:
+        t[p + name + ".weight.q8"], t[p + name + ".weight.scale"] = quantize_rows(rs.normal(size=shape))
+    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "max_position_embeddings": 16, "tie_word_embeddings": True}
+    tmp = TEST_MODELS / f"champion_wasm_v{V}_v1.tmp{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(tmp / "model.q8.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(config))
+    return publish(tmp, final)
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_decide_on_forward_rows(which):
+    """Rounds on the model's own logits: the rows decide() reads are exactly readLogits()'s. The
+    draft rows are the reference's processed rows of the same block, a little perturbed, so
+    proposals are often accepted."""
+    model_dir = resolve(which)
+    ref = reference(model_dir)
+    V = ref.vocab_size
+    gen = np.random.default_rng(99)
+    sets, jobs, plans = [], [], []
+    for s in range(12):
+        m = int(gen.integers(0, 9))
+        prompt = [int(i) for i in gen.integers(0, V, int(gen.integers(1, 20)))]
+        block = [int(i) for i in gen.integers(0, V, m + 1)]
+        forward = [[prompt[i:i + 9], i] for i in range(0, len(prompt), 9)] + [[block, len(prompt)]]
+        ref.reset()
+        ref.forward(prompt, 0)
+        near = ref.forward(block, len(prompt))[:m] + gen.normal(0, 0.3, (m, V))        # (m, V)
+        p_draft = np.array([process_logits(row, [], SamplingPolicy()) for row in near], np.float32).reshape(m, V)
+        sets.append({"forward": forward, "p_draft": b64(p_draft) if m else ""})
+        plans.append((prompt, p_draft))
+        seed = int(gen.integers(0, 2**63))
+        for r in range(30):
+            greedy = r % 5 == 4
+            proposals = draft_proposals(p_draft, seed, r)
+            policy = random_policy(gen, V) if r % 3 == 2 else SamplingPolicy(temperature=float(gen.choice([1.0, 0.9])))
+            jobs.append({"set": s, "proposals": proposals, "policy": js_policy(policy), "contextIds": prompt,
+                         "seed": [seed & 0xFFFFFFFF, seed >> 32], "roundId": r, "stopTokenIds": [1],
+                         "remaining": m + int(gen.integers(0, 2)), "greedy": greedy})
+    out = run_node(model_dir, {"decide": {"sets": sets, "jobs": jobs}})
+    refs = []
+    for job in jobs:
+        prompt, p_draft = plans[job["set"]]
+        logits = unb64(out["decide"]["setLogits"][job["set"]], np.float32).reshape(-1, V)
+        policy = SamplingPolicy(temperature=job["policy"]["temperature"], top_k=job["policy"]["top_k"],
+                                top_p=job["policy"]["top_p"], repetition_penalty=job["policy"]["repetition_penalty"],
+                                suppress_token_ids=tuple(job["policy"]["suppress_token_ids"]),
+                                grammar=None if job["policy"]["allowed_token_ids"] is None
+                                else AllowedSetGrammar(job["policy"]["allowed_token_ids"]))
+        seed = job["seed"][0] | job["seed"][1] << 32
+        refs.append((logits, p_draft, job["proposals"], policy, seed, job["roundId"], job["stopTokenIds"],
+                     job["remaining"], job["greedy"], prompt))
+    n_diff, kinds, a_err, score_err, _, _ = check_rounds(out["decide"]["results"], refs, which)
+    print(f"decide on forward rows ({which}): {n_diff}/{len(jobs)} disagreements; outcomes {kinds}")
+    assert n_diff == 0 and kinds.get("length", 0) + kinds.get("stop", 0) > 0    # some rounds accept everything
+
+
+# ----------------------------------------------------------------------------- errors
+def test_bad_calls_and_files_are_coded():
+    model_dir = ensure_odd()
+    ok_decide = {"nRows": 1, "proposals": [], "policy": {}, "seed": [1, 2], "roundId": 0}
+    errors = [
+        {"op": "forward", "ids": list(range(5)), "start": 0},             # block > maxBlock 4
+        {"op": "forward", "ids": [1], "start": 33},                       # skips uncached positions
+        {"op": "forward", "ids": [301], "start": 0},                      # id >= V
+        {"op": "forward", "ids": [], "start": 0},
+        {"op": "forward", "ids": [1, 2], "start": 31},                    # beyond maxContext 32
+        {"op": "forward", "ids": [1, 2], "start": 30},                    # fine
+        {"op": "readLogits", "n": 5},
+        {"op": "decide", "args": {**ok_decide, "nRows": 2}},              # nRows != m + 1
+        {"op": "decide", "args": {**ok_decide, "policy": {"top_p": 0}}},
+        {"op": "decide", "args": {**ok_decide, "policy": {"temperature": -1}}},
+        {"op": "decide", "args": {**ok_decide, "policy": {"suppress_token_ids": [301]}}},
+        {"op": "decide", "args": {**ok_decide, "seed": [2**32, 0]}},
+        {"op": "decide", "args": {**ok_decide, "contextIds": [-1]}},
+        {"op": "decide", "args": {**ok_decide, "nRows": 2, "proposals": [3], "remaining": 1}},   # no pDraft
+        {"op": "decide", "args": {**ok_decide, "nRows": 3, "proposals": [3, 4], "remaining": 1, "greedy": True}},
+        {"op": "decide", "args": {**ok_decide, "nRows": 3, "proposals": [3, 4], "remaining": 2, "greedy": True}},
+        {"op": "decide", "args": ok_decide},                              # fine
+        {"op": "poison", "n": 1},
+        {"op": "decide", "args": ok_decide},                              # answers E_TARGET_NUMERIC_OR_MASK
+    ]
+    fill = [[[1, 2, 3, 4], s] for s in range(0, 32, 4)]                # 32 positions cached
+    out = run_node(model_dir, {"errors": errors, "forward": [fill], "load_errors": [
+        {"max_block": 0}, {"max_block": 65}, {"max_context": 81}, {"threads": 3},
+        {"config_patch": {"tie_word_embeddings": False}}, {"config_patch": {"hidden_act": "gelu"}},
+        {"config_patch": {"head_dim": 18}}, {"config_patch": {"vocab_size": 300}}, {"truncate": 7},
+        {"rename_tensor": "model.layers.2.mlp.up_proj.weight.scale"}, {}]}, max_block=4, max_context=32)
+    assert out["errors"] == ["E_BAD_ARGUMENT"] * 4 + ["E_CONTEXT_OVERFLOW", "", "E_BAD_ARGUMENT"] + ["E_BAD_ARGUMENT"] * 7 + \
+        ["E_BAD_ARGUMENT", "E_BAD_ARGUMENT", "", "", "E_TARGET_NUMERIC_OR_MASK"]
+    assert out["load_errors"] == ["E_BAD_ARGUMENT"] * 4 + ["E_MODEL_LOAD"] * 6 + [""]
+    assert out["after_destroy"] == "E_TERMINATED"

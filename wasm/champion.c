@@ -1,0 +1,540 @@
+/* champion.c — the exactspec champion in WASM-SIMD: Llama forward pass over a block of 1..B
+ * positions on the q8 artifact (int8 values held as exact float32, per-row scale applied after
+ * the row sum), batch-invariant, plus the round's decision (processors-v1, acceptance, residual,
+ * extra and baseline sampling) in float64 on the CPU: exactspec.acceptance.decide_round.
+ *
+ * Build: wasm/build.sh (clang 14, --target=wasm32 -msimd128 -ffreestanding -nostdlib
+ * -ffp-contract=off). The maths shared with draft.c (RNG, portable log/exp, processors,
+ * sampler, arena) is in common.h. JS (web/champion_wasm/champion_wasm.mjs) parses config.json and
+ * model.q8.safetensors and writes each tensor where champion_tensor_ptr says.
+ *
+ * One model per instance. Calls from JS, in order:
+ *   champion_alloc(bytes) -> ptr                  bump allocation (argument buffers)
+ *   champion_build_config(...)                    hyper-parameters; allocates weights, state, KV
+ *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (f32 values)
+ *   champion_check()                              marks the model built
+ *   champion_forward / champion_logits / champion_set_policy / champion_set_masks / champion_decide
+ * Errors are small integer codes (ERR_* in common.h); JS maps them to E_* codes.
+ *
+ * Batch invariance: every output element of every stage is computed by the same sequence of
+ * float operations whatever the block size n, the position of the row inside the block, the
+ * tile shape or the thread that computes it (matmul: one f32x4 accumulator per element over the
+ * input in steps of 4, then (l0 + l2) + (l1 + l3), then * scale, then + residual; norms, RoPE,
+ * attention and SwiGLU row by row). A position's logits are therefore the same bits decoded
+ * alone or inside any block, after any rollback.
+ */
+#include "common.h"
+
+EXPORT("champion_alloc") void *champion_alloc(uint32_t nbytes) { return arena_alloc(nbytes); }
+
+/* ============================================================================================
+ * Model: weights (fused q|k|v and gate|up, q8 values as f32), run state for B rows, KV cache.
+ * ========================================================================================== */
+
+typedef struct {
+    float *attn_norm;            /* (D,) input_layernorm */
+    float *mlp_norm;             /* (D,) post_attention_layernorm */
+    float *w_qkv;                /* (H*hd + 2 KV*hd, D) q8 values; rows q | k | v */
+    float *s_qkv;                /* (H*hd + 2 KV*hd,) per-row scales */
+    float *w_o;                  /* (D, H*hd) */
+    float *s_o;                  /* (D,) */
+    float *w_gate_up;            /* (2F, D); rows gate | up */
+    float *s_gate_up;            /* (2F,) */
+    float *w_down;               /* (D, F) */
+    float *s_down;               /* (D,) */
+} LayerWeights;
+
+typedef struct {
+    float *embed;                /* (V, D) embed_tokens; also the tied LM head */
+    float *final_norm;           /* (D,) model.norm */
+    LayerWeights *layers;        /* (L,) */
+} Weights;
+
+typedef struct {
+    float *x;                    /* (B, D) residual stream */
+    float *xb;                   /* (B, D) normed input of a sub-block */
+    float *qkv;                  /* (B, H*hd + 2 KV*hd) q | k | v; q and k rotated in place */
+    float *att;                  /* (B, H*hd) concatenated head outputs */
+    float *gate_up;              /* (B, 2F) */
+    float *act;                  /* (B, F) silu(gate) * up */
+    float *scores;               /* (T_max,) attention scores of one (row, head) */
+    float *logits;               /* (B, V) logits of the last forward's rows */
+    float *key_cache;            /* (L, T_max, KV*hd) keys after RoPE */
+    float *value_cache;          /* (L, T_max, KV*hd) */
+    float *rope_cos;             /* (T_max, hd/2) */
+    float *rope_sin;             /* (T_max, hd/2) */
+    double *residual;            /* (V,) residual weights of a rejected proposal */
+    int n_cached;                /* positions [0, n_cached) hold valid K/V */
+    int n_rows;                  /* logits rows of the last forward */
+} RunState;
+
+static Config cfg;
+static int max_block;            /* B */
+static Weights weights;
+static RunState st;
+static Policy pol;
+static ProcState proc;
+static int built;
+
+static float *alloc_floats(uint32_t n) { return (float *)arena_alloc(n * 4u); }
+
+static inline int qkv_rows(void) { return (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim; }
+
+static int build_weights(void) {
+    uint32_t D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
+    uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim), qkv = (uint32_t)qkv_rows();
+    weights.embed = alloc_floats((uint32_t)cfg.vocab_size * D);
+    weights.final_norm = alloc_floats(D);
+    weights.layers = (LayerWeights *)arena_alloc((uint32_t)cfg.num_layers * sizeof(LayerWeights));
+    if (!weights.embed || !weights.final_norm || !weights.layers) return ERR_NO_MEMORY;
+    for (int l = 0; l < cfg.num_layers; l++) {
+        LayerWeights *w = &weights.layers[l];
+        w->attn_norm = alloc_floats(D);
+        w->mlp_norm = alloc_floats(D);
+        w->w_qkv = alloc_floats(qkv * D);
+        w->s_qkv = alloc_floats(qkv);
+        w->w_o = alloc_floats(D * q_dim);
+        w->s_o = alloc_floats(D);
+        w->w_gate_up = alloc_floats(2 * F * D);
+        w->s_gate_up = alloc_floats(2 * F);
+        w->w_down = alloc_floats(D * F);
+        w->s_down = alloc_floats(D);
+        if (!w->attn_norm || !w->mlp_norm || !w->w_qkv || !w->s_qkv || !w->w_o || !w->s_o ||
+            !w->w_gate_up || !w->s_gate_up || !w->w_down || !w->s_down)
+            return ERR_NO_MEMORY;
+    }
+    return OK;
+}
+
+static int build_run_state(void) {
+    uint32_t B = (uint32_t)max_block, D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
+    uint32_t kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim);
+    uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim);
+    uint32_t cache_n = (uint32_t)cfg.num_layers * (uint32_t)cfg.max_context * kv_dim;
+    uint32_t rope_n = (uint32_t)cfg.max_context * (uint32_t)(cfg.head_dim / 2);
+    st.x = alloc_floats(B * D);
+    st.xb = alloc_floats(B * D);
+    st.qkv = alloc_floats(B * (uint32_t)qkv_rows());
+    st.att = alloc_floats(B * q_dim);
+    st.gate_up = alloc_floats(B * 2 * F);
+    st.act = alloc_floats(B * F);
+    st.scores = alloc_floats((uint32_t)cfg.max_context);
+    st.logits = alloc_floats(B * (uint32_t)cfg.vocab_size);
+    st.key_cache = alloc_floats(cache_n);
+    st.value_cache = alloc_floats(cache_n);
+    st.rope_cos = alloc_floats(rope_n);
+    st.rope_sin = alloc_floats(rope_n);
+    st.residual = (double *)arena_alloc((uint32_t)cfg.vocab_size * 8u);
+    st.n_cached = 0;
+    st.n_rows = 0;
+    if (!st.x || !st.xb || !st.qkv || !st.att || !st.gate_up || !st.act || !st.scores || !st.logits ||
+        !st.key_cache || !st.value_cache || !st.rope_cos || !st.rope_sin || !st.residual)
+        return ERR_NO_MEMORY;
+    build_rope_tables(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, cfg.rope_theta);
+    return OK;
+}
+
+/* ============================================================================================
+ * Block matmul: out[t, r] (+)= (sum_i w[r, i] x[t, i]) * scale[r] for t < n, r in [r0, r1).
+ * Tiles of 4 (or, for n == 1, 8) rows x up to 3 columns give enough independent accumulators;
+ * each weight row is loaded from memory once per block (the columns of a tile reuse it).
+ * ========================================================================================== */
+
+typedef struct {
+    float *out;                  /* (n, out_stride) */
+    const float *w;              /* (rows, cols) */
+    const float *scale;          /* (rows,) or 0 (the f32 LM head) */
+    const float *x;              /* (n, x_stride) */
+    int out_stride, x_stride, n, rows, cols;
+    int accumulate;              /* 1: out += result (the residual stream) */
+} Matmul;
+
+/* one f32x4 accumulator per row -> the 4 row sums, each (l0 + l2) + (l1 + l3) */
+static inline v128_t hsum4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
+    v128_t t0 = wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5);   /* a0.0 a1.0 a0.1 a1.1 */
+    v128_t t1 = wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7);   /* a0.2 a1.2 a0.3 a1.3 */
+    v128_t t2 = wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5);
+    v128_t t3 = wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7);
+    v128_t s01 = wasm_f32x4_add(t0, t1);
+    v128_t s23 = wasm_f32x4_add(t2, t3);
+    v128_t lo = wasm_i32x4_shuffle(s01, s23, 0, 1, 4, 5);
+    v128_t hi = wasm_i32x4_shuffle(s01, s23, 2, 3, 6, 7);
+    return wasm_f32x4_add(lo, hi);
+}
+
+/* rows r..r+3 of column t: scale, then add into the output if accumulating */
+static inline void store4(const Matmul *m, int r, int t, v128_t sums) {
+    if (m->scale) sums = wasm_f32x4_mul(sums, wasm_v128_load(m->scale + r));
+    float *o = m->out + (uint32_t)t * (uint32_t)m->out_stride + (uint32_t)r;
+    if (m->accumulate) sums = wasm_f32x4_add(wasm_v128_load(o), sums);
+    wasm_v128_store(o, sums);
+}
+
+/* rows r..r+3 x columns t0..t0+C-1 (C <= 3, a compile-time constant after inlining) */
+static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, int t0, const int C) {
+    const int K = m->cols;
+    const float *w0 = m->w + (uint32_t)r * (uint32_t)K;
+    const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    const float *xc[3];
+    v128_t acc[3][4];
+    for (int c = 0; c < C; c++) {
+        xc[c] = m->x + (uint32_t)(t0 + c) * (uint32_t)m->x_stride;
+        for (int j = 0; j < 4; j++) acc[c][j] = wasm_f32x4_splat(0.0f);
+    }
+    for (int i = 0; i < K; i += 4) {
+        v128_t wv0 = wasm_v128_load(w0 + i), wv1 = wasm_v128_load(w1 + i);
+        v128_t wv2 = wasm_v128_load(w2 + i), wv3 = wasm_v128_load(w3 + i);
+        for (int c = 0; c < C; c++) {
+            v128_t xv = wasm_v128_load(xc[c] + i);
+            acc[c][0] = wasm_f32x4_add(acc[c][0], wasm_f32x4_mul(wv0, xv));
+            acc[c][1] = wasm_f32x4_add(acc[c][1], wasm_f32x4_mul(wv1, xv));
+            acc[c][2] = wasm_f32x4_add(acc[c][2], wasm_f32x4_mul(wv2, xv));
+            acc[c][3] = wasm_f32x4_add(acc[c][3], wasm_f32x4_mul(wv3, xv));
+        }
+    }
+    for (int c = 0; c < C; c++) store4(m, r, t0 + c, hsum4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
+}
+
+static void tile4x1(const Matmul *m, int r, int t0) { tile4(m, r, t0, 1); }
+static void tile4x2(const Matmul *m, int r, int t0) { tile4(m, r, t0, 2); }
+static void tile4x3(const Matmul *m, int r, int t0) { tile4(m, r, t0, 3); }
+
+/* rows r..r+7 of a single column: eight independent accumulators (block 1 is latency-bound) */
+static void tile8x1(const Matmul *m, int r, int t) {
+    const int K = m->cols;
+    const float *w0 = m->w + (uint32_t)r * (uint32_t)K;
+    const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
+    v128_t a0 = wasm_f32x4_splat(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int i = 0; i < K; i += 4) {
+        v128_t xv = wasm_v128_load(xt + i);
+        a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(wasm_v128_load(w0 + i), xv));
+        a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(wasm_v128_load(w0 + K + i), xv));
+        a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(wasm_v128_load(w0 + 2 * K + i), xv));
+        a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(wasm_v128_load(w0 + 3 * K + i), xv));
+        a4 = wasm_f32x4_add(a4, wasm_f32x4_mul(wasm_v128_load(w0 + 4 * K + i), xv));
+        a5 = wasm_f32x4_add(a5, wasm_f32x4_mul(wasm_v128_load(w0 + 5 * K + i), xv));
+        a6 = wasm_f32x4_add(a6, wasm_f32x4_mul(wasm_v128_load(w0 + 6 * K + i), xv));
+        a7 = wasm_f32x4_add(a7, wasm_f32x4_mul(wasm_v128_load(w0 + 7 * K + i), xv));
+    }
+    store4(m, r, t, hsum4(a0, a1, a2, a3));
+    store4(m, r + 4, t, hsum4(a4, a5, a6, a7));
+}
+
+/* one row, one column: the same per-element operations as the tiles */
+static void tile1x1(const Matmul *m, int r, int t) {
+    const float *wr = m->w + (uint32_t)r * (uint32_t)m->cols;
+    const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
+    v128_t a = wasm_f32x4_splat(0.0f);
+    for (int i = 0; i < m->cols; i += 4)
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(wr + i), wasm_v128_load(xt + i)));
+    float s = (wasm_f32x4_extract_lane(a, 0) + wasm_f32x4_extract_lane(a, 2)) +
+              (wasm_f32x4_extract_lane(a, 1) + wasm_f32x4_extract_lane(a, 3));
+    if (m->scale) s = s * m->scale[r];
+    float *o = m->out + (uint32_t)t * (uint32_t)m->out_stride + (uint32_t)r;
+    *o = m->accumulate ? *o + s : s;
+}
+
+/* rows [r0, r1) for every column; r0 % 8 == 0 (a thread's share starts on a tile boundary) */
+static void matmul_rows(const Matmul *m, int r0, int r1) {
+    int r = r0, full = r0 + ((r1 - r0) & ~3);
+    if (m->n == 1)
+        for (; r + 8 <= full; r += 8) tile8x1(m, r, 0);
+    for (; r + 4 <= full; r += 4) {
+        int t = 0;
+        for (; t + 3 <= m->n; t += 3) tile4x3(m, r, t);
+        if (m->n - t == 2) tile4x2(m, r, t);
+        else if (m->n - t == 1) tile4x1(m, r, t);
+    }
+    for (; r < r1; r++)
+        for (int t = 0; t < m->n; t++) tile1x1(m, r, t);
+}
+
+/* ============================================================================================
+ * Forward pass over a block: positions [start_pos, start_pos + n), logits of every row.
+ * ========================================================================================== */
+
+static void matmul(float *out, int out_stride, const float *w, const float *scale, const float *x,
+                   int x_stride, int n, int rows, int cols, int accumulate) {
+    Matmul m = { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate };
+    matmul_rows(&m, 0, rows);
+}
+
+static void forward_block(const int32_t *tokens, int n, int start_pos) {
+    const int D = cfg.hidden_size, F = cfg.intermediate_size, hd = cfg.head_dim, half = hd / 2;
+    const int kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
+    const int group = cfg.num_heads / cfg.num_kv_heads;
+    const float scale = (float)(1.0 / __builtin_sqrt((double)hd));
+    for (int t = 0; t < n; t++) {
+        const float *emb = weights.embed + (uint32_t)tokens[t] * (uint32_t)D;
+        for (int i = 0; i < D; i++) st.x[t * D + i] = emb[i];
+    }
+    for (int l = 0; l < cfg.num_layers; l++) {
+        const LayerWeights *w = &weights.layers[l];
+        float *k_layer = st.key_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+        float *v_layer = st.value_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+        for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->attn_norm, D, cfg.rms_norm_eps);
+        matmul(st.qkv, QKV, w->w_qkv, w->s_qkv, st.xb, D, n, QKV, D, 0);
+        for (int t = 0; t < n; t++) {                        /* RoPE; K/V into the cache */
+            int pos = start_pos + t;
+            float *q = st.qkv + t * QKV, *k = q + q_dim, *v = k + kv_dim;
+            const float *cs = st.rope_cos + pos * half, *sn = st.rope_sin + pos * half;
+            for (int h = 0; h < cfg.num_heads; h++) rope(q + h * hd, cs, sn, half);
+            for (int h = 0; h < cfg.num_kv_heads; h++) rope(k + h * hd, cs, sn, half);
+            for (int i = 0; i < kv_dim; i++) {
+                k_layer[pos * kv_dim + i] = k[i];
+                v_layer[pos * kv_dim + i] = v[i];
+            }
+        }
+        for (int t = 0; t < n; t++)                          /* query head h uses kv head h // group */
+            for (int h = 0; h < cfg.num_heads; h++)
+                attend_head(st.att + t * q_dim + h * hd, st.qkv + t * QKV + h * hd, k_layer, v_layer, kv_dim, hd,
+                            (h / group) * hd, start_pos + t, scale, st.scores);
+        matmul(st.x, D, w->w_o, w->s_o, st.att, q_dim, n, D, q_dim, 1);
+        for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->mlp_norm, D, cfg.rms_norm_eps);
+        matmul(st.gate_up, 2 * F, w->w_gate_up, w->s_gate_up, st.xb, D, n, 2 * F, D, 0);
+        for (int t = 0; t < n; t++) {
+            const float *g = st.gate_up + t * 2 * F, *u = g + F;
+            for (int i = 0; i < F; i++) st.act[t * F + i] = silu(g[i]) * u[i];
+        }
+        matmul(st.x, D, w->w_down, w->s_down, st.act, F, n, D, F, 1);
+    }
+    for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, weights.final_norm, D, cfg.rms_norm_eps);
+    matmul(st.logits, cfg.vocab_size, weights.embed, 0, st.xb, D, n, cfg.vocab_size, D, 0);
+}
+
+static int forward(const int32_t *tokens, int n, int start_pos) {
+    if (!built) return ERR_MODEL;
+    if (n <= 0 || n > max_block || start_pos < 0 || start_pos > st.n_cached) return ERR_BAD_ARGUMENT;
+    if (start_pos + n > cfg.max_context) return ERR_CONTEXT_OVERFLOW;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= cfg.vocab_size) return ERR_BAD_ARGUMENT;
+    st.n_rows = 0;
+    forward_block(tokens, n, start_pos);
+    st.n_cached = start_pos + n;      /* logical rollback: anything beyond is forgotten */
+    st.n_rows = n;
+    return OK;
+}
+
+/* ============================================================================================
+ * The round's decision: exactspec.acceptance.decide_round on the processed logits rows.
+ * ========================================================================================== */
+
+enum { ENDED_NONE = 0, ENDED_STOP = 1, ENDED_LENGTH = 2 };
+enum { DECIDE_OK = 0, DECIDE_TARGET_NUMERIC_OR_MASK = 1, DECIDE_RESIDUAL_INVARIANT = 2 };
+
+typedef struct {
+    int32_t n_accepted;
+    int32_t next_token;          /* -1: none */
+    int32_t rejected_at;         /* -1: none */
+    int32_t ended_by;            /* ENDED_* */
+    int32_t error;               /* DECIDE_* */
+} Decision;
+
+typedef struct {
+    double a;                    /* accept probability of the last accept test (NaN: none) */
+    double u;                    /* its uniform */
+    double score;                /* Gumbel score plog(w) + g of the sampled token (NaN: none) */
+} DecisionDiag;
+
+static int argmax_first(const double *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* categorical draw (Gumbel-max, float64) at (seed, domain, round, position); -1 if invalid */
+static int sample_at(const double *w, uint32_t seed_lo, uint32_t seed_hi, uint32_t domain,
+                     uint32_t round_id, uint32_t position, DecisionDiag *diag) {
+    RoundKey rk = round_key(seed_lo, seed_hi, domain, round_id);
+    int z = sample_gumbel_max(w, cfg.vocab_size, rk, position, proc.heap);
+    if (z >= 0) diag->score = plog(w[z]) + gumbel(draw_bits(rk, position, (uint32_t)z));
+    return z;
+}
+
+/* row i of the block, processed with the context marks set so far; proc.work holds it */
+static int process_block_row(int i) {
+    return process_row(st.logits + (uint32_t)i * (uint32_t)cfg.vocab_size, cfg.vocab_size, &pol, &proc);
+}
+
+static void fail(Decision *d, int error) {
+    d->n_accepted = 0;
+    d->next_token = -1;
+    d->rejected_at = -1;
+    d->ended_by = ENDED_NONE;
+    d->error = error;
+}
+
+static void decide(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo,
+                   uint32_t seed_hi, uint32_t round_id, int remaining, int greedy, Decision *d,
+                   DecisionDiag *diag) {
+    const int V = cfg.vocab_size;
+    d->n_accepted = 0;
+    d->next_token = -1;
+    d->rejected_at = -1;
+    d->ended_by = ENDED_NONE;
+    d->error = DECIDE_OK;
+    diag->a = diag->u = diag->score = __builtin_nan("");
+    if (m == 0) {                                            /* baseline_step */
+        if (process_block_row(0) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+        d->next_token = greedy ? argmax_first(proc.work, V)
+                               : sample_at(proc.work, seed_lo, seed_hi, DOMAIN_TARGET_BASELINE, round_id, 0, diag);
+        if (d->next_token < 0) fail(d, DECIDE_TARGET_NUMERIC_OR_MASK);
+        return;
+    }
+    RoundKey accept_key = round_key(seed_lo, seed_hi, DOMAIN_ACCEPT_UNIFORM, round_id);
+    for (int i = 0; i < m; i++) {
+        if (i > 0) proc.in_context[proposals[i - 1]] = 1;   /* row i sees proposals[:i] */
+        if (process_block_row(i) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+        int y = proposals[i];
+        int accepted;
+        if (greedy) {
+            int target = argmax_first(proc.work, V);
+            accepted = y == target;
+            if (!accepted) {
+                d->next_token = target;
+                d->rejected_at = i;
+                return;
+            }
+        } else {
+            /* min(1, p_target(y) / p_draft(y)) as Python's min: 1 unless the ratio is below 1 */
+            const float *pd = p_draft + (uint32_t)i * (uint32_t)V;
+            double ratio = proc.work[y] / (double)pd[y];
+            diag->a = ratio < 1.0 ? ratio : 1.0;
+            diag->u = uniform_open_closed(draw_bits(accept_key, (uint32_t)i, 0));
+            accepted = diag->u <= diag->a;
+            if (!accepted) {                                 /* residual [p_target - p_draft]_+ */
+                double mass = 0.0;
+                for (int j = 0; j < V; j++) {
+                    double r = proc.work[j] - (double)pd[j];
+                    st.residual[j] = r < 0.0 ? 0.0 : r;      /* NaN stays NaN, as np.maximum */
+                    mass += st.residual[j];
+                }
+                if (!(mass > 0.0 && mass < POS_INF)) { fail(d, DECIDE_RESIDUAL_INVARIANT); return; }
+                d->next_token = sample_at(st.residual, seed_lo, seed_hi, DOMAIN_CORRECTION_SAMPLE, round_id,
+                                          (uint32_t)i, diag);
+                d->rejected_at = i;
+                return;
+            }
+        }
+        d->n_accepted++;
+        if (proc.is_stop[y]) { d->ended_by = ENDED_STOP; return; }
+        if (d->n_accepted == remaining) { d->ended_by = ENDED_LENGTH; return; }
+    }
+    proc.in_context[proposals[m - 1]] = 1;                   /* the extra row sees all proposals */
+    if (process_block_row(m) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+    d->next_token = greedy ? argmax_first(proc.work, V)
+                           : sample_at(proc.work, seed_lo, seed_hi, DOMAIN_TARGET_EXTRA, round_id, 0, diag);
+    if (d->next_token < 0) fail(d, DECIDE_TARGET_NUMERIC_OR_MASK);
+}
+
+/* ============================================================================================
+ * Exports (the JS side is web/champion_wasm/champion_wasm.mjs)
+ * ========================================================================================== */
+
+/* tensor kinds of champion_tensor_ptr: HF tensors, placed inside the fused layer buffers */
+enum {
+    T_EMBED = 0, T_FINAL_NORM = 1,
+    T_ATTN_NORM = 10, T_MLP_NORM = 11,
+    T_WQ = 12, T_WK = 13, T_WV = 14, T_WO = 15, T_W_GATE = 16, T_W_UP = 17, T_W_DOWN = 18,
+    T_SQ = 22, T_SK = 23, T_SV = 24, T_SO = 25, T_S_GATE = 26, T_S_UP = 27, T_S_DOWN = 28,
+};
+
+EXPORT("champion_build_config")
+int champion_build_config(int vocab_size, int hidden_size, int intermediate_size, int num_layers,
+                          int num_heads, int num_kv_heads, int head_dim, int max_context,
+                          int block, double rms_norm_eps, double rope_theta) {
+    if (built || weights.layers) return ERR_MODEL;
+    if (block <= 0 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
+                                 num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
+        return ERR_MODEL;
+    max_block = block;
+    int status = build_weights();
+    if (status == OK) status = build_run_state();
+    if (status == OK) status = build_proc_state(&proc, &pol, vocab_size);
+    return status;
+}
+
+/* destination of one tensor (f32 values, HF (out, in) layout), 0 if the kind is unknown */
+EXPORT("champion_tensor_ptr") float *champion_tensor_ptr(int kind, int layer) {
+    if (!weights.layers) return 0;
+    if (kind == T_EMBED) return weights.embed;
+    if (kind == T_FINAL_NORM) return weights.final_norm;
+    if (layer < 0 || layer >= cfg.num_layers) return 0;
+    LayerWeights *w = &weights.layers[layer];
+    uint32_t D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
+    uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim), kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim);
+    switch (kind) {
+        case T_ATTN_NORM: return w->attn_norm;
+        case T_MLP_NORM: return w->mlp_norm;
+        case T_WQ: return w->w_qkv;
+        case T_WK: return w->w_qkv + q_dim * D;
+        case T_WV: return w->w_qkv + (q_dim + kv_dim) * D;
+        case T_WO: return w->w_o;
+        case T_W_GATE: return w->w_gate_up;
+        case T_W_UP: return w->w_gate_up + F * D;
+        case T_W_DOWN: return w->w_down;
+        case T_SQ: return w->s_qkv;
+        case T_SK: return w->s_qkv + q_dim;
+        case T_SV: return w->s_qkv + q_dim + kv_dim;
+        case T_SO: return w->s_o;
+        case T_S_GATE: return w->s_gate_up;
+        case T_S_UP: return w->s_gate_up + F;
+        case T_S_DOWN: return w->s_down;
+        default: return 0;
+    }
+}
+
+EXPORT("champion_check") int champion_check(void) {
+    if (!weights.layers || !st.logits || !proc.work) return ERR_MODEL;
+    built = 1;
+    return OK;
+}
+
+EXPORT("champion_forward") int champion_forward(const int32_t *tokens, int n, int start_pos) {
+    return forward(tokens, n, start_pos);
+}
+
+EXPORT("champion_logits") float *champion_logits(void) { return st.logits; }
+EXPORT("champion_n_cached") int champion_n_cached(void) { return st.n_cached; }
+EXPORT("champion_n_rows") int champion_n_rows(void) { return st.n_rows; }
+
+/* test hook: the next decide() reads these n rows (already written at champion_logits()) */
+EXPORT("champion_set_n_rows") int champion_set_n_rows(int n) {
+    if (n < 0 || n > max_block) return ERR_BAD_ARGUMENT;
+    st.n_rows = n;
+    return OK;
+}
+
+EXPORT("champion_set_policy")
+int champion_set_policy(double temperature, int top_k, double top_p, double repetition_penalty) {
+    return policy_set(&pol, temperature, top_k, top_p, repetition_penalty);
+}
+
+/* n_allowed < 0: no grammar mask; otherwise only allowed[0..n_allowed) are allowed */
+EXPORT("champion_set_masks")
+int champion_set_masks(const int32_t *suppress, int n_suppress, const int32_t *allowed, int n_allowed) {
+    return policy_set_masks(&pol, cfg.vocab_size, suppress, n_suppress, allowed, n_allowed);
+}
+
+/* One round on the last forward's logits rows (n_rows == m + 1). out: (5,) int32 words
+ * n_accepted, next_token, rejected_at, ended_by (0 | 1 stop | 2 length), error (0 | 1
+ * E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT); diag: (3,) float64 a, u, score. */
+EXPORT("champion_decide")
+int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_draft,
+                    const int32_t *context, int n_context, uint32_t seed_lo, uint32_t seed_hi,
+                    uint32_t round_id, const int32_t *stops, int n_stops, int remaining, int greedy,
+                    int32_t *out, double *diag) {
+    int V = cfg.vocab_size;
+    if (!built || m < 0 || n_rows != m + 1 || n_rows > st.n_rows) return ERR_BAD_ARGUMENT;
+    if (m > 0 && (remaining < m || (!greedy && !p_draft))) return ERR_BAD_ARGUMENT;
+    for (int i = 0; i < m; i++) if (proposals[i] < 0 || proposals[i] >= V) return ERR_BAD_ARGUMENT;
+    for (int i = 0; i < n_context; i++) if (context[i] < 0 || context[i] >= V) return ERR_BAD_ARGUMENT;
+    zero_bytes(proc.in_context, (uint32_t)V);
+    for (int i = 0; i < n_context; i++) proc.in_context[context[i]] = 1;
+    zero_bytes(proc.is_stop, (uint32_t)V);
+    for (int i = 0; i < n_stops; i++)                       /* ids outside [0, V) cannot occur */
+        if (stops[i] >= 0 && stops[i] < V) proc.is_stop[stops[i]] = 1;
+    decide(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, (Decision *)out,
+           (DecisionDiag *)diag);
+    return OK;
+}

@@ -1,0 +1,317 @@
+// champion_wasm.mjs — JS side of the WASM-SIMD champion (wasm/champion.c): loads config.json +
+// model.q8.safetensors into the module's memory (int8 values widened to exact float32), runs the
+// batch-invariant forward over a block and decides the round on the CPU with the semantics of
+// exactspec.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
+// Node (pass bytes instead of URLs there).
+//
+//   const champion = await createWasmChampion({ wasmUrl, modelUrl, maxBlock: 9 });
+//   await champion.forward(Int32Array.of(...ids), startPos);   // logits rows 0..n-1 kept in WASM
+//   await champion.decide({ nRows, proposals, pDraft, contextIds, policy, seed, roundId,
+//                           stopTokenIds, remaining, greedy })
+//     -> { n_accepted, next_token, rejected_at, ended_by, error_code }   (+ diag, not in the contract)
+import { parseConfig } from "../draft/draft.mjs";
+import { expectTensor, parseSafetensors } from "../gpu/safetensors.mjs";
+
+const MAX_BLOCK_LIMIT = 64;
+const STATUS_CODES = { 1: "E_PROCESSOR_INVALID", 2: "E_BAD_ARGUMENT", 3: "E_CONTEXT_OVERFLOW", 4: "E_MODEL_LOAD", 5: "E_OUT_OF_MEMORY" };
+const ENDED_BY = ["", "stop", "length"];
+const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
+
+// tensor kinds of champion_tensor_ptr (wasm/champion.c); [suffix, q8 kind, scale kind, shape]
+const T = { embed: 0, final_norm: 1, attn_norm: 10, mlp_norm: 11 };
+const LAYER_LINEARS = [
+  ["self_attn.q_proj.weight", 12, 22, (c) => [c.num_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.k_proj.weight", 13, 23, (c) => [c.num_kv_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.v_proj.weight", 14, 24, (c) => [c.num_kv_heads * c.head_dim, c.hidden_size]],
+  ["self_attn.o_proj.weight", 15, 25, (c) => [c.hidden_size, c.num_heads * c.head_dim]],
+  ["mlp.gate_proj.weight", 16, 26, (c) => [c.intermediate_size, c.hidden_size]],
+  ["mlp.up_proj.weight", 17, 27, (c) => [c.intermediate_size, c.hidden_size]],
+  ["mlp.down_proj.weight", 18, 28, (c) => [c.hidden_size, c.intermediate_size]],
+];
+
+/** A coded error: message "E_CODE: sentence", .code = "E_CODE" (py/exactspec/protocol.json). */
+export function codedError(code, message) {
+  return Object.assign(new Error(`${code}: ${message}`), { code });
+}
+
+const badArgument = (message) => codedError("E_BAD_ARGUMENT", message);
+const isUint = (v, limit) => Number.isInteger(v) && v >= 0 && v < limit;
+
+/** An error thrown by a shared reader (message "E_CODE: ...") as a coded error. */
+function asCoded(err, fallback) {
+  if (err.code) return err;
+  const code = /^(E_[A-Z_]+):/.exec(err.message)?.[1] ?? fallback;
+  return codedError(code, err.message.replace(/^E_[A-Z_]+: /, ""));
+}
+
+function check(status, what) {
+  if (status !== 0) throw codedError(STATUS_CODES[status] ?? "E_INTERNAL", `champion ${what} failed (status ${status})`);
+}
+
+async function fetchBytes(fetchFn, url) {
+  let response;
+  try {
+    response = await fetchFn(url);
+  } catch (err) {
+    throw codedError("E_MODEL_LOAD", `cannot fetch ${url}: ${err.message}`);
+  }
+  if (!response.ok) throw codedError("E_MODEL_LOAD", `cannot fetch ${url}: HTTP ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+async function sha256Hex(bytes) {
+  if (!globalThis.crypto?.subtle) return null;   // insecure context: no SubtleCrypto, no identity
+  const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** The config checks of the draft's parseConfig, plus what this kernel needs (a tied LM head). */
+export function parseChampionConfig(config) {
+  let c;
+  try {
+    c = parseConfig(config);
+  } catch (err) {
+    throw asCoded(err, "E_MODEL_LOAD");
+  }
+  if (!c.tie_word_embeddings) throw codedError("E_MODEL_LOAD", "config.json: the WASM champion needs tie_word_embeddings=true");
+  return c;
+}
+
+/** policy -> checked fields (the refusals of web/gpu/accept.mjs and SamplingPolicy.validate). */
+function checkedPolicy(policy, V) {
+  const p = { temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0,
+              suppress_token_ids: [], allowed_token_ids: null, ...(policy || {}) };
+  const rules = [
+    ["temperature", Number.isFinite(p.temperature) && p.temperature >= 0],
+    ["top_k", Number.isInteger(p.top_k) && p.top_k >= 0],
+    ["top_p", p.top_p > 0 && p.top_p <= 1],
+    ["repetition_penalty", Number.isFinite(p.repetition_penalty) && p.repetition_penalty > 0],
+  ];
+  for (const [field, ok] of rules) if (!ok) throw badArgument(`${field}: ${p[field]}`);
+  for (const id of p.suppress_token_ids) if (!isUint(id, V)) throw badArgument(`suppress_token_ids: ${id}`);
+  if (p.allowed_token_ids !== null) for (const id of p.allowed_token_ids) if (!isUint(id, V)) throw badArgument(`grammar: ${id}`);
+  return p;
+}
+
+/**
+ * createWasmChampion({wasmUrl, modelUrl}) in the browser, or
+ * createWasmChampion({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
+ * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1.
+ */
+export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
+                                           maxBlock = 9, maxContext = 0, threads = 1 } = {}) {
+  fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
+  if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
+    throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
+  }
+  if (threads !== 1) throw badArgument(`threads ${threads}: this build runs one thread`);
+  const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
+  const [wasm, configRaw, file] = await Promise.all([
+    wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
+    configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => {
+      try { return JSON.parse(new TextDecoder().decode(b)); } catch (err) { throw codedError("E_MODEL_LOAD", `config.json: ${err.message}`); }
+    }),
+    weightsBytes ?? fetchBytes(fetchFn, base + "model.q8.safetensors"),
+  ]);
+  const config = typeof configRaw === "string" ? JSON.parse(configRaw) : configRaw;
+  const c = parseChampionConfig(config);
+  maxContext = maxContext || c.max_context;
+  if (!(Number.isInteger(maxContext) && maxContext >= 1 && maxContext <= c.max_context)) {
+    throw badArgument(`maxContext ${maxContext} outside [1, ${c.max_context}]`);
+  }
+  let instance;
+  try {
+    ({ instance } = await WebAssembly.instantiate(wasm, {}));
+  } catch (err) {
+    throw codedError("E_MODEL_LOAD", `champion.wasm: ${err.message}`);
+  }
+  const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
+  const champion = new WasmChampion(instance.exports, config, c, bytes, { maxBlock, maxContext });
+  champion.identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
+  return champion;
+}
+
+export class WasmChampion {
+  constructor(exports, config, c, bytes, { maxBlock, maxContext }) {
+    this.wasm = exports;
+    this.config = config;
+    this.hp = c;
+    this.vocabSize = c.vocab_size;
+    this.maxBlock = maxBlock;
+    this.maxContext = maxContext;
+    this.artifactBytes = bytes.byteLength;
+    this.identity = null;
+    this._destroyed = false;
+    const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes.buffer : bytes.slice().buffer;
+    let tensors;
+    try {
+      ({ tensors } = parseSafetensors(whole, "model.q8.safetensors"));
+    } catch (err) {
+      throw asCoded(err, "E_MODEL_LOAD");
+    }
+    check(this.wasm.champion_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
+      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta), "build");
+    try {
+      this._placeAll(tensors, c);
+    } catch (err) {
+      throw asCoded(err, "E_MODEL_LOAD");
+    }
+    check(this.wasm.champion_check(), "check");
+    const V = c.vocab_size;
+    this._idsCap = 0;
+    this._ensureIds(Math.max(maxContext, 1024));
+    this._proposals = this._alloc(4 * maxBlock);                 // (B,) int32
+    this._pDraft = this._alloc(4 * maxBlock * V);                // (B, V) f32
+    this._out = this._alloc(32);                                 // (5,) int32 decision words
+    this._diag = this._alloc(24);                                // (3,) f64 a, u, score
+  }
+
+  /** Bytes of WASM linear memory (it only grows: this is also its peak). */
+  get memoryBytes() { return this.wasm ? this.wasm.memory.buffer.byteLength : 0; }
+  /** Positions [0, nCached) hold valid K/V. */
+  get nCached() { return this.wasm.champion_n_cached(); }
+
+  _alloc(nbytes) {
+    const ptr = this.wasm.champion_alloc(nbytes);
+    if (!ptr) throw codedError("E_OUT_OF_MEMORY", `WASM memory: ${nbytes} more bytes refused`);
+    return ptr;
+  }
+
+  _view(Type, ptr, n) { return new Type(this.wasm.memory.buffer, ptr, n); }
+
+  _place(kind, layer, tensor, toFloat) {
+    const ptr = this.wasm.champion_tensor_ptr(kind, layer);
+    if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind}`);
+    const n = tensor.bytes.byteLength / (toFloat ? 1 : 4);
+    if (toFloat) {                  // int8 -> float32: exact
+      this._view(Float32Array, ptr, n).set(new Int8Array(tensor.bytes.buffer, tensor.bytes.byteOffset, n));
+    } else {                        // float32 bytes (the file may leave them unaligned)
+      this._view(Uint8Array, ptr, 4 * n).set(tensor.bytes);
+    }
+  }
+
+  _placeAll(tensors, c) {
+    const label = "model.q8.safetensors";
+    const H = c.hidden_size;
+    this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight", "F32", [c.vocab_size, H], label), false);
+    this._place(T.final_norm, 0, expectTensor(tensors, "model.norm.weight", "F32", [H], label), false);
+    for (let l = 0; l < c.num_layers; l++) {
+      const p = `model.layers.${l}.`;
+      this._place(T.attn_norm, l, expectTensor(tensors, `${p}input_layernorm.weight`, "F32", [H], label), false);
+      this._place(T.mlp_norm, l, expectTensor(tensors, `${p}post_attention_layernorm.weight`, "F32", [H], label), false);
+      for (const [suffix, kindQ8, kindScale, shape] of LAYER_LINEARS) {
+        const s = shape(c);
+        this._place(kindQ8, l, expectTensor(tensors, `${p}${suffix}.q8`, "I8", s, label), true);
+        this._place(kindScale, l, expectTensor(tensors, `${p}${suffix}.scale`, "F32", [s[0]], label), false);
+      }
+    }
+  }
+
+  _ensureIds(n) {
+    if (n <= this._idsCap) return;
+    this._idsCap = Math.max(n, 2 * this._idsCap);
+    this._ids = this._alloc(4 * this._idsCap);      // (cap,) int32: tokens, context ids
+    this._ids2 = this._alloc(4 * this._idsCap);     // (cap,) int32: suppressed ids, stop ids
+    this._ids3 = this._alloc(4 * this._idsCap);     // (cap,) int32: allowed ids
+  }
+
+  _writeInts(ptr, values) {
+    const view = this._view(Int32Array, ptr, values.length);
+    for (let i = 0; i < values.length; i++) view[i] = values[i];
+    return values.length;
+  }
+
+  _alive() {
+    if (this._destroyed) throw codedError("E_TERMINATED", "the WASM champion was destroyed");
+  }
+
+  /** Run positions [startPos, startPos + n): K/V written; logits rows 0..n-1 kept in WASM memory. */
+  async forward(tokenIds, startPos) {
+    this._alive();
+    const n = tokenIds.length, V = this.vocabSize;
+    if (!(n >= 1 && n <= this.maxBlock)) throw badArgument(`block of ${n} tokens outside [1, ${this.maxBlock}]`);
+    const cached = this.nCached;
+    if (!(Number.isInteger(startPos) && startPos >= 0 && startPos <= cached)) {
+      throw badArgument(`startPos ${startPos} outside [0, ${cached}] (cannot skip uncached positions)`);
+    }
+    if (startPos + n > this.maxContext) {
+      throw codedError("E_CONTEXT_OVERFLOW", `positions up to ${startPos + n} exceed maxContext ${this.maxContext}`);
+    }
+    for (const t of tokenIds) if (!isUint(Number(t), V)) throw badArgument(`token id ${t} outside [0, ${V})`);
+    this._writeInts(this._ids, tokenIds);
+    check(this.wasm.champion_forward(this._ids, n, startPos), "forward");
+  }
+
+  /** Float32Array (n * V): logits rows 0..n-1 of the last forward (tests and diagnostics). */
+  async readLogits(n) {
+    this._alive();
+    if (!(Number.isInteger(n) && n >= 1 && n <= this.maxBlock)) throw badArgument(`n ${n} outside [1, ${this.maxBlock}]`);
+    return this._view(Float32Array, this.wasm.champion_logits(), n * this.vocabSize).slice();
+  }
+
+  /** Tests: put arbitrary logits rows (Float32Array n * V) where decide() reads them. */
+  setLogitsForTest(rows, n) {
+    this._alive();
+    if (!(n >= 1 && n <= this.maxBlock && rows.length === n * this.vocabSize)) throw badArgument(`rows: need n * V floats`);
+    this._view(Float32Array, this.wasm.champion_logits(), rows.length).set(rows);
+    check(this.wasm.champion_set_n_rows(n), "set_n_rows");
+  }
+
+  /** Fault injection: logits rows 0..nRows-1 become NaN (as a numeric failure would); decide()
+   *  then reports E_TARGET_NUMERIC_OR_MASK if the round reaches one of them. */
+  poisonLogits(nRows) {
+    this._alive();
+    const n = Math.max(0, Math.min(nRows, this.maxBlock));
+    this._view(Float32Array, this.wasm.champion_logits(), n * this.vocabSize).fill(NaN);
+  }
+
+  /** decide_round on the last forward's rows: web/gpu/accept.mjs's decide() arguments and result. */
+  async decide({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
+    this._alive();
+    const V = this.vocabSize;
+    const pol = checkedPolicy(policy, V);
+    const props = Array.from(proposals || [], Number);
+    const m = props.length;
+    if (!(Number.isInteger(nRows) && nRows >= 1 && nRows <= this.maxBlock)) throw badArgument(`nRows: ${nRows}`);
+    if (m > nRows) throw badArgument(`proposals: ${m} > nRows ${nRows}`);
+    for (const y of props) if (!isUint(y, V)) throw badArgument(`proposals: ${y}`);
+    if (nRows !== m + 1) throw badArgument(`nRows: need m + 1 = ${m + 1}, got ${nRows}`);
+    if (m > 0 && !(Number.isInteger(remaining) && remaining >= m)) throw badArgument(`remaining: ${remaining} < m ${m}`);
+    const context = Array.from(contextIds || [], Number);
+    for (const id of context) if (!isUint(id, V)) throw badArgument(`context_ids: ${id}`);
+    const [seedLo, seedHi] = seed || [0, 0];
+    if (!isUint(seedLo, 2 ** 32) || !isUint(seedHi, 2 ** 32)) throw badArgument(`seed: ${seed}`);
+    if (!isUint(roundId ?? 0, 2 ** 32)) throw badArgument(`roundId: ${roundId}`);
+    const stops = Array.from(stopTokenIds || [], Number);
+    const useDraft = m > 0 && !greedy;
+    if (useDraft && (!pDraft || pDraft.length !== m * V)) throw badArgument(`pDraft: need ${m} * ${V} floats`);
+    if (nRows > this.wasm.champion_n_rows()) throw badArgument(`nRows ${nRows}: the last forward kept ${this.wasm.champion_n_rows()} rows`);
+
+    check(this.wasm.champion_set_policy(pol.temperature, pol.top_k, pol.top_p, pol.repetition_penalty), "policy");
+    const allowed = pol.allowed_token_ids;
+    this._ensureIds(Math.max(context.length, stops.length, pol.suppress_token_ids.length, allowed ? allowed.length : 0));
+    const nSuppress = this._writeInts(this._ids2, pol.suppress_token_ids);
+    const nAllowed = allowed === null ? -1 : this._writeInts(this._ids3, allowed);
+    check(this.wasm.champion_set_masks(this._ids2, nSuppress, this._ids3, nAllowed), "masks");
+    this._writeInts(this._proposals, props);
+    if (useDraft) this._view(Float32Array, this._pDraft, m * V).set(pDraft);
+    this._writeInts(this._ids, context);
+    this._writeInts(this._ids2, stops);
+    check(this.wasm.champion_decide(nRows, this._proposals, m, useDraft ? this._pDraft : 0, this._ids, context.length,
+      seedLo >>> 0, seedHi >>> 0, (roundId ?? 0) >>> 0, this._ids2, stops.length,
+      Math.min(remaining ?? 0x7fffffff, 0x7fffffff), greedy ? 1 : 0, this._out, this._diag), "decide");
+    const w = this._view(Int32Array, this._out, 5);
+    const d = this._view(Float64Array, this._diag, 3);
+    return {
+      n_accepted: w[0], next_token: w[1], rejected_at: w[2], ended_by: ENDED_BY[w[3]], error_code: ERROR_CODES[w[4]],
+      // not in the contract: the last accept test's probability and uniform, the sampled token's Gumbel score
+      diag: { a: d[0], u: d[1], score: d[2] },
+    };
+  }
+
+  /** Forget the module (its memory is freed with the instance); later calls throw E_TERMINATED. */
+  destroy() {
+    this._destroyed = true;
+    this.wasm = null;
+  }
+}
