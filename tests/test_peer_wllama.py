@@ -1,0 +1,111 @@
+"""wllama (llama.cpp compiled to WASM) on our F32 GGUF export gives exactly our champion's greedy
+tokens (LlamaReference, f32 weights); only the benchmark's server serves wllama. Starts Chromium:
+run under the browser lock (flock /tmp/browser.lock ...)."""
+import importlib.util
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from browser_fixture import REPO_ROOT, chromium_browser  # noqa: F401
+from exactspec.models import default_models_dir, load_pair
+from exactspec.orchestrator import GenerationConfig
+from exactspec.processors import SamplingPolicy
+from exactspec.server import CONTENT_SECURITY_POLICY, StaticServer
+
+sys.path.insert(0, str(REPO_ROOT / "tools" / "bench"))
+import peer  # noqa: E402  (tools/bench/peer.py: PeerServer, open_bench_page)
+
+_spec = importlib.util.spec_from_file_location("export_gguf", REPO_ROOT / "tools" / "export_gguf.py")
+export_gguf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(export_gguf)
+
+CHAMPION = os.path.join(default_models_dir(), "champion")
+PROMPTS = ["In the beginning God created", "To be, or not to be,", "And the LORD said unto Moses,"]
+N_TOKENS = 24
+WLLAMA_JS = "/node_modules/@wllama/wllama/esm/index.js"
+
+
+def _get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
+
+
+def test_only_the_bench_server_serves_wllama():
+    app, bench = StaticServer(REPO_ROOT), peer.PeerServer()
+    try:
+        assert _get(app.url + WLLAMA_JS)[0] == 404
+        status, headers = _get(bench.url + WLLAMA_JS)
+        assert status == 200 and headers["Content-Type"] == "text/javascript"
+        assert headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "worker-src 'self' blob:")
+        assert _get(app.url + "/web/runner.mjs")[1]["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+        # the rest of the bench server is the app's: no other node_modules, no escaping the package
+        assert _get(bench.url + "/node_modules/@wllama/wllama/../../pyodide/package.json")[0] == 404
+        assert _get(bench.url + "/node_modules/ws/package.json")[0] == 404
+    finally:
+        app.close()
+        bench.close()
+
+
+@pytest.fixture(scope="module")
+def wllama_page(chromium_browser, tmp_path_factory):  # noqa: F811
+    folder = tmp_path_factory.mktemp("gguf")
+    export_gguf.export_gguf(CHAMPION, str(folder / "champion.f32.gguf"), "f32", weights="f32")
+    server = peer.PeerServer(mounts={"/models/gguf/": str(folder)})
+    context, page = peer.open_bench_page(chromium_browser, server, timeout_s=180)
+    try:
+        info = page.evaluate("(url) => window.peerBench.loadWllama(url, {nThreads: 1})", "/models/gguf/champion.f32.gguf")
+        yield page, info
+    finally:
+        context.close()
+        server.close()
+
+
+def test_wllama_reads_our_metadata(wllama_page):
+    info = wllama_page[1]["info"]
+    assert (info["n_vocab"], info["n_layer"], info["n_embd"], info["n_ctx_train"]) == (4096, 6, 256, 512)
+    assert info["token_bos"] == 0 and info["add_bos_token"] is True and info["add_eos_token"] is False
+    assert sorted(info["list_tokens_eog"]) == [1, 6]
+
+
+def test_wllama_greedy_tokens_equal_reference_f32(wllama_page):
+    page = wllama_page[0]
+    pair = load_pair(CHAMPION, champion_weights="f32")
+    for prompt in PROMPTS:
+        prompt_ids = pair.tokenizer.encode(prompt)
+        ref = pair.orchestrator.generate(prompt_ids, GenerationConfig(
+            max_new_tokens=N_TOKENS, policy=SamplingPolicy(temperature=0), speculate="none",
+            stop_token_ids=pair.stop_token_ids))
+        got = page.evaluate("([p, n]) => window.peerBench.wllamaGenerate(p, {maxTokens: n, temperature: 0, withIds: true})",
+                            [prompt, N_TOKENS])
+        assert got["prompt_tokens"] == len(prompt_ids), prompt   # same tokenization, BOS included
+        assert len(ref.token_ids) == N_TOKENS, prompt            # no early stop: all N compared
+        assert got["token_ids"] == ref.token_ids, prompt
+        assert got["text"] == ref.text, prompt
+
+
+# ---- the bench's pure parts ----
+
+def test_bench_arithmetic_and_doc_section():
+    assert peer.decode_ms_per_token(40.0, 140.0, 11) == 10.0          # 10 tokens after the first
+    assert peer.decode_ms_per_token(None, 140.0, 11) is None and peer.decode_ms_per_token(5.0, 9.0, 1) is None
+    assert peer.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert peer.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert peer.first_divergence([1, 2], [1, 2, 3]) == 2
+    rec = lambda runner, ms, t=0.0: {"runner": runner, "temperature": t, "ms_per_token": ms, "own_ms_per_token": ms,
+                                     "first_token_ms": 1.0, "tokens_per_round": 1.0, "n_tokens": 8}
+    rows = peer.summarise([rec("wllama", 4.0), rec("wllama", 6.0), rec("ours-wasm:draft", 2.0), rec("ours-wasm:draft", 3.0),
+                           rec("ours-wasm:none", 9.0, t=1.0)], {"wllama": 1000.0, "ours-wasm": 2000.0})
+    by = {(r["runner"], r["temperature"]): r for r in rows}
+    assert by[("wllama", 0.0)]["ms_per_token"] == 5.0 and by[("ours-wasm:draft", 0.0)]["vs_wllama"] == 2.0
+    assert by[("ours-wasm:none", 1.0)]["vs_wllama"] is None and by[("ours-wasm:draft", 0.0)]["load_ms"] == 2000
+    doc = f"# T\n\nintro\n\n{peer.SECTION_BEGIN}\nold\n{peer.SECTION_END}\n\nafter\n"
+    new = peer.replace_section(doc, "new table")
+    assert new == f"# T\n\nintro\n\n{peer.SECTION_BEGIN}\nnew table\n{peer.SECTION_END}\n\nafter\n"
+    assert peer.replace_section(new, "x").count(peer.SECTION_BEGIN) == 1
+    assert peer.replace_section("# T\n", "x") == f"# T\n\n{peer.SECTION_BEGIN}\nx\n{peer.SECTION_END}\n"

@@ -1,0 +1,110 @@
+// peer.mjs — page of tools/bench/peer.py and tests/test_peer_wllama.py: wllama (llama.cpp compiled
+// to WASM; a dev dependency that only the bench's own server serves) and our engine, driven one
+// request at a time from Python. Every time is taken here, in the page, with one clock:
+// first_token_ms = request start -> first token event; total_ms = request start -> done.
+// window.peerBench; window.peerReady once loaded.
+import { Engine } from "/web/engine.mjs";
+
+const WLLAMA = "/node_modules/@wllama/wllama/esm/";
+let wllama = null;
+const engines = new Map();   // name -> Engine
+const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });
+
+/** Rejects with E_IO when the page's CSP blocks something (wllama's blob: worker would otherwise
+ *  wait forever: it only logs its worker's error event), with E_TIMEOUT after timeoutMs. */
+function failOnBlockOrTimeout(timeoutMs, what) {
+  let onViolation = null, timer = null;
+  const failed = new Promise((_, reject) => {
+    onViolation = (ev) => reject(new Error(`E_IO: ${what}: the Content-Security-Policy blocked ${ev.blockedURI} (${ev.violatedDirective})`));
+    document.addEventListener("securitypolicyviolation", onViolation);
+    timer = setTimeout(() => reject(new Error(`E_TIMEOUT: ${what} took over ${timeoutMs} ms`)), timeoutMs);
+  });
+  const stop = () => { document.removeEventListener("securitypolicyviolation", onViolation); clearTimeout(timer); };
+  return { failed, stop };
+}
+
+/** Load a GGUF into wllama on its WASM CPU path (n_gpu_layers 0) with nThreads threads.
+ *  -> {load_ms, libllama, n_threads, info}; throws "E_MODEL_LOAD: ..." when llama.cpp refuses it. */
+async function loadWllama(ggufUrl, { nThreads = 1, nCtx = 512, nativeLog = false, timeoutMs = 120000 } = {}) {
+  const guard = failOnBlockOrTimeout(timeoutMs, `loading ${ggufUrl} into wllama`);
+  try {
+    return await Promise.race([startWllama(ggufUrl, { nThreads, nCtx, nativeLog }), guard.failed]);
+  } finally {
+    guard.stop();
+  }
+}
+
+async function startWllama(ggufUrl, { nThreads, nCtx, nativeLog }) {
+  const t0 = performance.now();
+  const { Wllama } = await import(WLLAMA + "index.js");
+  const res = await fetch(ggufUrl);
+  if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${ggufUrl} -> ${res.status}`);
+  const file = new File([await res.blob()], ggufUrl.split("/").pop(), { type: "application/octet-stream" });
+  if (wllama) await wllama.exit();
+  wllama = new Wllama({ default: WLLAMA + "wasm/wllama.wasm" }, { suppressNativeLog: !nativeLog, allowOffline: true });
+  await wllama.loadModel([file], { n_threads: nThreads, n_ctx: nCtx, n_gpu_layers: 0, seed: 0 });
+  const info = wllama.getLoadedContextInfo();
+  if (!info.success) throw new Error(`E_MODEL_LOAD: llama.cpp (wllama) refused ${ggufUrl}`);
+  return { load_ms: performance.now() - t0, libllama: Wllama.getLibllamaVersion(), n_threads: nThreads, info };
+}
+
+/** One raw completion of `prompt` (wllama tokenizes it: it takes no id arrays). withIds asks
+ *  llama.cpp for each token's probability entry, which names the token id (slightly more work
+ *  per token, so timed runs leave it off). Prompt caching is off: every request prefills. */
+async function wllamaGenerate(prompt, { maxTokens = 32, temperature = 0, seed = 0, withIds = false } = {}) {
+  const ids = [];
+  let text = "", nChunks = 0, last = null, tFirst = null;
+  const t0 = performance.now();
+  await wllama.createCompletion({
+    prompt, max_tokens: maxTokens, temperature, seed, top_k: 0, top_p: 1, min_p: 0, cache_prompt: false,
+    stream: true, ...(withIds ? { n_probs: 1 } : {}),
+    onData: (chunk) => {
+      const choice = chunk.choices?.[0];
+      if (choice?.text) { tFirst ??= performance.now(); text += choice.text; nChunks++; }
+      for (const entry of choice?.logprobs?.content ?? []) ids.push(entry.id);
+      last = chunk;
+    },
+  });
+  const t1 = performance.now();
+  return { token_ids: withIds ? ids : null, text, n_tokens: last?.usage?.completion_tokens ?? nChunks,
+           prompt_tokens: last?.usage?.prompt_tokens ?? null, finish_reason: last?.choices?.[0]?.finish_reason ?? null,
+           first_token_ms: tFirst === null ? null : tFirst - t0, total_ms: t1 - t0, timings: last?.timings ?? null };
+}
+
+/** Load our engine under `name` (options: Engine.create's, e.g. {championBackend: "wasm"}).
+ *  -> {load_ms, ready} or {refused: {code, message}} (e.g. a backend this engine lacks). */
+async function loadEngine(name, models, options = {}) {
+  const t0 = performance.now();
+  try {
+    const engine = await Engine.create(models, options);
+    engines.set(name, engine);
+    return { load_ms: performance.now() - t0, ready: engine.ready };
+  } catch (err) {
+    return { refused: coded(err) };
+  }
+}
+
+/** One request of our engine `name`: {result, first_token_ms, total_ms} or {refused}. */
+async function engineGenerate(name, payload) {
+  const engine = engines.get(name);
+  let tFirst = null;
+  const t0 = performance.now();
+  try {
+    const result = await engine.generate(payload, (env) => {
+      if (env.kind === "tokens" && env.payload.token_ids.length) tFirst ??= performance.now();
+    });
+    return { result, first_token_ms: tFirst === null ? null : tFirst - t0, total_ms: performance.now() - t0 };
+  } catch (err) {
+    return { refused: coded(err) };
+  }
+}
+
+async function unload() {
+  for (const engine of engines.values()) await engine.terminate();
+  engines.clear();
+  if (wllama) await wllama.exit();
+  wllama = null;
+}
+
+window.peerBench = { loadWllama, wllamaGenerate, loadEngine, engineGenerate, unload };
+window.peerReady = true;
