@@ -39,6 +39,7 @@ from exactspec.processors import process_logits
 from exactspec.reference_llama import LlamaReference
 
 WASM = REPO_ROOT / "web" / "build" / "champion.wasm"
+WASM_THREADS = REPO_ROOT / "web" / "build" / "champion_mt.wasm"
 HARNESS = REPO_ROOT / "web" / "tests" / "champion_harness.mjs"
 TEST_MODELS = REPO_ROOT / "build" / "test_models"
 SHIPPED = REPO_ROOT / "web" / "models" / "champion"
@@ -128,10 +129,11 @@ def unb64(text, dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype=dtype)
 
 
-def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0) -> dict:
+def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0, threads: int = 1,
+             wasm: Path = WASM) -> dict:
     ensure_wasm()
-    cases = {"wasm": str(WASM), "model_dir": str(model_dir), "max_block": max_block, "max_context": max_context,
-             **cases}
+    cases = {"wasm": str(wasm), "model_dir": str(model_dir), "max_block": max_block, "max_context": max_context,
+             "threads": threads, **cases}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
         cin.write_text(json.dumps(cases))
@@ -200,6 +202,22 @@ def test_block_logits_bitwise_equal_single(which):
     assert np.array_equal(again[-2].view(np.uint32), singles[18:27]), "re-fed block after rollback differs"
     assert np.array_equal(again[-1].view(np.uint32), singles[27:31])
     assert not np.array_equal(again[2].view(np.uint32), singles[20:29])     # the other continuation really differed
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_threads_bitwise_equal_one_thread(which):
+    """champion_mt.wasm with 1, 2 and 3 threads (Node worker_threads over shared memory): every
+    logits row is the same bits as the one-thread build's, blocks of 1..9 with a rollback."""
+    model_dir = resolve(which)
+    V = reference(model_dir).vocab_size
+    ids = np.random.default_rng(5).integers(0, V, 40)
+    blocks = split(ids, [1, 9, 4, 2, 7, 3, 9, 5]) + [(ids[30:39], 30), (ids[12:21], 12)]
+    cases = {"forward": [as_blocks(blocks)]}
+    want = np.concatenate(forward_rows(run_node(model_dir, cases)["forward"][0], blocks, V)).view(np.uint32)
+    for threads in (1, 2, 3):
+        out = run_node(model_dir, cases, threads=threads, wasm=WASM_THREADS)
+        got = np.concatenate(forward_rows(out["forward"][0], blocks, V)).view(np.uint32)
+        assert np.array_equal(got, want), f"{which}: {threads} threads differ at rows {np.flatnonzero((got != want).any(1))}"
 
 
 # ----------------------------------------------------------------------------- decide
@@ -446,11 +464,11 @@ def test_bad_calls_and_files_are_coded():
     ]
     fill = [[[1, 2, 3, 4], s] for s in range(0, 32, 4)]                # 32 positions cached
     out = run_node(model_dir, {"errors": errors, "forward": [fill], "load_errors": [
-        {"max_block": 0}, {"max_block": 65}, {"max_context": 81}, {"threads": 3},
+        {"max_block": 0}, {"max_block": 65}, {"max_context": 81}, {"threads": 3}, {"threads": 17},
         {"config_patch": {"tie_word_embeddings": False}}, {"config_patch": {"hidden_act": "gelu"}},
         {"config_patch": {"head_dim": 18}}, {"config_patch": {"vocab_size": 300}}, {"truncate": 7},
         {"rename_tensor": "model.layers.2.mlp.up_proj.weight.scale"}, {}]}, max_block=4, max_context=32)
     assert out["errors"] == ["E_BAD_ARGUMENT"] * 4 + ["E_CONTEXT_OVERFLOW", "", "E_BAD_ARGUMENT"] + ["E_BAD_ARGUMENT"] * 7 + \
         ["E_BAD_ARGUMENT", "E_BAD_ARGUMENT", "", "", "E_TARGET_NUMERIC_OR_MASK"]
-    assert out["load_errors"] == ["E_BAD_ARGUMENT"] * 4 + ["E_MODEL_LOAD"] * 6 + [""]
+    assert out["load_errors"] == ["E_BAD_ARGUMENT"] * 5 + ["E_MODEL_LOAD"] * 6 + [""]   # threads 3: one-thread build
     assert out["after_destroy"] == "E_TERMINATED"

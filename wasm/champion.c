@@ -57,7 +57,7 @@ typedef struct {
     float *att;                  /* (B, H*hd) concatenated head outputs */
     float *gate_up;              /* (B, 2F) */
     float *act;                  /* (B, F) silu(gate) * up */
-    float *scores;               /* (T_max,) attention scores of one (row, head) */
+    float *scores;               /* (MAX_THREADS, T_max) attention scores of one (row, head), per thread */
     float *logits;               /* (B, V) logits of the last forward's rows */
     float *key_cache;            /* (L, T_max, KV*hd) keys after RoPE */
     float *value_cache;          /* (L, T_max, KV*hd) */
@@ -67,6 +67,12 @@ typedef struct {
     int n_cached;                /* positions [0, n_cached) hold valid K/V */
     int n_rows;                  /* logits rows of the last forward */
 } RunState;
+
+#ifdef CHAMPION_THREADS
+enum { MAX_THREADS = 16 };       /* the calling thread + up to 15 helpers */
+#else
+enum { MAX_THREADS = 1 };
+#endif
 
 static Config cfg;
 static int max_block;            /* B */
@@ -118,7 +124,7 @@ static int build_run_state(void) {
     st.att = alloc_floats(B * q_dim);
     st.gate_up = alloc_floats(B * 2 * F);
     st.act = alloc_floats(B * F);
-    st.scores = alloc_floats((uint32_t)cfg.max_context);
+    st.scores = alloc_floats((uint32_t)MAX_THREADS * (uint32_t)cfg.max_context);
     st.logits = alloc_floats(B * (uint32_t)cfg.vocab_size);
     st.key_cache = alloc_floats(cache_n);
     st.value_cache = alloc_floats(cache_n);
@@ -253,17 +259,114 @@ static void matmul_rows(const Matmul *m, int r0, int r1) {
  * Forward pass over a block: positions [start_pos, start_pos + n), logits of every row.
  * ========================================================================================== */
 
+/* One parallel step of the forward: a matmul (rows split across threads) or the attention of
+ * a layer ((row, head) pairs split across threads). A thread's share changes which elements it
+ * computes, never how: results are bitwise the same for any thread count. */
+typedef struct {
+    int kind;                    /* STEP_MATMUL | STEP_ATTEND */
+    Matmul mm;
+    int layer, n, start_pos;     /* STEP_ATTEND */
+} Step;
+
+enum { STEP_MATMUL = 1, STEP_ATTEND = 2 };
+
+static void attend_pairs(const Step *s, int p0, int p1, float *scores) {
+    const int hd = cfg.head_dim, kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
+    const int group = cfg.num_heads / cfg.num_kv_heads;
+    const float scale = (float)(1.0 / __builtin_sqrt((double)hd));
+    const float *k_layer = st.key_cache + (uint32_t)s->layer * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+    const float *v_layer = st.value_cache + (uint32_t)s->layer * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+    for (int p = p0; p < p1; p++) {                          /* pair p = (row t, query head h) */
+        int t = p / cfg.num_heads, h = p % cfg.num_heads;    /* query head h uses kv head h // group */
+        attend_head(st.att + t * q_dim + h * hd, st.qkv + t * QKV + h * hd, k_layer, v_layer, kv_dim, hd,
+                    (h / group) * hd, s->start_pos + t, scale, scores);
+    }
+}
+
+/* thread `index` of `n_threads` computes its share of the step */
+static void run_share(const Step *s, int index, int n_threads) {
+    if (s->kind == STEP_MATMUL) {
+        int chunks = (s->mm.rows + 7) / 8;                   /* 8-row chunks: tile boundaries */
+        int r0 = chunks * index / n_threads * 8, r1 = chunks * (index + 1) / n_threads * 8;
+        matmul_rows(&s->mm, r0, r1 < s->mm.rows ? r1 : s->mm.rows);
+    } else {
+        int pairs = s->n * cfg.num_heads;
+        attend_pairs(s, pairs * index / n_threads, pairs * (index + 1) / n_threads,
+                     st.scores + (uint32_t)index * (uint32_t)cfg.max_context);
+    }
+}
+
+#ifdef CHAMPION_THREADS
+/* ============================================================================================
+ * Thread pool: helpers are other instances of this module over the same shared memory, each
+ * looping in champion_worker(index). The calling thread publishes a step, bumps `generation`,
+ * computes share 0 and spins until every helper has counted itself `done`. A helper that starts
+ * late still sees the current generation (the caller cannot move on without it).
+ * ========================================================================================== */
+
+static struct {
+    int32_t generation;          /* bumped once per step (and once to stop) */
+    int32_t done;                /* helpers finished with the current step */
+    int32_t n_threads;           /* 1 + helpers */
+    int32_t ready;               /* helpers that entered their loop */
+    int32_t stop;                /* 1: helpers return */
+} pool = { 0, 0, 1, 0, 0 };
+static Step pool_step;
+
+static void run_step(const Step *s) {
+    int n = __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST);
+    if (n <= 1) { run_share(s, 0, 1); return; }
+    pool_step = *s;
+    __atomic_store_n(&pool.done, 0, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_SEQ_CST);
+    __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)n);
+    run_share(s, 0, n);
+    while (__atomic_load_n(&pool.done, __ATOMIC_SEQ_CST) < n - 1) {}
+}
+
+/* helper thread `index` (1..n_threads-1): runs shares until champion_threads_stop() */
+EXPORT("champion_worker") void champion_worker(int index) {
+    int32_t seen = 0;                                        /* generation before any step */
+    __atomic_add_fetch(&pool.ready, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        int32_t g;
+        for (int spin = 0; (g = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST)) == seen; spin++)
+            if (spin > 200000) __builtin_wasm_memory_atomic_wait32(&pool.generation, seen, -1);
+        seen = g;
+        if (__atomic_load_n(&pool.stop, __ATOMIC_SEQ_CST)) return;
+        run_share(&pool_step, index, __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST));
+        __atomic_add_fetch(&pool.done, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* the calling thread plus n - 1 helpers share every step from now on (helpers must be running) */
+EXPORT("champion_threads_start") int champion_threads_start(int n) {
+    if (n < 1 || n > MAX_THREADS) return ERR_BAD_ARGUMENT;
+    __atomic_store_n(&pool.n_threads, n, __ATOMIC_SEQ_CST);
+    return OK;
+}
+
+EXPORT("champion_threads_ready") int champion_threads_ready(void) { return __atomic_load_n(&pool.ready, __ATOMIC_SEQ_CST); }
+
+EXPORT("champion_threads_stop") void champion_threads_stop(void) {
+    __atomic_store_n(&pool.n_threads, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.stop, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_SEQ_CST);
+    __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)MAX_THREADS);
+}
+#else
+static void run_step(const Step *s) { run_share(s, 0, 1); }
+#endif
+
 static void matmul(float *out, int out_stride, const float *w, const float *scale, const float *x,
                    int x_stride, int n, int rows, int cols, int accumulate) {
-    Matmul m = { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate };
-    matmul_rows(&m, 0, rows);
+    Step s = { STEP_MATMUL, { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate }, 0, 0, 0 };
+    run_step(&s);
 }
 
 static void forward_block(const int32_t *tokens, int n, int start_pos) {
     const int D = cfg.hidden_size, F = cfg.intermediate_size, hd = cfg.head_dim, half = hd / 2;
     const int kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
-    const int group = cfg.num_heads / cfg.num_kv_heads;
-    const float scale = (float)(1.0 / __builtin_sqrt((double)hd));
     for (int t = 0; t < n; t++) {
         const float *emb = weights.embed + (uint32_t)tokens[t] * (uint32_t)D;
         for (int i = 0; i < D; i++) st.x[t * D + i] = emb[i];
@@ -285,10 +388,8 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
                 v_layer[pos * kv_dim + i] = v[i];
             }
         }
-        for (int t = 0; t < n; t++)                          /* query head h uses kv head h // group */
-            for (int h = 0; h < cfg.num_heads; h++)
-                attend_head(st.att + t * q_dim + h * hd, st.qkv + t * QKV + h * hd, k_layer, v_layer, kv_dim, hd,
-                            (h / group) * hd, start_pos + t, scale, st.scores);
+        Step attention = { STEP_ATTEND, { 0 }, l, n, start_pos };
+        run_step(&attention);
         matmul(st.x, D, w->w_o, w->s_o, st.att, q_dim, n, D, q_dim, 1);
         for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->mlp_norm, D, cfg.rms_norm_eps);
         matmul(st.gate_up, 2 * F, w->w_gate_up, w->s_gate_up, st.xb, D, n, 2 * F, D, 0);

@@ -4,7 +4,7 @@ shipped champion and a synthetic real-size shape (random q8 weights, SmolLM-360M
 fewer layers: a 32-layer model held as f32 would need ~1.5 GB of WASM memory). Prints a table and
 writes build/bench/wasm_champion.json. Not a test: the numbers depend on the machine and its load.
 
-    python tools/bench/wasm_champion.py [--layers 8] [--reps 30] [--skip-synthetic]
+    python tools/bench/wasm_champion.py [--layers 8] [--reps 30] [--threads 1] [--skip-synthetic]
 """
 import argparse
 import json
@@ -19,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "web" / "tests" / "champion_harness.mjs"
 WASM = ROOT / "web" / "build" / "champion.wasm"
+WASM_THREADS = ROOT / "web" / "build" / "champion_mt.wasm"       # --threads > 1
 OUT = ROOT / "build" / "bench" / "wasm_champion.json"
 K = 4
 
@@ -53,7 +54,7 @@ def synthetic_model(layers: int) -> Path:
 
 
 def time_model(model_dir: Path, reps: int, threads: int) -> dict:
-    cases = {"wasm": str(WASM), "model_dir": str(model_dir), "max_block": K + 5, "max_context": 0,
+    cases = {"wasm": str(WASM if threads == 1 else WASM_THREADS), "model_dir": str(model_dir), "max_block": K + 5, "max_context": 0,
              "threads": threads, "timing": {"promptLen": 32, "reps": reps, "warmup": 10, "m": K, "reps_decide": reps}}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
@@ -85,7 +86,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-synthetic", action="store_true")
     args = ap.parse_args()
-    if not WASM.exists():
+    if not WASM_THREADS.exists():
         subprocess.run(["bash", str(ROOT / "wasm" / "build.sh")], check=True)
     results = {"node": subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip(),
                "load_average": os.getloadavg()}
@@ -96,8 +97,9 @@ def main():
         results["synthetic"]["layers"] = args.layers
         print_table(f"synthetic (V 49152, D 960, F 2560, {args.layers} layers)", results["synthetic"])
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=1))
-    print(f"\nwrote {OUT.relative_to(ROOT)}", file=sys.stderr)
+    out = OUT if args.threads == 1 else OUT.with_name(f"wasm_champion_{args.threads}threads.json")
+    out.write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {out.relative_to(ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ import { parseConfig } from "../draft/draft.mjs";
 import { expectTensor, parseSafetensors } from "../gpu/safetensors.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
+const MAX_THREADS = 16;                        // MAX_THREADS of wasm/champion.c
+const HELPER_STACK_BYTES = 256 * 1024;
+const POOL_START_MS = 20_000;
 const STATUS_CODES = { 1: "E_PROCESSOR_INVALID", 2: "E_BAD_ARGUMENT", 3: "E_CONTEXT_OVERFLOW", 4: "E_MODEL_LOAD", 5: "E_OUT_OF_MEMORY" };
 const ENDED_BY = ["", "stop", "length"];
 const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
@@ -96,15 +99,22 @@ function checkedPolicy(policy, V) {
 /**
  * createWasmChampion({wasmUrl, modelUrl}) in the browser, or
  * createWasmChampion({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
- * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1.
+ * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (champion.wasm)
+ * or 2..16 (champion_mt.wasm, by default wasmUrl with champion.wasm -> champion_mt.wasm; needs
+ * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results are bitwise the same for
+ * any thread count.
  */
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
-                                           maxBlock = 9, maxContext = 0, threads = 1 } = {}) {
+                                           maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
     throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
   }
-  if (threads !== 1) throw badArgument(`threads ${threads}: this build runs one thread`);
+  if (!(Number.isInteger(threads) && threads >= 1 && threads <= MAX_THREADS)) throw badArgument(`threads ${threads} outside [1, ${MAX_THREADS}]`);
+  if (threads > 1 && (typeof SharedArrayBuffer === "undefined" || globalThis.crossOriginIsolated === false)) {
+    throw badArgument(`threads ${threads}: WASM threads need SharedArrayBuffer (a cross-origin isolated page)`);
+  }
+  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/champion\.wasm(\?|$)/, "champion_mt.wasm$1");
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   const [wasm, configRaw, file] = await Promise.all([
     wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
@@ -119,21 +129,29 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (!(Number.isInteger(maxContext) && maxContext >= 1 && maxContext <= c.max_context)) {
     throw badArgument(`maxContext ${maxContext} outside [1, ${c.max_context}]`);
   }
-  let instance;
+  let module, instance, memory;
   try {
-    ({ instance } = await WebAssembly.instantiate(wasm, {}));
+    module = await WebAssembly.compile(wasm);
+    const threaded = WebAssembly.Module.imports(module).some((i) => i.kind === "memory");
+    if (threads > 1 && !threaded) throw badArgument(`threads ${threads}: this module is the one-thread build (use champion_mt.wasm)`);
+    memory = threaded ? new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true }) : null;
+    instance = await WebAssembly.instantiate(module, threaded ? { env: { memory } } : {});
   } catch (err) {
-    throw codedError("E_MODEL_LOAD", `champion.wasm: ${err.message}`);
+    throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
   const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
-  const champion = new WasmChampion(instance.exports, config, c, bytes, { maxBlock, maxContext });
+  const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, bytes, { maxBlock, maxContext });
   champion.identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
+  if (threads > 1) await champion._startPool(module, threads);
   return champion;
 }
 
 export class WasmChampion {
-  constructor(exports, config, c, bytes, { maxBlock, maxContext }) {
+  constructor(exports, memory, config, c, bytes, { maxBlock, maxContext }) {
     this.wasm = exports;
+    this.memory = memory;                 // exported (one thread) or imported shared (threads)
+    this.threads = 1;
+    this._helpers = [];
     this.config = config;
     this.hp = c;
     this.vocabSize = c.vocab_size;
@@ -167,7 +185,7 @@ export class WasmChampion {
   }
 
   /** Bytes of WASM linear memory (it only grows: this is also its peak). */
-  get memoryBytes() { return this.wasm ? this.wasm.memory.buffer.byteLength : 0; }
+  get memoryBytes() { return this.wasm ? this.memory.buffer.byteLength : 0; }
   /** Positions [0, nCached) hold valid K/V. */
   get nCached() { return this.wasm.champion_n_cached(); }
 
@@ -177,7 +195,31 @@ export class WasmChampion {
     return ptr;
   }
 
-  _view(Type, ptr, n) { return new Type(this.wasm.memory.buffer, ptr, n); }
+  _view(Type, ptr, n) { return new Type(this.memory.buffer, ptr, n); }
+
+  /** Start threads - 1 helpers (champion_thread.mjs) over the shared memory; each gets its own
+   *  stack. Every later step is split across threads + the calling thread. */
+  async _startPool(module, threads) {
+    const url = new URL("./champion_thread.mjs", import.meta.url);
+    const isNode = typeof process !== "undefined" && process.versions?.node && typeof Worker === "undefined";
+    const WorkerClass = isNode ? (await import("node:worker_threads")).Worker : Worker;
+    for (let index = 1; index < threads; index++) {
+      const stackTop = (this._alloc(HELPER_STACK_BYTES) + HELPER_STACK_BYTES) & ~15;
+      const worker = isNode ? new WorkerClass(url) : new WorkerClass(url, { type: "module" });
+      worker.postMessage({ module, memory: this.memory, index, stackTop });
+      this._helpers.push(worker);
+    }
+    const t0 = Date.now();
+    while (this.wasm.champion_threads_ready() < threads - 1) {
+      if (Date.now() - t0 > POOL_START_MS) {
+        this.destroy();
+        throw codedError("E_MODEL_LOAD", `only ${this.wasm?.champion_threads_ready() ?? 0} of ${threads - 1} helper threads started`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 2));
+    }
+    check(this.wasm.champion_threads_start(threads), "threads_start");
+    this.threads = threads;
+  }
 
   _place(kind, layer, tensor, toFloat) {
     const ptr = this.wasm.champion_tensor_ptr(kind, layer);
@@ -311,6 +353,9 @@ export class WasmChampion {
 
   /** Forget the module (its memory is freed with the instance); later calls throw E_TERMINATED. */
   destroy() {
+    if (this.wasm?.champion_threads_stop) this.wasm.champion_threads_stop();   // helpers return, then close
+    for (const worker of this._helpers) setTimeout(() => worker.terminate(), 1000);
+    this._helpers = [];
     this._destroyed = true;
     this.wasm = null;
   }
