@@ -47,9 +47,10 @@ SHIPPED = REPO_ROOT / "web" / "models" / "champion"
 
 # ----------------------------------------------------------------------------- set-up
 def ensure_wasm() -> Path:
-    """Build web/build/*.wasm if champion.wasm is missing or older than any source in wasm/."""
+    """Build web/build/*.wasm if a champion build is missing or older than any source in wasm/."""
     sources = [p for p in (REPO_ROOT / "wasm").iterdir() if p.suffix in (".c", ".h", ".sh")]
-    if not WASM.exists() or WASM.stat().st_mtime < max(p.stat().st_mtime for p in sources):
+    newest = max(p.stat().st_mtime for p in sources)
+    if any(not w.exists() or w.stat().st_mtime < newest for w in (WASM, WASM_THREADS)):
         subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh")], check=True, cwd=REPO_ROOT)
     return WASM
 

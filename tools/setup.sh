@@ -152,8 +152,8 @@ else
 fi
 
 # ---------------------------------------------------------------- WASM draft + champion
-step "wasm draft + champion (web/build/{draft,champion}.wasm)"
-if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] &&
+step "wasm draft + champion (web/build/{draft,champion,champion_mt}.wasm)"
+if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] && [ -f web/build/champion_mt.wasm ] &&
    [ -z "$(find wasm -type f -newer web/build/draft.wasm)" ] && [ -z "$(find wasm -type f -newer web/build/champion.wasm)" ]; then
     log "wasm modules up to date"
 else
