@@ -1,4 +1,5 @@
-"""End to end in headless Chromium: Pyodide orchestrator, WebGPU champion + acceptance, WASM draft.
+"""End to end in headless Chromium: Pyodide orchestrator, champion (WebGPU or WASM-SIMD: every
+test runs on both backends) + acceptance, WASM draft.
 
 Greedy: speculative-with-draft and prompt-lookup ids equal browser champion-alone ids (the GPU
 kernels are batch-invariant, so this is exact, not approximate). Against the CPython reference
@@ -33,13 +34,15 @@ PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto M
            "Shall I compare thee", "Then said Jesus unto"]
 
 
-@pytest.fixture(scope="module")
-def runtime(chromium_browser):
-    wasm = os.path.join(ROOT, "web", "build", "draft.wasm")
-    if not os.path.exists(wasm):
-        subprocess.run(["bash", os.path.join(ROOT, "wasm", "build.sh")], check=True)
-    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600)
-    print("load timings (ms):", json.dumps(rt.ready["timing_ms"]))
+@pytest.fixture(scope="module", params=["webgpu", "wasm"])
+def runtime(request, chromium_browser):
+    """One engine per champion backend: every exactness test here runs on both."""
+    for name in ("draft.wasm", "champion.wasm"):
+        if not os.path.exists(os.path.join(ROOT, "web", "build", name)):
+            subprocess.run(["bash", os.path.join(ROOT, "wasm", "build.sh")], check=True)
+    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param)
+    assert rt.ready["info"]["champion"]["backend"] == request.param
+    print(f"{request.param}: load timings (ms):", json.dumps(rt.ready["timing_ms"]))
     yield rt
     rt.close()
 
@@ -182,9 +185,11 @@ def test_bad_request_in_the_browser_is_a_coded_error(runtime):
 def test_browser_receipt_binds_the_same_identities_as_cpython(runtime):
     from exactspec.models import load_pair
     r = browser_ids(runtime, "In the beginning", max_new_tokens=4, temperature=0, speculate="draft", k=2)
-    pair = load_pair(CHAMPION, DRAFT)
+    pair = load_pair(CHAMPION, DRAFT, champion_weights="q8")   # the CLI's default: the page's artifact
     ref = pair.orchestrator.generate(pair.tokenizer.encode("In the beginning"), GenerationConfig(
         max_new_tokens=4, policy=SamplingPolicy(temperature=0), speculate="draft", k=2))
-    for field in ("tokenizer_hash", "chat_template_hash", "sampling_policy_hash", "scheduler_policy_hash"):
+    for field in ("tokenizer_hash", "chat_template_hash", "sampling_policy_hash", "scheduler_policy_hash",
+                  "champion_artifact_hash", "draft_artifact_hash"):
         assert r["receipt"][field] == ref.receipt[field], field
+    assert r["receipt"]["champion_backend"] == runtime.ready["info"]["champion"]["backend"]
     assert r["receipt"]["runtime_version"].startswith("pyodide-")

@@ -58,14 +58,17 @@ async function run() {
 async function main() {
   const t0 = performance.now();
   try {
-    engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" });
+    // ?champion_backend=webgpu|wasm overrides "auto" (WebGPU only from a hardware adapter)
+    const championBackend = new URLSearchParams(location.search).get("champion_backend") ?? "auto";
+    engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" }, { championBackend });
   } catch (err) {
     setStatus(`could not load: ${err.message ?? err}`, true);
     $("go").textContent = "Unavailable";
     return;
   }
   const draftError = engine.ready.info.draft_error;
-  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
+  const champ = engine.ready.info.champion;
+  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})` +
     (draftError ? ` — the draft could not load (${draftError.code}: ${draftError.message}); running the champion alone` : ""),
   !!draftError);
   if (draftError) {                    // "draft" would be refused (E_DRAFT_LOST): offer what works
