@@ -16,7 +16,7 @@ import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
 
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
-   *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads}. `faults`
+   *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n}. `faults`
    *  enables engine.fault() (tests). "auto" takes WebGPU only from a hardware adapter. */
   static async create(models, options = {}) {
     const engine = new Engine(options);
@@ -50,7 +50,7 @@ export class Engine {
   get epoch() { return this._epoch; }
 
   /** Load (or replace) the pair; a second load frees everything the first one held. */
-  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = 1 } = {}) {
+  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto" } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema();

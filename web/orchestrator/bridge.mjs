@@ -21,7 +21,7 @@ const IMMEDIATE_FAULTS = ["stale_draft"];
  * allocation after that many (tests).
  */
 export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = "/web/build/draft.wasm",
-  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = 1, choice = null, prepared = null,
+  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
   const t0 = performance.now();
   choice ??= await chooseChampionBackend(championBackend);

@@ -29,6 +29,20 @@ export async function chooseChampionBackend(requested = "auto") {
     : { kind: "webgpu", why: "hardware WebGPU adapter" };
 }
 
+/** Champion threads for `requested` ("auto" or a count): the draft worker keeps one core and the
+ *  page one, so "auto" is hardwareConcurrency - 2, at most 4, and 1 below 4 cores (measured on 2
+ *  cores: a second champion thread made the median forward ~10x slower whenever the other core
+ *  was busy, docs/champion_wasm.md). Threads need a cross-origin isolated page. */
+export function championThreads(requested = "auto") {
+  if (requested !== "auto") {
+    if (!(Number.isInteger(requested) && requested >= 1)) throw codedError("E_BAD_ARGUMENT", `threads must be "auto" or >= 1, got ${JSON.stringify(requested)}`);
+    return requested;
+  }
+  const cores = globalThis.navigator?.hardwareConcurrency ?? 1;
+  if (!globalThis.crossOriginIsolated || cores < 4) return 1;
+  return Math.min(cores - 2, 4);
+}
+
 const cpuBucket = () => {
   const n = globalThis.navigator?.hardwareConcurrency ?? 0;
   return n <= 2 ? "1-2" : n <= 4 ? "3-4" : n <= 8 ? "5-8" : "9+";
@@ -85,7 +99,8 @@ async function openWebGpu({ championUrl, maxContext, maxBlock, refuseAllocAfter 
   return backend;
 }
 
-async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = 1 }) {
+async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = "auto" }) {
+  threads = championThreads(threads);
   let mod;
   try {
     mod = await import("../champion_wasm/champion_wasm.mjs");

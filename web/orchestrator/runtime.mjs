@@ -76,7 +76,7 @@ export function createPyodideRuntime({ counters, post }) {
       built = await createBridge({ choice, prepared,
         championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
         faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
-        championBackend: options.champion_backend ?? "auto", threads: options.threads ?? 1,
+        championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
         notify: notifyRequest,
       });
       try {
