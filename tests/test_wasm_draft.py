@@ -47,8 +47,10 @@ SHIPPED = REPO_ROOT / "web" / "models" / "draft"
 
 # ----------------------------------------------------------------------------- set-up
 def ensure_wasm() -> Path:
-    """Build web/build/draft.wasm if it is missing or older than wasm/draft.c."""
-    if not WASM.exists() or WASM.stat().st_mtime < SOURCE.stat().st_mtime:
+    """Build web/build/draft.wasm if it is missing or older than any source in wasm/ (draft.c
+    includes common.h, shared with the champion)."""
+    newest = max(p.stat().st_mtime for p in (REPO_ROOT / "wasm").iterdir() if p.is_file())
+    if not WASM.exists() or WASM.stat().st_mtime < newest:
         subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh")], check=True, cwd=REPO_ROOT)
     return WASM
 
