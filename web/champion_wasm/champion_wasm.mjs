@@ -11,6 +11,8 @@
 //     -> { n_accepted, next_token, rejected_at, ended_by, error_code }   (+ diag, not in the contract)
 import { parseConfig } from "../draft/draft.mjs";
 import { expectTensor, parseSafetensors } from "../gpu/safetensors.mjs";
+import { codedError, errorPayload } from "../protocol.mjs";
+import { sha256Hex } from "../sha256.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
 const MAX_THREADS = 16;                        // MAX_THREADS of wasm/champion.c
@@ -32,19 +34,14 @@ const LAYER_LINEARS = [
   ["mlp.down_proj.weight", 18, 28, (c) => [c.hidden_size, c.intermediate_size]],
 ];
 
-/** A coded error: message "E_CODE: sentence", .code = "E_CODE" (py/exactspec/protocol.json). */
-export function codedError(code, message) {
-  return Object.assign(new Error(`${code}: ${message}`), { code });
-}
-
 const badArgument = (message) => codedError("E_BAD_ARGUMENT", message);
 const isUint = (v, limit) => Number.isInteger(v) && v >= 0 && v < limit;
 
 /** An error thrown by a shared reader (message "E_CODE: ...") as a coded error. */
 function asCoded(err, fallback) {
   if (err.code) return err;
-  const code = /^(E_[A-Z_]+):/.exec(err.message)?.[1] ?? fallback;
-  return codedError(code, err.message.replace(/^E_[A-Z_]+: /, ""));
+  const { code, message } = errorPayload(err, fallback);
+  return codedError(code, message);
 }
 
 function check(status, what) {
@@ -60,12 +57,6 @@ async function fetchBytes(fetchFn, url) {
   }
   if (!response.ok) throw codedError("E_MODEL_LOAD", `cannot fetch ${url}: HTTP ${response.status}`);
   return new Uint8Array(await response.arrayBuffer());
-}
-
-async function sha256Hex(bytes) {
-  if (!globalThis.crypto?.subtle) return null;   // insecure context: no SubtleCrypto, no identity
-  const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 /** The config checks of the draft's parseConfig, plus what this kernel needs (a tied LM head). */

@@ -2,6 +2,7 @@
 // model.safetensors (f32) into the module's memory and exposes forward / propose with the
 // semantics of exactspec.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
+import { sha256Hex } from "../sha256.mjs";
 
 const STATUS_CODES = {
   1: "E_PROCESSOR_INVALID",
@@ -322,12 +323,6 @@ export class Draft {
     return this.wasm.draft_sample(this._weights, n, seed[0] >>> 0, seed[1] >>> 0, domain, roundId >>> 0,
       position >>> 0, plain ? 0 : this._scratch);
   }
-}
-
-async function sha256Hex(bytes) {
-  if (!globalThis.crypto?.subtle) return null;   // insecure context: no SubtleCrypto, no identity
-  const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function check(status, what) {

@@ -3,6 +3,7 @@ import {
   bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
 import { expectTensor, parseSafetensors } from "./safetensors.mjs";
+import { sha256Hex } from "../sha256.mjs";
 
 export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
@@ -123,8 +124,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
   // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
-  const identity = [...new Uint8Array(await crypto.subtle.digest("SHA-256", fileBytes))]
-    .map((b) => b.toString(16).padStart(2, "0")).join("");
+  const identity = await sha256Hex(fileBytes);
   const t2 = performance.now();
   const pipelines = await pipelinesReady;
   const t3 = performance.now();

@@ -4,14 +4,10 @@
 // are fetched; stage 2 (verifyRunArtifacts) after the champion and draft loaded, with the
 // sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
+import { sha256Hex } from "../sha256.mjs";
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
-
-async function sha256Hex(bytes) {
-  const digest = await crypto.subtle.digest("SHA-256", bytes);
-  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
-}
 
 async function fetchBytes(url, limit) {
   const res = await fetch(url);
