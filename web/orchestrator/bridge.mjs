@@ -40,12 +40,11 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   const t2 = performance.now();
   const ints = (a) => Int32Array.from(a ?? []);
   const armed = [];                    // fault specs waiting for their point
-  let retired = { draft_client: 0, draft_worker: 0 };   // counts of draft clients since replaced
+  const NO_DRAFT_COUNTS = { draft_client: 0, draft_worker: 0 };
+  const addCounts = (a, b) => ({ draft_client: a.draft_client + b.draft_client, draft_worker: a.draft_worker + b.draft_worker });
+  let retired = NO_DRAFT_COUNTS;       // stale counts of draft clients since replaced
   let taken = {};
-  const cumulative = () => {
-    const d = draft ? draft.staleCounts : { draft_client: 0, draft_worker: 0 };
-    return { ...counters(), draft_client: retired.draft_client + d.draft_client, draft_worker: retired.draft_worker + d.draft_worker };
-  };
+  const cumulative = () => ({ ...counters(), ...addCounts(retired, draft ? draft.staleCounts : NO_DRAFT_COUNTS) });
   let epoch = 0;
 
   const liveChampion = () => {
@@ -61,7 +60,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     try {
       return await fn(liveChampion());
     } catch (err) {
-      if (champ.lost) throw codedError("E_DEVICE_LOST", `WebGPU device lost during the call: ${errorPayload(err).message}`);
+      if (champ.lost) throw codedError("E_DEVICE_LOST", `${champ.kind} champion lost during the call: ${errorPayload(err).message}`);
       throw err;
     }
   };
@@ -81,11 +80,6 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     }
   }
   let nanPending = false;
-  const nanNow = () => {
-    const now = nanPending;
-    nanPending = false;
-    return now;
-  };
 
   const bridge = {
     async championForward(ids, startPos) {
@@ -98,7 +92,10 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
       if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
       return onChampion(async (g) => {
         await g.forward(ints(feed), startPos);
-        if (nanNow()) g.injectNaN(m + 1);   // fault: the champion's rows come out NaN
+        if (nanPending) {                  // fault: the champion's rows come out NaN
+          nanPending = false;
+          g.injectNaN(m + 1);
+        }
         const r = await g.decide({
           nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
           contextIds: ints(committedIds), policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
@@ -167,8 +164,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
         try { old.close(); } catch { /* already destroyed */ }
       }
       if (draft?.dead && draftUrl) {
-        const d = draft.staleCounts;
-        retired = { draft_client: retired.draft_client + d.draft_client, draft_worker: retired.draft_worker + d.draft_worker };
+        retired = addCounts(retired, draft.staleCounts);
         draft = null;
         try { draft = await spawnDraft(); draftRespawns++; } catch (err) { draftError = errorPayload(err, "E_DRAFT_LOST"); }
       }
