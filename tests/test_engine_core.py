@@ -73,18 +73,29 @@ def test_residual_failure_after_output_ends_visibly():
 
 
 # --- cancellation racing a backend failure -----------------------------------------------------
-class CancelThenFail(RunnerDraft):
-    """A draft call interrupted by the caller's cancel (as the draft client rejects its calls)."""
+class InterruptedOnCall:
+    """Backend mixin: its on_call-th call moves the cancel token on, then fails with `failure`,
+    as a call interrupted by the caller's cancel does in the browser."""
 
-    def __init__(self, runner, cancel, on_call):
+    def __init__(self, runner, cancel, on_call, failure):
         super().__init__(runner)
-        self.cancel, self.on_call, self.calls = cancel, on_call, 0
+        self.cancel, self.on_call, self.failure, self.calls = cancel, on_call, failure, 0
 
-    def propose(self, *args):
+    def _maybe_interrupt(self):
         self.calls += 1
         if self.calls == self.on_call:
             self.cancel.cancel()
-            raise RuntimeError("E_CANCELLED: superseded by epoch 1")
+            raise RuntimeError(self.failure)
+
+
+class CancelThenFail(InterruptedOnCall, RunnerDraft):
+    """A draft call interrupted by the caller's cancel (the draft client rejects its calls)."""
+
+    def __init__(self, runner, cancel, on_call):
+        super().__init__(runner, cancel, on_call, "E_CANCELLED: superseded by epoch 1")
+
+    def propose(self, *args):
+        self._maybe_interrupt()
         return super().propose(*args)
 
 
@@ -97,16 +108,12 @@ def test_a_cancel_that_interrupts_the_draft_ends_cancelled_not_in_error():
     assert 0 < len(res.token_ids) < 30 and not [e for e in events if e["kind"] == "error"]
 
 
-class CancelledChampion(FusedRunnerChampion):
+class CancelledChampion(InterruptedOnCall, FusedRunnerChampion):
     def __init__(self, runner, cancel, on_call):
-        super().__init__(runner)
-        self.cancel, self.on_call, self.calls = cancel, on_call, 0
+        super().__init__(runner, cancel, on_call, "OperationError: mapAsync aborted")
 
     def verify_and_decide(self, *args):
-        self.calls += 1
-        if self.calls == self.on_call:
-            self.cancel.cancel()
-            raise RuntimeError("OperationError: mapAsync aborted")
+        self._maybe_interrupt()
         return super().verify_and_decide(*args)
 
 

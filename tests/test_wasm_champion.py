@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from browser_fixture import REPO_ROOT
 from test_gpu_accept import (as_decision, draft_proposals, js_policy, make_round_set, reference_rows,
                              reference_scores)
 from test_gpu_champion import build_tiny_llama, quantize_rows, split
+from node_harness import run_harness
 from tolerances import TOLERANCES, flip_margin, max_error, within
 
 from exactspec import rng
@@ -133,14 +133,8 @@ def unb64(text, dtype) -> np.ndarray:
 def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0, threads: int = 1,
              wasm: Path = WASM) -> dict:
     ensure_wasm()
-    cases = {"wasm": str(wasm), "model_dir": str(model_dir), "max_block": max_block, "max_context": max_context,
-             "threads": threads, **cases}
-    with tempfile.TemporaryDirectory() as tmp:
-        cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
-        cin.write_text(json.dumps(cases))
-        proc = subprocess.run(["node", str(HARNESS), str(cin), str(cout)], capture_output=True, text=True)
-        assert proc.returncode == 0, f"node harness failed:\n{proc.stdout}\n{proc.stderr}"
-        return json.loads(cout.read_text())
+    return run_harness(HARNESS, {"wasm": str(wasm), "model_dir": str(model_dir), "max_block": max_block,
+                                 "max_context": max_context, "threads": threads, **cases})
 
 
 def forward_rows(out_rows, blocks, vocab) -> list:

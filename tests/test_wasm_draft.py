@@ -19,13 +19,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from browser_fixture import REPO_ROOT, browser_page, chromium_browser, http_server  # noqa: F401
+from node_harness import run_harness
 from tolerances import TOLERANCES, max_error, within
 
 sys.path.insert(0, str(REPO_ROOT / "py"))
@@ -39,7 +39,6 @@ from exactspec.processors import process_logits  # noqa: E402
 from exactspec.reference_llama import LlamaReference  # noqa: E402
 
 WASM = REPO_ROOT / "web" / "build" / "draft.wasm"
-SOURCE = REPO_ROOT / "wasm" / "draft.c"
 HARNESS = REPO_ROOT / "web" / "tests" / "draft_harness.mjs"
 TINY = REPO_ROOT / "build" / "test_models" / "tiny_llama_v1"
 SHIPPED = REPO_ROOT / "web" / "models" / "draft"
@@ -149,13 +148,7 @@ def unb64(text, dtype) -> np.ndarray:
 
 def run_node(model_dir: Path, cases: dict) -> dict:
     ensure_wasm()
-    cases = {"wasm": str(WASM), "model_dir": str(model_dir), **cases}
-    with tempfile.TemporaryDirectory() as tmp:
-        cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
-        cin.write_text(json.dumps(cases))
-        proc = subprocess.run(["node", str(HARNESS), str(cin), str(cout)], capture_output=True, text=True)
-        assert proc.returncode == 0, f"node harness failed:\n{proc.stdout}\n{proc.stderr}"
-        return json.loads(cout.read_text())
+    return run_harness(HARNESS, {"wasm": str(WASM), "model_dir": str(model_dir), **cases})
 
 
 def policy_json(p: SamplingPolicy) -> dict:

@@ -1,0 +1,14 @@
+"""Run a node harness script (web/tests/*_harness.mjs) on a JSON case file; returns its JSON output."""
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def run_harness(harness: Path, cases: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
+        cin.write_text(json.dumps(cases))
+        proc = subprocess.run(["node", str(harness), str(cin), str(cout)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"node harness failed:\n{proc.stdout}\n{proc.stderr}"
+        return json.loads(cout.read_text())
