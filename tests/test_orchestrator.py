@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from exactspec.backends import FusedRunnerChampion, Proposal, RunnerChampion, RunnerDraft
+from exactspec.backends import FusedRunnerChampion, FusedRunnerDraft, Proposal, RunnerChampion, RunnerDraft
 from exactspec.caches import LogicalCache
 from exactspec.errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST,
                               E_DRAFT_LOST, E_TARGET_NUMERIC_OR_MASK, ExactSpecError)
@@ -301,6 +301,82 @@ def test_fused_device_contract_equals_host_path(policy, mode):
         b, _ = run(fused, [1, 2, 3, 1, 2], **kw)
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.stats["accepted_count_histogram"] == b.stats["accepted_count_histogram"]
+
+
+class FlakyFusedDraft(FusedRunnerDraft):
+    """Inline draft that fails on its n-th round, or proposes NaN rows on some rounds."""
+
+    def __init__(self, runner, champion, fail_on_call=None, nan_calls=()):
+        super().__init__(runner, champion)
+        self.fail_on_call, self.nan_calls, self.n_rounds = fail_on_call, set(nan_calls), 0
+
+    def propose(self, cache, k, policy, decider, round_id, stop_token_ids):
+        self.n_rounds += 1
+        if self.fail_on_call is not None and self.n_rounds >= self.fail_on_call:
+            raise RuntimeError("E_DRAFT_LOST: inline draft was killed")
+        out = super().propose(cache, k, policy, decider, round_id, stop_token_ids)
+        if self.n_rounds in self.nan_calls:
+            out.error = ExactSpecError("E_PROCESSOR_INVALID", "draft row is NaN")
+        return out
+
+
+def _fused_pair(seed, overlap=0.6, **flaky):
+    champion = FusedRunnerChampion(ToyRunner(40, seed))
+    draft = FlakyFusedDraft(toy_draft(ToyRunner(40, seed), overlap, seed + 1000), champion, **flaky)
+    return Orchestrator(champion, draft, decode=toy_decode)
+
+
+@pytest.mark.parametrize("policy", [GREEDY, SAMPLE, SamplingPolicy(temperature=0.7, top_k=8, top_p=0.9)])
+def test_fused_round_equals_two_call_round(policy):
+    """One call per round (draft inline next to the champion) gives the same tokens, histograms,
+    sources and caches as the draft's call followed by the champion's."""
+    for seed in range(5):
+        two_call = make_orchestrator(40, seed, overlap=0.6)
+        fused = _fused_pair(seed)
+        assert fused.draft.fused_with is fused.champion
+        kw = dict(max_new_tokens=20, policy=policy, speculate="draft", k=3, seed=seed, stop_token_ids=(5,))
+        a, ev_a = run(two_call, [1, 2, 3, 1, 2], **kw)
+        b, ev_b = run(fused, [1, 2, 3, 1, 2], **kw)
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        for key in ("rounds", "accepted", "proposed", "baseline_steps", "accepted_count_histogram",
+                    "rejection_position_histogram", "target_calls", "draft_calls"):
+            assert a.stats[key] == b.stats[key], key
+        sources = lambda ev: [s for e in ev if e["kind"] == "tokens" for s in e["payload"]["sources"]]
+        assert sources(ev_a) == sources(ev_b) and len(sources(ev_b)) == len(b.token_ids)
+
+
+@pytest.mark.parametrize("policy", [GREEDY, SAMPLE])
+def test_fused_round_failure_rules(policy):
+    alone, _ = run(make_orchestrator(40, 2), [4, 5, 6], max_new_tokens=16, policy=policy, speculate="none", seed=9)
+    kw = dict(max_new_tokens=16, policy=policy, speculate="draft", k=3, seed=9)
+    # the inline draft fails before any output: silent champion-alone fallback, same tokens
+    res, events = run(_fused_pair(2, fail_on_call=1), [4, 5, 6], **kw)
+    assert res.token_ids == alone.token_ids and res.error is None and res.receipt["fallback_code"] == E_DRAFT_LOST
+    # ... after output: ends visibly, nothing emitted twice
+    res, events = run(_fused_pair(2, fail_on_call=3), [4, 5, 6], **{**kw, "max_new_tokens": 40})
+    assert res.finish_reason == "error" and res.error["code"] == E_DRAFT_LOST
+    assert [t for e in events if e["kind"] == "tokens" for t in e["payload"]["token_ids"]] == res.token_ids
+    # an invalid draft row: that round is a baseline step, the answer stays the champion's (greedy)
+    res, _ = run(_fused_pair(2, nan_calls=(1, 2)), [4, 5, 6], **kw)
+    assert res.error is None and res.stats["draft_invalid"] == 2 and res.stats["baseline_steps"] >= 2
+    if policy is GREEDY:
+        assert res.token_ids == alone.token_ids
+
+
+def test_token_sources_say_where_each_token_came_from():
+    res, events = run(make_orchestrator(40, 3, overlap=0.6), [1, 2, 3], max_new_tokens=30, policy=SAMPLE,
+                      speculate="draft", k=3, seed=4)
+    toks = [e["payload"] for e in events if e["kind"] == "tokens"]
+    assert all(len(p["sources"]) == len(p["token_ids"]) and set(p["round"]) == {"proposed", "accepted", "draft_ms",
+                                                                                 "verify_ms"} for p in toks)
+    flat = [s for p in toks for s in p["sources"]]
+    assert flat.count("accepted") == res.stats["accepted"]
+    assert flat.count("correction") == sum(res.stats["rejection_position_histogram"])
+    assert flat.count("baseline") == res.stats["baseline_steps"]
+    assert set(flat) <= {"accepted", "correction", "extra", "baseline"} and "correction" in flat
+    assert sum(p["round"]["accepted"] for p in toks) == res.stats["accepted"]
+    alone, ev = run(make_orchestrator(40, 3), [1, 2, 3], max_new_tokens=5, policy=GREEDY, speculate="none")
+    assert [s for e in ev if e["kind"] == "tokens" for s in e["payload"]["sources"]] == ["baseline"] * 5
 
 
 def test_async_backends_give_the_same_answer():

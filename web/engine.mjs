@@ -16,8 +16,9 @@ import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
 
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
-   *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n}. `faults`
-   *  enables engine.fault() (tests). "auto" takes WebGPU only from a hardware adapter. */
+   *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n,
+   *  draftPlacement: "auto"|"inline"|"worker"}. `faults` enables engine.fault() (tests). "auto"
+   *  takes WebGPU only from a hardware adapter; the draft runs inline next to a WASM champion. */
   static async create(models, options = {}) {
     const engine = new Engine(options);
     try {
@@ -50,13 +51,14 @@ export class Engine {
   get epoch() { return this._epoch; }
 
   /** Load (or replace) the pair; a second load frees everything the first one held. */
-  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto" } = {}) {
+  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
+    draftPlacement = "auto" } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema();
     if (!this.worker) this._startWorker();
     this.ready = await this._control("load", { models, options: { faults, refuse_alloc_after: refuseAllocAfter,
-      champion_backend: championBackend, threads } }, timeoutMs);
+      champion_backend: championBackend, threads, draft_placement: draftPlacement } }, timeoutMs);
     return this.ready;
   }
 

@@ -27,7 +27,12 @@ export function codedError(code, message) {
 /** {code, message} of anything thrown: its .code, else a leading "E_CODE: " in its message, else
  *  `fallback`. `codes` (the table) limits which codes are believed. */
 export function errorPayload(err, fallback = "E_INTERNAL", codes = null) {
-  const text = String(err?.message ?? err ?? "").replace(/^(?:Error|JsException|PythonError): /, "");
+  let text = String(err?.message ?? err ?? "").replace(/^(?:Error|JsException|PythonError): /, "");
+  if (text.startsWith("Traceback (most recent call last)")) {   // a Python traceback: its last line says what
+    const last = text.trim().split("\n").pop().trim();
+    text = last.replace(/^(?:[\w.]+\.)?(?:ExactSpecError|JsException): /, "");
+    if (!/^E_[A-Z_]+: /.test(text)) text = `python: ${last}`;
+  }
   const known = (c) => typeof c === "string" && /^E_[A-Z_]+$/.test(c) && (!codes || Object.hasOwn(codes, c));
   const m = /^(E_[A-Z_]+): ?([\s\S]*)$/.exec(text);
   if (known(err?.code)) return { code: err.code, message: m && m[1] === err.code ? m[2] : (err.detail ?? text) };

@@ -119,6 +119,32 @@ class RunnerDraft(_RunnerBackend):
         return out
 
 
+class FusedRunnerDraft(RunnerDraft):
+    """Reference of the inline-draft contract (the browser's WorkerDraft when the draft runs in the
+    orchestrator's thread): proposal, verification and decision in one call. CPython tests check
+    that the orchestrator's fused round gives exactly what the two-call round gives."""
+
+    def __init__(self, runner, champion: FusedRunnerChampion):
+        super().__init__(runner)
+        self.fused_with = champion
+
+    def propose_verify_decide(self, draft_cache, champion_cache, k, draft_policy, policy, seed, round_id,
+                              stop_token_ids, remaining, greedy):
+        """-> (proposal, decision | None, draft_failure | None, draft_ms, verify_ms)"""
+        from .deciders import RngDecider
+        from .errors import E_DRAFT_LOST, coded_error
+        try:
+            proposal = self.propose(draft_cache, k, draft_policy, RngDecider(seed), round_id, stop_token_ids)
+        except Exception as exc:   # the draft failed: the champion does not run
+            return Proposal(), None, coded_error(exc, E_DRAFT_LOST, "draft"), 0.0, 0.0
+        if proposal.error is not None or not proposal.tokens:
+            return proposal, None, None, 0.0, 0.0
+        champion_cache.append_provisional(proposal.tokens)
+        decision = self.fused_with.verify_and_decide(champion_cache, policy, proposal.p_draft_rows, seed, round_id,
+                                                     stop_token_ids, remaining, greedy)
+        return proposal, decision, None, 0.0, 0.0
+
+
 class LookupProposer:
     """Prompt lookup: propose the continuation of the most recent earlier match of the last n-gram.
 

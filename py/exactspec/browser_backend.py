@@ -99,17 +99,16 @@ class BrowserChampion:
             _js_ints(cache.tokens[:cache.n_committed]), _js_ints(cache.provisional_ids), _policy_json(policy),
             lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy))
         cache.mark_materialized(len(cache.tokens))
-        r = json.loads(raw)
-        error = _coded(r["error_code"], r.get("error_message", r["error_code"])) if r["error_code"] else None
-        return RoundDecision(int(r["n_accepted"]), None if r["next_token"] < 0 else int(r["next_token"]),
-                             None if r["rejected_at"] < 0 else int(r["rejected_at"]), r["ended_by"] or None, error)
+        return _decision(json.loads(raw))
 
 
 class WorkerDraft:
-    """Draft in its WASM worker; mirrors RunnerDraft's cache bookkeeping exactly."""
+    """The WASM draft, in its own worker or inline in the orchestrator's; mirrors RunnerDraft's
+    cache bookkeeping exactly. Inline (`fused_with` = the champion), a round is one bridge call."""
 
-    def __init__(self, bridge, vocab_size: int, max_context: int, identity: str):
+    def __init__(self, bridge, vocab_size: int, max_context: int, identity: str, fused_with=None):
         self.bridge, self.vocab_size, self.max_context, self.identity = bridge, vocab_size, max_context, identity
+        self.fused_with = fused_with
         self.n_calls = 0
 
     async def prefill(self, cache):
@@ -135,6 +134,49 @@ class WorkerDraft:
         if tokens:
             cache.mark_materialized(len(cache.tokens) - 1)
         return out
+
+
+    async def propose_verify_decide(self, draft_cache, champion_cache, k, draft_policy, policy, seed, round_id,
+                                    stop_token_ids, remaining, greedy):
+        """One bridge call for a whole round when the draft runs inline, next to the champion
+        (`fused_with` is that champion). Does both caches' bookkeeping as propose() and
+        BrowserChampion.verify_and_decide() do. -> (proposal, decision | None, draft_failure |
+        None, draft_ms, verify_ms), as Orchestrator._fused_round expects."""
+        self.n_calls += 1
+        champion = self.fused_with
+        champion.n_calls += 1
+        d_start, c_start = draft_cache.n_materialized, champion_cache.n_materialized
+        lo, hi = _seed_words(seed)
+        raw = await self.bridge.speculativeRound(
+            _js_ints(draft_cache.tokens[d_start:]), d_start, k, _policy_json(draft_policy),
+            _js_ints(champion_cache.tokens[c_start:]), c_start, _js_ints(champion_cache.tokens[:champion_cache.n_committed]),
+            _policy_json(policy), lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy))
+        r = json.loads(raw)
+        draft_ms, verify_ms = float(r["draft_ms"]), float(r["verify_ms"])
+        tokens = [int(t) for t in r["tokens"]]
+        proposal = Proposal(tokens=tokens, p_draft_rows=None)
+        if r["draft_failure"]:
+            f = r["draft_failure"]
+            return proposal, None, _coded(f["code"], f["message"], "E_DRAFT_LOST"), draft_ms, 0.0
+        draft_cache.mark_materialized(len(draft_cache.tokens))     # the draft consumed its pending ids
+        if r["draft_error_code"]:
+            proposal.error = _coded(r["draft_error_code"], "draft distribution invalid")
+            proposal.tokens = []
+            return proposal, None, None, draft_ms, 0.0
+        if not tokens:
+            return proposal, None, None, draft_ms, 0.0
+        draft_cache.append_provisional(tokens)
+        draft_cache.mark_materialized(len(draft_cache.tokens) - 1)
+        champion_cache.append_provisional(tokens)
+        champion_cache.mark_materialized(len(champion_cache.tokens))
+        return proposal, _decision(r["decision"]), None, draft_ms, verify_ms
+
+
+def _decision(r: dict) -> RoundDecision:
+    """championRound's JSON object as a RoundDecision (a coded error when the device reported one)."""
+    error = _coded(r["error_code"], r.get("error_message", r["error_code"])) if r["error_code"] else None
+    return RoundDecision(int(r["n_accepted"]), None if r["next_token"] < 0 else int(r["next_token"]),
+                         None if r["rejected_at"] < 0 else int(r["rejected_at"]), r["ended_by"] or None, error)
 
 
 # ------------------------------------------------------------------ worker entry points
@@ -163,7 +205,8 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     draft = None
     if draft_info_json:
         d = json.loads(draft_info_json)
-        draft = WorkerDraft(bridge, d["vocab_size"], d["max_context"], d["identity"])
+        draft = WorkerDraft(bridge, d["vocab_size"], d["max_context"], d["identity"],
+                            fused_with=champion if d.get("placement") == "inline" else None)
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}

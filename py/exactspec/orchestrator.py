@@ -23,10 +23,12 @@ from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE
 from .policy import SamplingPolicy
 from .protocol import make_envelope
 from .receipts import build_receipt
+from .scheduler import make_scheduler
 from .textstream import TextAssembler
 
 MODES = ("none", "draft", "lookup")
-SCHEDULER_POLICY = {"name": "static-k", "version": 1}
+# Where each emitted token came from (the "tokens" event's `sources`, one per token id).
+SOURCES = ("accepted", "correction", "extra", "baseline")
 MAX_K = 64
 
 
@@ -144,6 +146,7 @@ class _Run:
         self.stats = _new_stats(config.k)
         self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "first_token": None, "total": 0.0}
         self.mode = config.speculate
+        self.scheduler = make_scheduler(config)
         self.champion_cache: Optional[LogicalCache] = None
         self.draft_cache: Optional[LogicalCache] = None
         self.t_start = time.perf_counter()
@@ -249,10 +252,13 @@ class Orchestrator:
     async def _speculative_round(self, run: _Run, proposer, decider):
         cfg = run.config
         remaining = cfg.max_new_tokens - len(run.token_ids)
-        k = min(cfg.k, remaining)
+        k = run.scheduler.next_k(remaining)
         round_id = len(run.token_ids)
         if k == 0:
             return await self._baseline_round(run, decider)
+        fused = getattr(proposer, "propose_verify_decide", None)
+        if fused is not None and getattr(proposer, "fused_with", None) is self.champion and isinstance(decider, RngDecider):
+            return await self._fused_round(run, fused, decider, k, round_id, remaining)
         t0 = time.perf_counter()
         run.draft_cache.begin()
         run.stats["draft_calls"] += 1
@@ -264,16 +270,57 @@ class Orchestrator:
             if run.cancelled:            # the cancel interrupted the draft call: not a draft failure
                 return self._finish(run, "cancelled")
             return self._speculation_failed(run, _as_draft_lost(exc))
-        run.timing["draft"] += _ms(t0)
+        draft_ms = _ms(t0)
+        run.timing["draft"] += draft_ms
         if proposal.error is not None or not proposal.tokens:
             run.draft_cache.rollback()
             run.stats["draft_invalid"] += proposal.error is not None
             return await self._baseline_round(run, decider)
 
-        m = len(proposal.tokens)
         run.champion_cache.begin()
         run.champion_cache.append_provisional(proposal.tokens)
+        t0 = time.perf_counter()
         decision = await self._verify_and_decide(run, decider, proposal, round_id, remaining)
+        self._settle(run, proposal, decision, draft_ms, _ms(t0))
+
+    async def _fused_round(self, run: _Run, fused, decider, k: int, round_id: int, remaining: int):
+        """Draft proposal, champion verification and decision in one backend call (the draft
+        runs next to the champion). `fused(...)` -> (proposal, decision, draft_failure, draft_ms,
+        verify_ms): decision is None when the champion did not run (draft_failure: the draft
+        failed; else its row was invalid or it proposed nothing). The caches end exactly as
+        on the two-call path, and every failure takes the same path as there."""
+        run.draft_cache.begin()
+        run.champion_cache.begin()
+        run.stats["draft_calls"] += 1
+        try:
+            out = await resolve(fused(run.draft_cache, run.champion_cache, k, run.draft_policy, run.config.policy,
+                                      decider.seed, round_id, run.stop_ids, remaining, run.greedy))
+        except Exception as exc:        # the champion (or the bridge) failed: as _champion_call
+            run.stats["target_calls"] += 1
+            run.champion_cache.abort()
+            run.draft_cache.abort()
+            if run.cancelled:
+                return self._finish(run, "cancelled")
+            return self._fatal(run, coded_error(exc, E_DEVICE_LOST, "champion backend failed"))
+        proposal, decision, draft_failure, draft_ms, verify_ms = out
+        run.timing["draft"] += draft_ms
+        if draft_failure is not None:   # the draft itself failed: the champion did not run
+            run.champion_cache.rollback()
+            run.draft_cache.abort()
+            if run.cancelled:
+                return self._finish(run, "cancelled")
+            return self._speculation_failed(run, _as_draft_lost(draft_failure))
+        if decision is None:            # an invalid draft row, or no proposal: a baseline round
+            run.champion_cache.rollback()
+            run.draft_cache.rollback()
+            run.stats["draft_invalid"] += proposal.error is not None
+            return await self._baseline_round(run, decider)
+        run.stats["target_calls"] += 1
+        run.timing["verify"] += verify_ms
+        self._settle(run, proposal, decision, draft_ms, verify_ms)
+
+    def _settle(self, run: _Run, proposal, decision, draft_ms: float, verify_ms: float):
+        """Commit a verified round to both caches, count it, tell the scheduler, emit it."""
         if decision is None:
             return
         if decision.error is not None:
@@ -284,7 +331,7 @@ class Orchestrator:
                 return self._speculation_failed(run, decision.error)
             return self._fatal(run, decision.error)
 
-        n_accepted = decision.n_accepted
+        m, n_accepted = len(proposal.tokens), decision.n_accepted
         run.champion_cache.commit_prefix(n_accepted)
         run.draft_cache.commit_prefix(n_accepted)
         st = run.stats
@@ -294,17 +341,22 @@ class Orchestrator:
         st["accepted_count_histogram"][n_accepted] += 1
         if decision.rejected_at is not None:
             st["rejection_position_histogram"][decision.rejected_at] += 1
+        run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=draft_ms, verify_ms=verify_ms)
         tokens = list(proposal.tokens[:n_accepted])
+        sources = ["accepted"] * n_accepted
         if decision.next_token is not None:
             tokens.append(decision.next_token)
+            sources.append("correction" if decision.rejected_at is not None else "extra")
             run.champion_cache.append_authoritative(decision.next_token)
             run.draft_cache.append_authoritative(decision.next_token)
-        self._emit(run, tokens)
+        self._emit(run, tokens, sources, {"proposed": m, "accepted": n_accepted,
+                                          "draft_ms": round(draft_ms, 3), "verify_ms": round(verify_ms, 3)})
 
     async def _baseline_round(self, run: _Run, decider):
         """Champion-alone step; also the k == 0 round and the draft-invalid round."""
         round_id = len(run.token_ids)
         run.champion_cache.begin()
+        t0 = time.perf_counter()
         decision = await self._verify_and_decide(run, decider, Proposal(), round_id, 1)
         if decision is None:
             return
@@ -317,7 +369,8 @@ class Orchestrator:
         if run.mode != "none":
             run.draft_cache.append_authoritative(decision.next_token)
         run.stats["baseline_steps"] += 1
-        self._emit(run, [decision.next_token])
+        self._emit(run, [decision.next_token], ["baseline"], {"proposed": 0, "accepted": 0, "draft_ms": 0.0,
+                                                               "verify_ms": round(_ms(t0), 3)})
 
     # ----------------------------------------------------------------------------------------
     async def _verify_and_decide(self, run: _Run, decider, proposal, round_id: int, remaining: int):
@@ -378,8 +431,10 @@ class Orchestrator:
             if cache is not None:
                 cache.finalize(reason)
 
-    def _emit(self, run: _Run, tokens):
-        """Emit tokens once, in order, applying EOS / stop string / max length per token."""
+    def _emit(self, run: _Run, tokens, sources, round_info: dict):
+        """Emit tokens once, in order, applying EOS / stop string / max length per token.
+        `sources[i]` says where tokens[i] came from (SOURCES); `round_info` is the round's
+        {proposed, accepted, draft_ms, verify_ms}, sent with its tokens for live plots."""
         emitted, text = [], []
         for t in tokens:
             run.token_ids.append(t)
@@ -398,7 +453,8 @@ class Orchestrator:
                 break
         if run.finish in ("eos", "length"):
             text.append(run.text.finish())
-        run.send("tokens", {"token_ids": emitted, "text": "".join(text)})
+        run.send("tokens", {"token_ids": emitted, "text": "".join(text), "sources": list(sources[:len(emitted)]),
+                            "round": round_info})
 
     def _take_counters(self) -> dict:
         """The backends' counters since the previous call (the browser's stale-epoch drops, by
@@ -424,7 +480,7 @@ class Orchestrator:
         environment = getattr(self.champion, "environment", None)
         receipt, seed_opening = build_receipt(
             identities=identities, policy_canonical=run.config.policy.canonical(),
-            scheduler={**SCHEDULER_POLICY, "k": run.config.k, "mode": run.config.speculate},
+            scheduler={**run.scheduler.describe(), "mode": run.config.speculate},
             seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
             failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code,
             environment=environment() if environment is not None else None)

@@ -1,8 +1,10 @@
-// The JS side of the Pyodide adapter (py/exactspec/browser_backend.py): one call per round step.
-// Owns the champion backend (WebGPU or WASM, champion_backends.mjs) and a client of the draft
-// worker; recovers both between requests (a lost device is rebuilt, a dead draft worker
+// The JS side of the Pyodide adapter (py/exactspec/browser_backend.py): one call per round step,
+// or one per whole speculative round when the draft runs inline (speculativeRound).
+// Owns the champion backend (WebGPU or WASM, champion_backends.mjs) and the draft: a client of the
+// draft worker, or the WASM draft in this thread (draft_inline.mjs); recovers both between requests (a lost device is rebuilt, a dead draft worker
 // respawned), arms test faults, and reports counters and memory for receipts. Values arriving
 // from Python are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
+import { InlineDraft } from "../draft/draft_inline.mjs";
 import { DraftWorkerClient } from "../draft/draft_worker.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { chooseChampionBackend, openChampion } from "./champion_backends.mjs";
@@ -14,6 +16,15 @@ const FAULT_ACTIONS = ["kill_draft", "destroy_device", "nan_champion", "nan_draf
 // another request) straight into the draft worker, which must drop and count it.
 const IMMEDIATE_FAULTS = ["stale_draft"];
 
+/** Where the draft runs: "inline" (in the orchestrator's thread) next to a CPU champion, whose
+ *  rounds are sequential anyway, so one bridge call does a whole round; in its own worker
+ *  next to a GPU champion. "worker" / "inline" force it. */
+export function chooseDraftPlacement(placement, championKind) {
+  if (placement === "auto") return championKind === "wasm" ? "inline" : "worker";
+  if (placement === "inline" || placement === "worker") return placement;
+  throw codedError("E_BAD_ARGUMENT", `draft_placement must be auto, inline or worker, got ${placement}`);
+}
+
 /**
  * -> { bridge, info: {champion, draft, draft_error}, timing_ms, close() }
  * `counters()` / `runtimeInfo()` (from the worker's runtime) join the bridge's own counts and
@@ -21,7 +32,7 @@ const IMMEDIATE_FAULTS = ["stale_draft"];
  * allocation after that many (tests).
  */
 export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = "/web/build/draft.wasm",
-  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = "auto", choice = null, prepared = null,
+  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
   const t0 = performance.now();
   choice ??= await chooseChampionBackend(championBackend);
@@ -29,7 +40,8 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0;
-  const spawnDraft = () => DraftWorkerClient.create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
+  const placement = chooseDraftPlacement(draftPlacement, choice.kind);
+  const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
   if (draftUrl) {
     try {
       draft = await spawnDraft();
@@ -81,6 +93,26 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   }
   let nanPending = false;
 
+  /** Champion forward over feed (the pending token + m proposals) and the round's decision. */
+  async function verifyRound(feed, startPos, m, pDraft, contextIds, proposals, policyJson, seedLo, seedHi,
+                             roundId, stopIds, remaining, greedy) {
+    await hit("championRound", roundId);
+    if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
+    return onChampion(async (g) => {
+      await g.forward(feed, startPos);
+      if (nanPending) {                  // fault: the champion's rows come out NaN
+        nanPending = false;
+        g.injectNaN(m + 1);
+      }
+      const r = await g.decide({
+        nRows: m + 1, proposals, pDraft, contextIds, policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
+        roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
+      });
+      if (champ.lost) throw codedError("E_DEVICE_LOST", "the champion's device was lost during verification");
+      return r;
+    });
+  }
+
   const bridge = {
     async championForward(ids, startPos) {
       await hit("championForward", 0);
@@ -88,22 +120,39 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     },
     async championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
                         roundId, stopIds, remaining, greedy) {
-      await hit("championRound", roundId);
-      if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
-      return onChampion(async (g) => {
-        await g.forward(ints(feed), startPos);
-        if (nanPending) {                  // fault: the champion's rows come out NaN
-          nanPending = false;
-          g.injectNaN(m + 1);
-        }
-        const r = await g.decide({
-          nRows: m + 1, proposals: ints(proposals), pDraft: pDraft ?? null,
-          contextIds: ints(committedIds), policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
-          roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
-        });
-        if (champ.lost) throw codedError("E_DEVICE_LOST", "the champion's device was lost during verification");
-        return JSON.stringify(r);
-      });
+      return JSON.stringify(await verifyRound(ints(feed), startPos, m, pDraft ?? null, ints(committedIds), ints(proposals),
+        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy));
+    },
+    /** A whole speculative round with the inline draft: propose from the draft's pending ids
+     *  (draftFeed at draftStart), verify the champion's pending ids (champFeed at champStart) plus
+     *  the proposals, decide. committedIds (both caches hold the same committed tokens) are the
+     *  processors' context. JSON {draft_failure: null | {code, message}, tokens, draft_error_code,
+     *  decision: null (the champion did not run) | championRound's, draft_ms, verify_ms}. */
+    async speculativeRound(draftFeed, draftStart, k, draftPolicyJson, champFeed, champStart, committedIds, policyJson,
+                           seedLo, seedHi, roundId, stopIds, remaining, greedy) {
+      const context = ints(committedIds);
+      const t0 = performance.now();
+      let r;
+      try {
+        await hit("draftPropose", roundId);
+        r = await liveDraft().propose({ feed: ints(draftFeed), startPos: draftStart, k, policy: JSON.parse(draftPolicyJson),
+          seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: context });
+      } catch (err) {
+        return JSON.stringify({ draft_failure: errorPayload(err, "E_DRAFT_LOST"), tokens: [], draft_error_code: "",
+          decision: null, draft_ms: performance.now() - t0, verify_ms: 0 });
+      }
+      const t1 = performance.now();
+      const out = { draft_failure: null, tokens: Array.from(r.tokens), draft_error_code: r.error_code || "",
+        decision: null, draft_ms: t1 - t0, verify_ms: 0 };
+      if (out.draft_error_code || !r.tokens.length) return JSON.stringify(out);
+      const pending = ints(champFeed);
+      const feed = new Int32Array(pending.length + r.tokens.length);
+      feed.set(pending);
+      feed.set(r.tokens, pending.length);
+      out.decision = await verifyRound(feed, champStart, r.tokens.length, greedy ? null : r.pDraft, context, r.tokens,
+        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy);
+      out.verify_ms = performance.now() - t1;
+      return JSON.stringify(out);
     },
     async championLogits(ids, startPos) {            // diagnostics and tests only
       return onChampion(async (g) => {
@@ -151,7 +200,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
         backend: champ.kind, backend_why: choice.why },
       draft: draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity,
-        artifact_bytes: draft.artifactBytes } : null,
+        artifact_bytes: draft.artifactBytes, placement } : null,
       draft_error: draftError,
     },
     timing_ms: { champion_load: t1 - t0, draft_load: t2 - t1 },
@@ -179,6 +228,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
       if (!faults) throw codedError("E_BAD_ARGUMENT", "fault injection is off (load with options.faults = true)");
       if (IMMEDIATE_FAULTS.includes(spec.action)) {
         if (!draft || draft.dead) throw codedError("E_DRAFT_LOST", "no live draft worker to inject into");
+        if (!draft.worker) throw codedError("E_BAD_ARGUMENT", "the draft runs inline: there is no worker to inject into");
         if (draft.epoch < 1) throw codedError("E_BAD_ARGUMENT", "no older epoch exists yet (cancel once first)");
         draft.worker.postMessage({ kind: "propose", request_id: "injected-stale", seq: 0, epoch: draft.epoch - 1,
           payload: { round_id: 0, k: 1, feed: [0], start_pos: 0, policy: {}, seed: [0, 0] } });

@@ -77,6 +77,7 @@ export function createPyodideRuntime({ counters, post }) {
         championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
         faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
         championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
+        draftPlacement: options.draft_placement ?? "auto",
         notify: notifyRequest,
       });
       try {
