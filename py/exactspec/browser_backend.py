@@ -215,7 +215,7 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
 
 
 CONFIG_KEYS = ("max_new_tokens", "speculate", "k", "seed", "temperature", "top_k", "top_p", "repetition_penalty",
-               "suppress_token_ids", "allowed_token_ids", "stop_token_ids", "stop_strings")
+               "suppress_token_ids", "allowed_token_ids", "stop_token_ids", "stop_strings", "scheduler")
 
 
 def _bad(key: str, why: str) -> ExactSpecError:
@@ -270,7 +270,11 @@ def config_from_json(payload: dict, stop_token_ids) -> GenerationConfig:
     speculate = c.get("speculate", "draft")
     if not isinstance(speculate, str):
         raise _bad("speculate", f"must be a string, got {speculate!r}")
+    scheduler = c.get("scheduler", "static")
+    if not isinstance(scheduler, str):
+        raise _bad("scheduler", f"must be a string, got {scheduler!r}")
     return GenerationConfig(max_new_tokens=_int(c, "max_new_tokens", 64), policy=policy, speculate=speculate,
+                            scheduler=scheduler,
                             k=_int(c, "k", 4), seed=_int(c, "seed", 0),
                             stop_token_ids=tuple(stop_token_ids) + _list(c, "stop_token_ids", int, "token ids"),
                             stop_strings=_list(c, "stop_strings", str, "strings"))

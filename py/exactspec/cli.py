@@ -42,7 +42,9 @@ def _add_generation_args(p):
     p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
                    help="champion weights on the reference backend: q8 (default, what the browser runs) or f32")
     p.add_argument("--speculate", default="draft", choices=["none", "draft", "lookup"])
-    p.add_argument("--k", type=int, default=4, help="proposals per round")
+    p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most)")
+    p.add_argument("--scheduler", default="static", choices=["static", "adaptive"],
+                   help="k per round: static (always --k) or adaptive (0..--k from acceptance and round costs)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -95,7 +97,7 @@ def _prompt_ids(pair, args):
 def _config(pair, args, seed):
     from .orchestrator import GenerationConfig
     return GenerationConfig(max_new_tokens=args.max_new_tokens, policy=_policy(args), speculate=args.speculate,
-                            k=args.k, seed=seed, stop_token_ids=pair.stop_token_ids,
+                            k=args.k, scheduler=args.scheduler, seed=seed, stop_token_ids=pair.stop_token_ids,
                             stop_strings=tuple(args.stop))   # --stop is repeatable: a list of whole strings
 
 
@@ -118,7 +120,7 @@ def _browser_payload(args, seed: int) -> dict:
     return {"prompt": args.prompt, "chat": args.chat, "config": {
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "repetition_penalty": args.repetition_penalty, "speculate": args.speculate,
-        "k": args.k, "seed": seed, "stop_strings": list(args.stop)}}
+        "k": args.k, "scheduler": args.scheduler, "seed": seed, "stop_strings": list(args.stop)}}
 
 
 def _run(args, seeds, stream=None) -> list:

@@ -23,7 +23,7 @@ from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE
 from .policy import SamplingPolicy
 from .protocol import make_envelope
 from .receipts import build_receipt
-from .scheduler import make_scheduler
+from .scheduler import SCHEDULERS, make_scheduler
 from .textstream import TextAssembler
 
 MODES = ("none", "draft", "lookup")
@@ -42,6 +42,7 @@ class GenerationConfig:
     seed: int = 0
     stop_token_ids: tuple = ()
     stop_strings: tuple = ()
+    scheduler: str = "static"   # scheduler.SCHEDULERS: static k, or adaptive (k <= config.k per round)
 
     def validate(self, vocab_size: int) -> None:
         def bad(name, why):
@@ -52,6 +53,8 @@ class GenerationConfig:
             bad("speculate", f"must be one of {', '.join(MODES)}, got {self.speculate!r}")
         if not isinstance(self.k, int) or not 0 <= self.k <= MAX_K:
             bad("k", f"must be an integer in [0, {MAX_K}], got {self.k!r}")
+        if self.scheduler not in SCHEDULERS:
+            bad("scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
             bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
         for t in self.stop_token_ids:
@@ -147,6 +150,7 @@ class _Run:
         self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "first_token": None, "total": 0.0}
         self.mode = config.speculate
         self.scheduler = make_scheduler(config)
+        self.round_t0 = time.perf_counter()     # start of the current round (the scheduler's cost)
         self.champion_cache: Optional[LogicalCache] = None
         self.draft_cache: Optional[LogicalCache] = None
         self.t_start = time.perf_counter()
@@ -252,6 +256,7 @@ class Orchestrator:
     async def _speculative_round(self, run: _Run, proposer, decider):
         cfg = run.config
         remaining = cfg.max_new_tokens - len(run.token_ids)
+        run.round_t0 = time.perf_counter()
         k = run.scheduler.next_k(remaining)
         round_id = len(run.token_ids)
         if k == 0:
@@ -341,7 +346,8 @@ class Orchestrator:
         st["accepted_count_histogram"][n_accepted] += 1
         if decision.rejected_at is not None:
             st["rejection_position_histogram"][decision.rejected_at] += 1
-        run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=draft_ms, verify_ms=verify_ms)
+        run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=draft_ms, verify_ms=verify_ms,
+                              round_ms=_ms(run.round_t0))
         tokens = list(proposal.tokens[:n_accepted])
         sources = ["accepted"] * n_accepted
         if decision.next_token is not None:
@@ -366,9 +372,10 @@ class Orchestrator:
             return self._fatal(run, decision.error)
         run.champion_cache.commit_prefix(0)
         run.champion_cache.append_authoritative(decision.next_token)
+        run.stats["baseline_steps"] += 1
         if run.mode != "none":
             run.draft_cache.append_authoritative(decision.next_token)
-        run.stats["baseline_steps"] += 1
+            run.scheduler.observe(proposed=0, accepted=0, draft_ms=0.0, verify_ms=_ms(t0), round_ms=_ms(run.round_t0))
         self._emit(run, [decision.next_token], ["baseline"], {"proposed": 0, "accepted": 0, "draft_ms": 0.0,
                                                                "verify_ms": round(_ms(t0), 3)})
 
