@@ -441,7 +441,8 @@ class Orchestrator:
     def _emit(self, run: _Run, tokens, sources, round_info: dict):
         """Emit tokens once, in order, applying EOS / stop string / max length per token.
         `sources[i]` says where tokens[i] came from (SOURCES); `round_info` is the round's
-        {proposed, accepted, draft_ms, verify_ms}, sent with its tokens for live plots."""
+        {proposed, accepted, draft_ms, verify_ms}, sent with its tokens for live plots;
+        `token_texts[i]` is the text tokens[i] released (held-back bytes come out with a later one)."""
         emitted, text = [], []
         for t in tokens:
             run.token_ids.append(t)
@@ -449,6 +450,7 @@ class Orchestrator:
             if run.timing["first_token"] is None:
                 run.timing["first_token"] = _ms(run.t_start)
             if t in run.stop_ids:
+                text.append("")
                 self._finish(run, "eos")
                 break
             text.append(run.text.push(t))
@@ -458,10 +460,10 @@ class Orchestrator:
             if len(run.token_ids) == run.config.max_new_tokens:
                 self._finish(run, "length")
                 break
-        if run.finish in ("eos", "length"):
-            text.append(run.text.finish())
-        run.send("tokens", {"token_ids": emitted, "text": "".join(text), "sources": list(sources[:len(emitted)]),
-                            "round": round_info})
+        if run.finish in ("eos", "length") and text:
+            text[-1] += run.text.finish()
+        run.send("tokens", {"token_ids": emitted, "text": "".join(text), "token_texts": text,
+                            "sources": list(sources[:len(emitted)]), "round": round_info})
 
     def _take_counters(self) -> dict:
         """The backends' counters since the previous call (the browser's stale-epoch drops, by
