@@ -184,10 +184,21 @@ def read_json_file(path, *, max_bytes: int = MAX_CONFIG_BYTES, max_depth: int = 
 # ---------------------------------------------------------------------------------------------
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}   # model_type -> class
+ROPE_TYPES = ("default", "linear", "llama3")
+# Keys a rope_scaling / rope_parameters object may hold, per type (anything else is refused: a
+# key we do not read, like attention_factor or partial_rotary_factor, would change the maths).
+_ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
+              "linear": {"rope_type", "type", "rope_theta", "factor"},
+              "llama3": {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}}
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
-    """The hyper-parameters every backend sizes itself from, validated."""
-    model_type: str                  # always "llama"
+    """The hyper-parameters every backend sizes itself from, validated (Llama and Qwen2 share
+    this shape: Qwen2 is a Llama with biases on the q/k/v projections)."""
+    model_type: str                  # "llama" or "qwen2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -199,6 +210,12 @@ class LlamaConfig:
     rms_norm_eps: float              # finite, 0 < eps < 1
     rope_theta: float                # finite, 1 <= theta <= 1e12
     tie_word_embeddings: bool
+    qkv_bias: bool = False           # q_proj/k_proj/v_proj carry a .bias (qwen2: always)
+    rope_type: str = "default"       # one of ROPE_TYPES
+    rope_factor: float = 1.0         # linear and llama3: >= 1
+    rope_low_freq_factor: float = 0.0            # llama3 only (else 0)
+    rope_high_freq_factor: float = 0.0           # llama3 only, > low_freq_factor
+    rope_original_max_position_embeddings: int = 0   # llama3 only
 
     @property
     def q_dim(self) -> int:
@@ -207,6 +224,34 @@ class LlamaConfig:
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def architecture(self) -> str:
+        return ARCHITECTURES[self.model_type]
+
+
+def rope_inv_freq(c: LlamaConfig) -> list:
+    """The (head_dim/2) RoPE inverse frequencies in float64, exactly the formulas of transformers'
+    `_compute_default_rope_parameters`, `_compute_linear_scaling_rope_parameters` and
+    `_compute_llama3_parameters` (which run them in float32). Pure Python, for every backend."""
+    dim = c.head_dim
+    inv = [1.0 / (c.rope_theta ** (i / dim)) for i in range(0, dim, 2)]
+    if c.rope_type == "linear":
+        return [f / c.rope_factor for f in inv]
+    if c.rope_type != "llama3":
+        return inv
+    factor, low, high = c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor
+    old_context = c.rope_original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        scaled = f / factor if wavelen > low_freq_wavelen else f
+        if not wavelen < high_freq_wavelen and not wavelen > low_freq_wavelen:   # medium band
+            smooth = (old_context / wavelen - low) / (high - low)
+            scaled = (1 - smooth) * scaled / factor + smooth * scaled
+        out.append(scaled)
+    return out
 
 
 def _is_int(value) -> bool:
@@ -252,30 +297,96 @@ def _bool_field(cfg: dict, key: str, source: str) -> bool:
     return value
 
 
-def _rope_theta(cfg: dict, source: str) -> float:
-    """rope_theta from rope_parameters (new layout) or the legacy rope_theta; only default RoPE."""
-    params = cfg.get("rope_parameters")
-    theta = cfg.get("rope_theta")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise _refuse(source, f"rope_parameters must be an object, got {_describe(params)}",
-                          field="rope_parameters")
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise _refuse(source, f"rope_type {_describe(rope_type)} is not supported (only default RoPE)",
-                          field="rope_parameters")
-        theta = params.get("rope_theta", theta)
-    scaling = cfg.get("rope_scaling")
-    if scaling is not None:
-        scaling_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
-        if scaling_type != "default":
-            raise _refuse(source, f"rope_scaling {_describe(scaling)} is not supported (only rope_scaling null)",
-                          field="rope_scaling")
+def _rope_object(cfg: dict, source: str):
+    """(field name, object) of the RoPE declaration: rope_parameters (transformers >= 5) or the
+    legacy rope_scaling (with rope_theta at top level); (None, None) when neither is set."""
+    found = [(key, cfg[key]) for key in ("rope_parameters", "rope_scaling") if cfg.get(key) is not None]
+    for key, value in found:
+        if not isinstance(value, dict):
+            raise _refuse(source, f"{key} must be an object or null, got {_describe(value)}", field=key)
+    if len(found) == 2:
+        raise _refuse(source, "both rope_parameters and rope_scaling are set; give one", field="rope_scaling")
+    return found[0] if found else (None, None)
+
+
+def _rope(cfg: dict, source: str) -> dict:
+    """rope_theta and the RoPE scaling fields of LlamaConfig: type default, linear or llama3 (as
+    transformers computes them); every other type or an unknown key is refused, named."""
+    key, params = _rope_object(cfg, source)
+    params = params or {}
+    type_key = "rope_type" if "rope_type" in params else "type"
+    rope_type = params.get(type_key, "default")
+    if rope_type not in ROPE_TYPES:
+        raise _refuse(source, f"{key}.{type_key}={_describe(rope_type)} is not supported "
+                      f"(supported: {', '.join(ROPE_TYPES)})", field=key)
+    unknown = sorted(set(params) - _ROPE_KEYS[rope_type])
+    if unknown:
+        raise _refuse(source, f"{key}.{unknown[0]} is not supported with rope type {rope_type!r}",
+                      field=f"{key}.{unknown[0]}")
+    theta = params.get("rope_theta")
+    if theta is None:
+        theta = cfg.get("rope_theta")
     theta = _float_field(10000.0 if theta is None else theta, "rope_theta", source)
     low, high = ROPE_THETA_RANGE
     if not low <= theta <= high:
         raise _refuse(source, f"rope_theta {theta!r} is outside [{low}, {high}]", field="rope_theta")
-    return theta
+    out = {"rope_theta": theta, "rope_type": rope_type}
+    if rope_type == "default":
+        return out
+
+    def number(name: str, lowest: float, inclusive: bool = True) -> float:
+        value = _float_field(params.get(name), f"{key}.{name}", source)
+        if not (value >= lowest if inclusive else value > lowest) or value > 1e6:
+            raise _refuse(source, f"{key}.{name} {value!r} is outside "
+                          f"{'[' if inclusive else '('}{lowest}, 1e6]", field=f"{key}.{name}")
+        return value
+
+    out["rope_factor"] = number("factor", 1.0)
+    if rope_type == "llama3":
+        out["rope_low_freq_factor"] = number("low_freq_factor", 0.0, inclusive=False)
+        out["rope_high_freq_factor"] = number("high_freq_factor", 0.0, inclusive=False)
+        if not out["rope_high_freq_factor"] > out["rope_low_freq_factor"]:
+            raise _refuse(source, f"{key}.high_freq_factor must be greater than low_freq_factor",
+                          field=f"{key}.high_freq_factor")
+        original = params.get("original_max_position_embeddings")
+        if not _is_int(original) or not 1 <= original <= INT_BOUNDS["max_position_embeddings"][1]:
+            raise _refuse(source, f"{key}.original_max_position_embeddings must be an integer in "
+                          f"[1, {INT_BOUNDS['max_position_embeddings'][1]}], got {_describe(original)}",
+                          field=f"{key}.original_max_position_embeddings")
+        out["rope_original_max_position_embeddings"] = original
+    return out
+
+
+def _model_type(cfg: dict, source: str) -> str:
+    """model_type (absent means llama) and, when given, architectures: the one class of that type."""
+    model_type = cfg.get("model_type", "llama")
+    if model_type not in ARCHITECTURES:
+        raise _refuse(source, f"model_type {_describe(model_type)} is not supported "
+                      f"(supported: {', '.join(ARCHITECTURES)})", field="model_type")
+    archs = cfg.get("architectures")
+    if archs is not None and archs != [ARCHITECTURES[model_type]]:
+        raise _refuse(source, f"architectures {_describe(archs)} is not supported for model_type "
+                      f"{model_type!r} (only [{ARCHITECTURES[model_type]!r}])", field="architectures")
+    return model_type
+
+
+def _check_attention_kind(cfg: dict, model_type: str, source: str) -> None:
+    """Features that change the maths and are not implemented: biases on Llama, sliding windows."""
+    if model_type == "llama":
+        for flag in ("attention_bias", "mlp_bias"):
+            if _bool_field(cfg, flag, source):
+                raise _refuse(source, f"{flag}=true is not supported", field=flag)
+    if _bool_field(cfg, "use_sliding_window", source):
+        raise _refuse(source, "use_sliding_window=true is not supported", field="use_sliding_window")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+            raise _refuse(source, f"layer_types {_describe(layer_types)} is not supported "
+                          "(only full_attention)", field="layer_types")
+    prf = cfg.get("partial_rotary_factor")
+    if prf is not None and prf != 1.0:
+        raise _refuse(source, f"partial_rotary_factor {_describe(prf)} is not supported",
+                      field="partial_rotary_factor")
 
 
 def validate_config(cfg, *, source: str = "config.json") -> LlamaConfig:
@@ -283,15 +394,11 @@ def validate_config(cfg, *, source: str = "config.json") -> LlamaConfig:
     Absent or null optional fields take Hugging Face's defaults; unknown fields are ignored."""
     if not isinstance(cfg, dict):
         raise _refuse(source, f"config must be a JSON object, got {type(cfg).__name__}")
-    model_type = cfg.get("model_type", "llama")
-    if model_type != "llama":
-        raise _refuse(source, f"model_type {_describe(model_type)} is not 'llama'", field="model_type")
+    model_type = _model_type(cfg, source)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise _refuse(source, f"hidden_act {_describe(act)} is not supported (only silu)", field="hidden_act")
-    for flag in ("attention_bias", "mlp_bias"):
-        if _bool_field(cfg, flag, source):
-            raise _refuse(source, f"{flag}=true is not supported", field=flag)
+    _check_attention_kind(cfg, model_type, source)
 
     vocab = _int_field(cfg, "vocab_size", source)
     hidden = _int_field(cfg, "hidden_size", source)
@@ -312,8 +419,12 @@ def validate_config(cfg, *, source: str = "config.json") -> LlamaConfig:
     eps = _float_field(1e-6 if cfg.get("rms_norm_eps") is None else cfg["rms_norm_eps"], "rms_norm_eps", source)
     if not RMS_NORM_EPS_RANGE[0] < eps < RMS_NORM_EPS_RANGE[1]:
         raise _refuse(source, f"rms_norm_eps {eps!r} must be > 0 and < 1", field="rms_norm_eps")
+    if layers > 0 and isinstance(cfg.get("layer_types"), list) and len(cfg["layer_types"]) != layers:
+        raise _refuse(source, f"layer_types has {len(cfg['layer_types'])} entries for {layers} layers",
+                      field="layer_types")
     return LlamaConfig(
-        model_type="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=head_dim, max_position_embeddings=context, rms_norm_eps=eps,
-        rope_theta=_rope_theta(cfg, source), tie_word_embeddings=_bool_field(cfg, "tie_word_embeddings", source))
+        tie_word_embeddings=_bool_field(cfg, "tie_word_embeddings", source), qkv_bias=model_type == "qwen2",
+        **_rope(cfg, source))

@@ -20,8 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from .errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
-from .config import open_regular_file, read_json_file, validate_config
-from .safetensors import load_safetensors, read_header
+from .config import open_regular_file, read_json_file, rope_inv_freq as config_rope_inv_freq, validate_config
+from .hf import decode_float32, open_checkpoint, open_safetensors_files
 
 # Agreement the tests demand (tests/test_reference_llama.py; docs/reference_model.md explains).
 REFERENCE_TOLERANCES = {
@@ -48,25 +48,13 @@ def _load_error(message: str, **detail) -> ExactSpecError:
 
 def _tensor_to_float32(name: str, tensor, path: str) -> np.ndarray:
     """Decode one safetensors tensor (F32/F16/BF16) to a float32 array of its declared shape."""
-    dtype = str(tensor.dtype).upper()
     shape = tuple(int(d) for d in tensor.shape)
-    raw = tensor.data
-    if dtype == "F32":
-        arr = np.frombuffer(raw, dtype="<f4")
-    elif dtype == "F16":
-        arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
-    elif dtype == "BF16":
-        # bfloat16 is the top half of a float32: widen the bits, no rounding involved.
-        bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << np.uint32(16)
-        arr = bits.view(np.float32)
-    else:
-        raise _load_error(f"tensor {name!r} in {path} has unsupported dtype {dtype} "
-                          "(supported: F32, F16, BF16)", tensor=name, file=path)
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if arr.size != count:
-        raise _load_error(f"tensor {name!r} in {path} holds {arr.size} values, shape {shape} "
+    itemsize = 4 if str(tensor.dtype).upper() == "F32" else 2
+    if str(tensor.dtype).upper() in ("F32", "F16", "BF16") and len(tensor.data) != count * itemsize:
+        raise _load_error(f"tensor {name!r} in {path} holds {len(tensor.data) // itemsize} values, shape {shape} "
                           f"needs {count}", tensor=name, file=path)
-    return arr.reshape(shape).astype(np.float32, copy=False)
+    return decode_float32(name, tensor.dtype, shape, tensor.data, path).astype(np.float32, copy=False)
 
 
 def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
@@ -99,6 +87,19 @@ def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _q8_fetcher(ckpt, path: str):
+    """name -> float32 array over an open q8 artifact, one tensor at a time: ``<n>.q8`` int8
+    (out, in) times ``<n>.scale`` float32 (out,) in float32 (as _dequantise_q8), else decoded."""
+    def fetch(name: str) -> np.ndarray:
+        if name + ".q8" not in ckpt:
+            return ckpt.read_float32(name)
+        rows, cols = ckpt.entry(name + ".q8")[1]
+        scale = ckpt.read_float32(name + ".scale")
+        q8 = np.frombuffer(ckpt.read_bytes(name + ".q8"), dtype=np.int8).reshape(rows, cols)
+        return q8.astype(np.float32) * scale[:, None]
+    return fetch
+
+
 def _parse_config(config: dict, path: str) -> dict:
     """Validate config.json (exactspec.config, shared with the browser) and return the derived
     hyper-parameters the forward pass uses."""
@@ -108,7 +109,7 @@ def _parse_config(config: dict, path: str) -> dict:
         "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
         "num_kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
         "max_context": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings,
-        "rope_theta": c.rope_theta,
+        "rope_theta": c.rope_theta, "qkv_bias": c.qkv_bias, "config": c,
     }
 
 
@@ -131,6 +132,9 @@ def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (f, d),
             p + "mlp.down_proj.weight": (d, f),
         })
+        if hp["qkv_bias"]:   # Qwen2: q/k/v projections carry a bias (o_proj and the MLP do not)
+            shapes.update({p + "self_attn.q_proj.bias": (q_dim,), p + "self_attn.k_proj.bias": (kv_dim,),
+                           p + "self_attn.v_proj.bias": (kv_dim,)})
     if not hp["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (v, d)
     return shapes
@@ -152,7 +156,7 @@ def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
 
     for name, info in entries.items():
         dtype, shape = str(info["dtype"]).upper(), tuple(int(d) for d in info["shape"])
-        if name.endswith(".bias"):
+        if name.endswith(".bias") and name not in expected:
             refuse(f"bias tensor {name!r} is not supported", name)
         base, form = name, "float"
         if quantised and name.endswith(".q8"):
@@ -185,6 +189,19 @@ def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
     for name in expected:
         if name not in stored:
             refuse(f"missing tensor {name!r}", name)
+
+
+def _checkpoint_identity(ckpt) -> str:
+    """sha256 hex of the weights file's bytes; for shards, of the index file's bytes followed
+    by each shard's sha256 hex, in file-name order."""
+    if ckpt.index_path is None:
+        return _sha256_file(ckpt.files[0])
+    fh, _ = open_regular_file(ckpt.index_path)
+    with fh:
+        h = hashlib.sha256(fh.read())
+    for path in ckpt.files:
+        h.update(_sha256_file(path).encode())
+    return h.hexdigest()
 
 
 def _sha256_file(path: str) -> str:
@@ -239,16 +256,22 @@ def softmax_rows(scores: np.ndarray) -> np.ndarray:
 class LlamaReference:
     """Float64 Llama forward pass with a positional KV cache (see module docstring)."""
 
-    def __init__(self, config: dict, tensors: dict[str, np.ndarray], identity: str,
-                 source: str = "<memory>"):
+    def __init__(self, config: dict, tensors, identity: str, source: str = "<memory>"):
+        """tensors: name -> float32-valued array, or a callable name -> array (read on demand,
+        one tensor at a time: from_dir passes the checkpoint's reader)."""
         hp = _parse_config(config, source)
         self.config = dict(config)
         self.identity = identity
         self.vocab_size = hp["vocab_size"]
         self.max_context = hp["max_context"]
         self._hp = hp
-        self._load_weights(tensors, source)
-        self._inv_freq = rope_inv_freq(hp["head_dim"], hp["rope_theta"])  # (head_dim/2,)
+        if callable(tensors):
+            self._load_weights(tensors)
+        else:
+            _check_header({name: {"dtype": "F32", "shape": t.shape} for name, t in tensors.items()},
+                          hp, source, quantised=False)
+            self._load_weights(tensors.__getitem__)
+        self._inv_freq = np.array(config_rope_inv_freq(hp["config"]), dtype=np.float64)  # (head_dim/2,)
         self._scale = hp["head_dim"] ** -0.5   # same Python expression HF uses
         self.reset()
 
@@ -256,32 +279,36 @@ class LlamaReference:
 
     @classmethod
     def from_dir(cls, model_dir, weights: str = "f32") -> "LlamaReference":
-        """Load config.json + model.safetensors, or with weights="q8" model.q8.safetensors
-        dequantised as the browser champion sees it (``W = q8 * scale[:, None]`` in float32)."""
+        """Load a Hugging Face folder: config.json + its weights as published (model.safetensors
+        or the shards of model.safetensors.index.json; F32, F16 or BF16), or with weights="q8"
+        model.q8.safetensors dequantised as the browser champion sees it (``W = q8 *
+        scale[:, None]`` in float32). Weights are read one tensor at a time."""
         if weights not in ("f32", "q8"):
             raise ExactSpecError(E_BAD_ARGUMENT, f"weights must be 'f32' or 'q8', got {weights!r}")
         model_dir = os.fspath(model_dir)
         config_path = os.path.join(model_dir, CONFIG_FILE)
-        weights_path = os.path.join(model_dir, WEIGHTS_FILE if weights == "f32" else Q8_WEIGHTS_FILE)
-        # Config first (bounded JSON, every size checked), then the weights header against it:
+        # Config first (bounded JSON, every size checked), then the weights headers against it:
         # nothing is sized from the files and no tensor byte is read until both agree.
         config = read_json_file(config_path)
         hp = _parse_config(config, config_path)
-        _check_header(read_header(weights_path)[0], hp, weights_path, quantised=weights == "q8")
-        raw = load_safetensors(weights_path)
         if weights == "q8":
-            tensors = _dequantise_q8(raw, weights_path)
+            weights_path = os.path.join(model_dir, Q8_WEIGHTS_FILE)
+            ckpt = open_safetensors_files([weights_path])
         else:
-            tensors = {name: _tensor_to_float32(name, t, weights_path) for name, t in raw.items()}
-        return cls(config, tensors, _sha256_file(weights_path), source=weights_path)
+            ckpt = open_checkpoint(model_dir)
+            weights_path = ckpt.index_path or ckpt.files[0]
+        with ckpt:
+            _check_header(ckpt.header(), hp, weights_path, quantised=weights == "q8")
+            fetch = _q8_fetcher(ckpt, weights_path) if weights == "q8" else ckpt.read_float32
+            return cls(config, fetch, _checkpoint_identity(ckpt), source=weights_path)
 
-    def _load_weights(self, tensors: dict[str, np.ndarray], source: str) -> None:
+    def _load_weights(self, fetch) -> None:
+        """Weights in float64 (the compute dtype: 8 bytes per parameter), each built from one
+        float32-valued tensor at a time, pre-transposed to (in, out) and fused."""
         hp = self._hp
-        _check_header({name: {"dtype": "F32", "shape": t.shape} for name, t in tensors.items()},
-                      hp, source, quantised=False)
 
         def w64(name: str) -> np.ndarray:
-            return np.asarray(tensors[name], dtype=np.float32).astype(np.float64)
+            return np.asarray(fetch(name), dtype=np.float32).astype(np.float64)
 
         def linear(name: str) -> np.ndarray:
             # HF stores (out, in); keep (in, out) contiguous so x @ W is one BLAS call.
@@ -289,13 +316,15 @@ class LlamaReference:
 
         self._embed = w64("model.embed_tokens.weight")                      # (V, D)
         self._final_norm = w64("model.norm.weight")                         # (D,)
-        head = "model.embed_tokens.weight" if hp["tie_word_embeddings"] else "lm_head.weight"
-        self._lm_head = linear(head)                                        # (D, V)
+        if hp["tie_word_embeddings"]:
+            self._lm_head = np.ascontiguousarray(self._embed.T)             # (D, V)
+        else:
+            self._lm_head = linear("lm_head.weight")                        # (D, V)
         self._layers = []
         for i in range(hp["num_layers"]):
             p = f"model.layers.{i}."
             # q|k|v and gate|up are fused column-wise: one BLAS call each, same dot products.
-            self._layers.append({
+            layer = {
                 "attn_norm": w64(p + "input_layernorm.weight"),            # (D,)
                 "mlp_norm": w64(p + "post_attention_layernorm.weight"),    # (D,)
                 "w_qkv": np.concatenate([linear(p + "self_attn.q_proj.weight"),
@@ -307,7 +336,11 @@ class LlamaReference:
                                              linear(p + "mlp.up_proj.weight")], axis=1),
                                                                            # (D, 2F)
                 "w_down": linear(p + "mlp.down_proj.weight"),              # (F, D)
-            })
+                "b_qkv": None,
+            }
+            if hp["qkv_bias"]:
+                layer["b_qkv"] = np.concatenate([w64(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+            self._layers.append(layer)
 
     # -- cache --------------------------------------------------------------------------------
 
@@ -373,6 +406,8 @@ class LlamaReference:
         x = self._embed[ids]                                              # (n, D)
         for layer, w in enumerate(self._layers):
             qkv = rms_norm(x, w["attn_norm"], eps) @ w["w_qkv"]               # (n, (H+2KV)*hd)
+            if w["b_qkv"] is not None:
+                qkv = qkv + w["b_qkv"]                                        # Qwen2 q/k/v biases
             q = apply_rope(qkv[:, :q_dim].reshape(n, n_heads, hd), cos, sin)  # (n, H, hd)
             k = apply_rope(qkv[:, q_dim:q_dim + kv_dim].reshape(n, n_kv, hd), cos, sin)  # (n, KV, hd)
             v = qkv[:, q_dim + kv_dim:].reshape(n, n_kv, hd)                  # (n, KV, hd)

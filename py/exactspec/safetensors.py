@@ -183,6 +183,47 @@ def load_safetensors(path, with_metadata: bool = False):
     return (tensors, metadata) if with_metadata else tensors
 
 
+class SafetensorsReader:
+    """One safetensors file read tensor by tensor: the header is validated against the file size
+    at open (as read_header), then read(name) reads exactly that tensor's bytes (or a range of
+    its rows), so holding a checkpoint costs one tensor at a time, never the whole file."""
+
+    def __init__(self, path):
+        self.path = path
+        self._file, size = open_regular_file(path)
+        try:
+            self.entries, self.metadata, self._data_start = _read_validated_header(self._file, size, path)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def header(self) -> dict:
+        """name -> {dtype, shape}, as _check_header-style consumers want it."""
+        return {k: {"dtype": d, "shape": list(s)} for k, (d, s, _, _) in self.entries.items()}
+
+    def read(self, name: str, row_begin: int = 0, row_end: int | None = None) -> bytes:
+        """The bytes of tensor `name`, or of rows [row_begin, row_end) of its first axis."""
+        dtype, shape, begin, end = self.entries[name]
+        if row_end is not None or row_begin:
+            rows = shape[0] if shape else 1
+            row_end = rows if row_end is None else row_end
+            if not 0 <= row_begin <= row_end <= rows:
+                raise ExactSpecError(E_BAD_ARGUMENT, f"rows [{row_begin}, {row_end}) outside tensor {name!r} of {rows} rows")
+            row_bytes = (end - begin) // rows if rows else 0
+            begin, end = begin + row_begin * row_bytes, begin + row_end * row_bytes
+        self._file.seek(self._data_start + begin)
+        return read_exact(self._file, end - begin, self.path)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Values (pure Python) and NumPy views (tests, tools; numpy imported lazily)
 # ---------------------------------------------------------------------------------------------
@@ -219,42 +260,51 @@ def to_numpy(t: Tensor):
 # ---------------------------------------------------------------------------------------------
 
 
-def serialize_safetensors(tensors: dict, metadata: dict | None = None) -> bytes:
-    """tensors: name -> (dtype, shape, bytes). Data is laid out by descending element size,
-    then name (the reference layout), so every tensor starts aligned to its element size;
-    the header is space-padded to a multiple of 8 bytes."""
+def safetensors_layout(specs: dict, metadata: dict | None = None) -> tuple[bytes, list]:
+    """The 8 + N header bytes and the data order for tensors specs: name -> (dtype, shape).
+    Data is laid out by descending element size, then name (the reference layout), so every
+    tensor starts aligned to its element size; the header is space-padded to a multiple of 8
+    bytes; metadata keys are written in the order given. Returns (prefix, [(name, dtype, shape,
+    nbytes), ...] in data order)."""
     order = []
-    for name, value in tensors.items():
+    for name, (dtype, shape) in specs.items():
         if not isinstance(name, str) or name == "__metadata__":
             raise ExactSpecError(E_BAD_ARGUMENT, f"bad tensor name {name!r}")
-        try:
-            dtype, shape, data = value
-        except (TypeError, ValueError):
-            raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} must be (dtype, shape, bytes)") from None
         if dtype not in DTYPES:
             raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} has unknown dtype {dtype!r}")
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
             raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} has a negative dimension {shape}")
-        data = bytes(data)
-        want = math.prod(shape) * DTYPES[dtype][0]
-        if len(data) != want:
-            raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} has {len(data)} bytes, shape {shape} of {dtype} needs {want}")
-        order.append((name, dtype, shape, data))
+        order.append((name, dtype, shape, math.prod(shape) * DTYPES[dtype][0]))
     order.sort(key=lambda x: (-DTYPES[x[1]][0], x[0]))
-
     header: dict = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise ExactSpecError(E_BAD_ARGUMENT, "metadata must map strings to strings")
         header["__metadata__"] = dict(metadata)
     offset = 0
-    for name, dtype, shape, data in order:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
+    for name, dtype, shape, nbytes in order:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    return b"".join([struct.pack("<Q", len(raw)), raw] + [d for _, _, _, d in order])
+    return struct.pack("<Q", len(raw)) + raw, order
+
+
+def serialize_safetensors(tensors: dict, metadata: dict | None = None) -> bytes:
+    """tensors: name -> (dtype, shape, bytes), laid out as safetensors_layout."""
+    specs, blobs = {}, {}
+    for name, value in tensors.items():
+        try:
+            dtype, shape, data = value
+        except (TypeError, ValueError):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} must be (dtype, shape, bytes)") from None
+        specs[name], blobs[name] = (dtype, shape), bytes(data)
+    prefix, order = safetensors_layout(specs, metadata)
+    for name, dtype, shape, nbytes in order:
+        if len(blobs[name]) != nbytes:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"tensor {name!r} has {len(blobs[name])} bytes, shape {shape} of {dtype} needs {nbytes}")
+    return b"".join([prefix] + [blobs[name] for name, _, _, _ in order])
 
 
 def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
