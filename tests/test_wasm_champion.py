@@ -131,10 +131,11 @@ def unb64(text, dtype) -> np.ndarray:
 
 
 def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0, threads: int = 1,
-             wasm: Path = WASM) -> dict:
+             wasm: Path = WASM, weight_storage: str = "auto") -> dict:
     ensure_wasm()
     return run_harness(HARNESS, {"wasm": str(wasm), "model_dir": str(model_dir), "max_block": max_block,
-                                 "max_context": max_context, "threads": threads, **cases})
+                                 "max_context": max_context, "threads": threads, "weight_storage": weight_storage,
+                                 **cases})
 
 
 def forward_rows(out_rows, blocks, vocab) -> list:
@@ -213,6 +214,25 @@ def test_threads_bitwise_equal_one_thread(which):
         out = run_node(model_dir, cases, threads=threads, wasm=WASM_THREADS)
         got = np.concatenate(forward_rows(out["forward"][0], blocks, V)).view(np.uint32)
         assert np.array_equal(got, want), f"{which}: {threads} threads differ at rows {np.flatnonzero((got != want).any(1))}"
+
+
+@pytest.mark.parametrize("which", model_dirs())
+def test_int8_weight_storage_bitwise_equal_f32(which):
+    """The q8 linears held as int8 (widened in registers) give the same bits as held widened to
+    f32, for blocks of 1..9 with rollbacks, on one thread and on three."""
+    model_dir = resolve(which)
+    V = reference(model_dir).vocab_size
+    ids = np.random.default_rng(9).integers(0, V, 40)
+    blocks = split(ids, [1, 9, 4, 2, 7, 3, 9, 5]) + [(ids[30:39], 30), (ids[12:21], 12)]
+    cases = {"forward": [as_blocks(blocks)]}
+    runs = {}
+    for storage, threads, wasm in [("f32", 1, WASM), ("int8", 1, WASM), ("int8", 3, WASM_THREADS)]:
+        out = run_node(model_dir, cases, threads=threads, wasm=wasm, weight_storage=storage)
+        assert out["info"]["weightStorage"] == storage
+        runs[(storage, threads)] = np.concatenate(forward_rows(out["forward"][0], blocks, V)).view(np.uint32)
+    want = runs[("f32", 1)]
+    for key, got in runs.items():
+        assert np.array_equal(got, want), f"{which}: {key} differs at rows {np.flatnonzero((got != want).any(1))}"
 
 
 # ----------------------------------------------------------------------------- decide

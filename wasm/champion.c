@@ -3,6 +3,12 @@
  * the row sum), batch-invariant, plus the round's decision (processors-v1, acceptance, residual,
  * extra and baseline sampling) in float64 on the CPU: exactspec.acceptance.decide_round.
  *
+ * Weights: the q8 linears are held either widened to float32 (fastest while they stay in the
+ * CPU's caches: small models) or as int8 (a quarter of the bytes: what large models need, where
+ * the matmuls are memory-bound, and what lets a 1.5B-parameter champion fit in wasm32's 4 GiB),
+ * widened to exact float32 in registers right where they are multiplied. Same float values either
+ * way, so the same bits; JS chooses (champion_build_config's weights_int8).
+ *
  * Build: wasm/build.sh (clang 14, --target=wasm32 -msimd128 -ffreestanding -nostdlib
  * -ffp-contract=off). The maths shared with draft.c (RNG, portable log/exp, processors,
  * sampler, arena) is in common.h. JS (web/champion_wasm/champion_wasm.mjs) parses config.json and
@@ -11,7 +17,7 @@
  * One model per instance. Calls from JS, in order:
  *   champion_alloc(bytes) -> ptr                  bump allocation (argument buffers)
  *   champion_build_config(...)                    hyper-parameters; allocates weights, state, KV
- *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (f32 values)
+ *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (int8 q8 or f32 values)
  *   champion_check()                              marks the model built
  *   champion_forward / champion_logits / champion_set_policy / champion_set_masks / champion_decide
  * Errors are small integer codes (ERR_* in common.h); JS maps them to E_* codes.
@@ -28,19 +34,19 @@
 EXPORT("champion_alloc") void *champion_alloc(uint32_t nbytes) { return arena_alloc(nbytes); }
 
 /* ============================================================================================
- * Model: weights (fused q|k|v and gate|up, q8 values as f32), run state for B rows, KV cache.
+ * Model: weights (fused q|k|v and gate|up, q8 values as int8), run state for B rows, KV cache.
  * ========================================================================================== */
 
 typedef struct {
     float *attn_norm;            /* (D,) input_layernorm */
     float *mlp_norm;             /* (D,) post_attention_layernorm */
-    float *w_qkv;                /* (H*hd + 2 KV*hd, D) q8 values; rows q | k | v */
+    void *w_qkv;                 /* (H*hd + 2 KV*hd, D) q8 values (int8 or f32); rows q | k | v */
     float *s_qkv;                /* (H*hd + 2 KV*hd,) per-row scales */
-    float *w_o;                  /* (D, H*hd) */
+    void *w_o;                   /* (D, H*hd) */
     float *s_o;                  /* (D,) */
-    float *w_gate_up;            /* (2F, D); rows gate | up */
+    void *w_gate_up;             /* (2F, D); rows gate | up */
     float *s_gate_up;            /* (2F,) */
-    float *w_down;               /* (D, F) */
+    void *w_down;                /* (D, F) */
     float *s_down;               /* (D,) */
 } LayerWeights;
 
@@ -83,6 +89,10 @@ static ProcState proc;
 static int built;
 
 static float *alloc_floats(uint32_t n) { return (float *)arena_alloc(n * 4u); }
+static int weights_int8;         /* 1: q8 linears held as int8; 0: widened to f32 */
+static void *alloc_q8(uint32_t n) { return arena_alloc(weights_int8 ? n : n * 4u); }
+/* element `index` of a q8 linear, whichever way it is held */
+static void *q8_at(void *base, uint32_t index) { return (char *)base + (weights_int8 ? index : index * 4u); }
 
 static inline int qkv_rows(void) { return (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim; }
 
@@ -97,13 +107,13 @@ static int build_weights(void) {
         LayerWeights *w = &weights.layers[l];
         w->attn_norm = alloc_floats(D);
         w->mlp_norm = alloc_floats(D);
-        w->w_qkv = alloc_floats(qkv * D);
+        w->w_qkv = alloc_q8(qkv * D);
         w->s_qkv = alloc_floats(qkv);
-        w->w_o = alloc_floats(D * q_dim);
+        w->w_o = alloc_q8(D * q_dim);
         w->s_o = alloc_floats(D);
-        w->w_gate_up = alloc_floats(2 * F * D);
+        w->w_gate_up = alloc_q8(2 * F * D);
         w->s_gate_up = alloc_floats(2 * F);
-        w->w_down = alloc_floats(D * F);
+        w->w_down = alloc_q8(D * F);
         w->s_down = alloc_floats(D);
         if (!w->attn_norm || !w->mlp_norm || !w->w_qkv || !w->s_qkv || !w->w_o || !w->s_o ||
             !w->w_gate_up || !w->s_gate_up || !w->w_down || !w->s_down)
@@ -148,12 +158,34 @@ static int build_run_state(void) {
 
 typedef struct {
     float *out;                  /* (n, out_stride) */
-    const float *w;              /* (rows, cols) */
+    const void *w;               /* (rows, cols): int8 q8 values (q8 = 1) or float32 (the LM head) */
     const float *scale;          /* (rows,) or 0 (the f32 LM head) */
     const float *x;              /* (n, x_stride) */
     int out_stride, x_stride, n, rows, cols;
     int accumulate;              /* 1: out += result (the residual stream) */
+    int q8;                      /* 1: w holds int8 */
 } Matmul;
+
+/* weights [i, i+4) of a row as float32: int8 widened exactly (Q = 1, a compile-time constant
+ * after inlining), or loaded as they are (Q = 0) */
+static inline __attribute__((always_inline)) v128_t load_w(const void *row, int i, const int Q) {
+    if (Q) return wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(wasm_i16x8_extend_low_i8x16(
+               wasm_v128_load32_zero((const int8_t *)row + i))));
+    return wasm_v128_load((const float *)row + i);
+}
+
+/* int8 weights widened to exact float32: the 16 bytes b hold elements i..i+15 of a row; lane group
+ * q (0..3) is elements i+4q..i+4q+3. lo/hi are b's halves widened to int16 (computed once per 16). */
+#define W16_LO(b) wasm_i16x8_extend_low_i8x16(b)
+#define W16_HI(b) wasm_i16x8_extend_high_i8x16(b)
+#define W16_GROUP(lo, hi, q) wasm_f32x4_convert_i32x4( \
+    (q) == 0 ? wasm_i32x4_extend_low_i16x8(lo) : (q) == 1 ? wasm_i32x4_extend_high_i16x8(lo) : \
+    (q) == 2 ? wasm_i32x4_extend_low_i16x8(hi) : wasm_i32x4_extend_high_i16x8(hi))
+
+static inline const void *row_ptr(const Matmul *m, int r) {
+    uint32_t off = (uint32_t)r * (uint32_t)m->cols;
+    return m->q8 ? (const void *)((const int8_t *)m->w + off) : (const void *)((const float *)m->w + off);
+}
 
 /* one f32x4 accumulator per row -> the 4 row sums, each (l0 + l2) + (l1 + l3) */
 static inline v128_t hsum4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
@@ -177,19 +209,31 @@ static inline void store4(const Matmul *m, int r, int t, v128_t sums) {
 }
 
 /* rows r..r+3 x columns t0..t0+C-1 (C <= 3, a compile-time constant after inlining) */
-static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, int t0, const int C) {
+static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, int t0, const int C, const int Q) {
     const int K = m->cols;
-    const float *w0 = m->w + (uint32_t)r * (uint32_t)K;
-    const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    const void *w0 = row_ptr(m, r), *w1 = row_ptr(m, r + 1), *w2 = row_ptr(m, r + 2), *w3 = row_ptr(m, r + 3);
     const float *xc[3];
     v128_t acc[3][4];
     for (int c = 0; c < C; c++) {
         xc[c] = m->x + (uint32_t)(t0 + c) * (uint32_t)m->x_stride;
         for (int j = 0; j < 4; j++) acc[c][j] = wasm_f32x4_splat(0.0f);
     }
-    for (int i = 0; i < K; i += 4) {
-        v128_t wv0 = wasm_v128_load(w0 + i), wv1 = wasm_v128_load(w1 + i);
-        v128_t wv2 = wasm_v128_load(w2 + i), wv3 = wasm_v128_load(w3 + i);
+    int i = 0;
+    if (Q) {                         /* 16 at a time (see tile8x1): the same operations per element */
+        const void *wr[4] = { w0, w1, w2, w3 };
+        for (; i + 16 <= K; i += 16)
+            for (int j = 0; j < 4; j++) {
+                v128_t b = wasm_v128_load((const int8_t *)wr[j] + i), lo = W16_LO(b), hi = W16_HI(b);
+                for (int q = 0; q < 4; q++) {
+                    v128_t wv = W16_GROUP(lo, hi, q);
+                    for (int c = 0; c < C; c++)
+                        acc[c][j] = wasm_f32x4_add(acc[c][j], wasm_f32x4_mul(wv, wasm_v128_load(xc[c] + i + 4 * q)));
+                }
+            }
+    }
+    for (; i < K; i += 4) {
+        v128_t wv0 = load_w(w0, i, Q), wv1 = load_w(w1, i, Q);
+        v128_t wv2 = load_w(w2, i, Q), wv3 = load_w(w3, i, Q);
         for (int c = 0; c < C; c++) {
             v128_t xv = wasm_v128_load(xc[c] + i);
             acc[c][0] = wasm_f32x4_add(acc[c][0], wasm_f32x4_mul(wv0, xv));
@@ -201,38 +245,39 @@ static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, 
     for (int c = 0; c < C; c++) store4(m, r, t0 + c, hsum4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
 }
 
-static void tile4x1(const Matmul *m, int r, int t0) { tile4(m, r, t0, 1); }
-static void tile4x2(const Matmul *m, int r, int t0) { tile4(m, r, t0, 2); }
-static void tile4x3(const Matmul *m, int r, int t0) { tile4(m, r, t0, 3); }
-
-/* rows r..r+7 of a single column: eight independent accumulators (block 1 is latency-bound) */
-static void tile8x1(const Matmul *m, int r, int t) {
-    const int K = m->cols;
-    const float *w0 = m->w + (uint32_t)r * (uint32_t)K;
+/* rows r..r+7 of a single column: eight independent accumulators (block 1 is latency-bound).
+ * int8 rows are widened 16 at a time; the accumulators still take elements in steps of 4, in
+ * order, so every sum is the same sequence of float operations as with float32 rows. */
+static inline __attribute__((always_inline)) void tile8x1(const Matmul *m, int r, int t, const int Q) {
+    const void *w[8];
+    for (int j = 0; j < 8; j++) w[j] = row_ptr(m, r + j);
     const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
-    v128_t a0 = wasm_f32x4_splat(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int i = 0; i < K; i += 4) {
-        v128_t xv = wasm_v128_load(xt + i);
-        a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(wasm_v128_load(w0 + i), xv));
-        a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(wasm_v128_load(w0 + K + i), xv));
-        a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(wasm_v128_load(w0 + 2 * K + i), xv));
-        a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(wasm_v128_load(w0 + 3 * K + i), xv));
-        a4 = wasm_f32x4_add(a4, wasm_f32x4_mul(wasm_v128_load(w0 + 4 * K + i), xv));
-        a5 = wasm_f32x4_add(a5, wasm_f32x4_mul(wasm_v128_load(w0 + 5 * K + i), xv));
-        a6 = wasm_f32x4_add(a6, wasm_f32x4_mul(wasm_v128_load(w0 + 6 * K + i), xv));
-        a7 = wasm_f32x4_add(a7, wasm_f32x4_mul(wasm_v128_load(w0 + 7 * K + i), xv));
+    v128_t a[8];
+    for (int j = 0; j < 8; j++) a[j] = wasm_f32x4_splat(0.0f);
+    int i = 0;
+    if (Q) {
+        for (; i + 16 <= m->cols; i += 16)
+            for (int j = 0; j < 8; j++) {
+                v128_t b = wasm_v128_load((const int8_t *)w[j] + i), lo = W16_LO(b), hi = W16_HI(b);
+                for (int q = 0; q < 4; q++)
+                    a[j] = wasm_f32x4_add(a[j], wasm_f32x4_mul(W16_GROUP(lo, hi, q), wasm_v128_load(xt + i + 4 * q)));
+            }
     }
-    store4(m, r, t, hsum4(a0, a1, a2, a3));
-    store4(m, r + 4, t, hsum4(a4, a5, a6, a7));
+    for (; i < m->cols; i += 4) {
+        v128_t xv = wasm_v128_load(xt + i);
+        for (int j = 0; j < 8; j++) a[j] = wasm_f32x4_add(a[j], wasm_f32x4_mul(load_w(w[j], i, Q), xv));
+    }
+    store4(m, r, t, hsum4(a[0], a[1], a[2], a[3]));
+    store4(m, r + 4, t, hsum4(a[4], a[5], a[6], a[7]));
 }
 
 /* one row, one column: the same per-element operations as the tiles */
-static void tile1x1(const Matmul *m, int r, int t) {
-    const float *wr = m->w + (uint32_t)r * (uint32_t)m->cols;
+static inline __attribute__((always_inline)) void tile1x1(const Matmul *m, int r, int t, const int Q) {
+    const void *wr = row_ptr(m, r);
     const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
     v128_t a = wasm_f32x4_splat(0.0f);
     for (int i = 0; i < m->cols; i += 4)
-        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(wr + i), wasm_v128_load(xt + i)));
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(load_w(wr, i, Q), wasm_v128_load(xt + i)));
     float s = (wasm_f32x4_extract_lane(a, 0) + wasm_f32x4_extract_lane(a, 2)) +
               (wasm_f32x4_extract_lane(a, 1) + wasm_f32x4_extract_lane(a, 3));
     if (m->scale) s = s * m->scale[r];
@@ -241,18 +286,25 @@ static void tile1x1(const Matmul *m, int r, int t) {
 }
 
 /* rows [r0, r1) for every column; r0 % 8 == 0 (a thread's share starts on a tile boundary) */
-static void matmul_rows(const Matmul *m, int r0, int r1) {
+static inline __attribute__((always_inline)) void matmul_rows_t(const Matmul *m, int r0, int r1, const int Q) {
     int r = r0, full = r0 + ((r1 - r0) & ~3);
     if (m->n == 1)
-        for (; r + 8 <= full; r += 8) tile8x1(m, r, 0);
+        for (; r + 8 <= full; r += 8) tile8x1(m, r, 0, Q);
     for (; r + 4 <= full; r += 4) {
         int t = 0;
-        for (; t + 3 <= m->n; t += 3) tile4x3(m, r, t);
-        if (m->n - t == 2) tile4x2(m, r, t);
-        else if (m->n - t == 1) tile4x1(m, r, t);
+        for (; t + 3 <= m->n; t += 3) tile4(m, r, t, 3, Q);
+        if (m->n - t == 2) tile4(m, r, t, 2, Q);
+        else if (m->n - t == 1) tile4(m, r, t, 1, Q);
     }
     for (; r < r1; r++)
-        for (int t = 0; t < m->n; t++) tile1x1(m, r, t);
+        for (int t = 0; t < m->n; t++) tile1x1(m, r, t, Q);
+}
+
+static void matmul_rows_q8(const Matmul *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 1); }
+static void matmul_rows_f32(const Matmul *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 0); }
+static void matmul_rows(const Matmul *m, int r0, int r1) {
+    if (m->q8) matmul_rows_q8(m, r0, r1);
+    else matmul_rows_f32(m, r0, r1);
 }
 
 /* ============================================================================================
@@ -358,9 +410,10 @@ EXPORT("champion_threads_stop") void champion_threads_stop(void) {
 static void run_step(const Step *s) { run_share(s, 0, 1); }
 #endif
 
-static void matmul(float *out, int out_stride, const float *w, const float *scale, const float *x,
+/* q8 linears (scale given) may hold int8; the LM head (scale 0) is the f32 embedding */
+static void matmul(float *out, int out_stride, const void *w, const float *scale, const float *x,
                    int x_stride, int n, int rows, int cols, int accumulate) {
-    Step s = { STEP_MATMUL, { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate }, 0, 0, 0 };
+    Step s = { STEP_MATMUL, { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate, weights_int8 && scale != 0 }, 0, 0, 0 };
     run_step(&s);
 }
 
@@ -543,8 +596,9 @@ enum {
 EXPORT("champion_build_config")
 int champion_build_config(int vocab_size, int hidden_size, int intermediate_size, int num_layers,
                           int num_heads, int num_kv_heads, int head_dim, int max_context,
-                          int block, double rms_norm_eps, double rope_theta) {
+                          int block, double rms_norm_eps, double rope_theta, int q8_as_int8) {
     if (built || weights.layers) return ERR_MODEL;
+    weights_int8 = q8_as_int8 != 0;
     if (block <= 0 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
                                  num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
         return ERR_MODEL;
@@ -555,8 +609,9 @@ int champion_build_config(int vocab_size, int hidden_size, int intermediate_size
     return status;
 }
 
-/* destination of one tensor (f32 values, HF (out, in) layout), 0 if the kind is unknown */
-EXPORT("champion_tensor_ptr") float *champion_tensor_ptr(int kind, int layer) {
+/* destination of one tensor (HF (out, in) layout): the q8 linears (T_WQ..T_W_DOWN) as int8 values
+ * or widened f32 (weights_int8), the rest f32; 0 if the kind is unknown */
+EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
     if (!weights.layers) return 0;
     if (kind == T_EMBED) return weights.embed;
     if (kind == T_FINAL_NORM) return weights.final_norm;
@@ -568,11 +623,11 @@ EXPORT("champion_tensor_ptr") float *champion_tensor_ptr(int kind, int layer) {
         case T_ATTN_NORM: return w->attn_norm;
         case T_MLP_NORM: return w->mlp_norm;
         case T_WQ: return w->w_qkv;
-        case T_WK: return w->w_qkv + q_dim * D;
-        case T_WV: return w->w_qkv + (q_dim + kv_dim) * D;
+        case T_WK: return q8_at(w->w_qkv, q_dim * D);
+        case T_WV: return q8_at(w->w_qkv, (q_dim + kv_dim) * D);
         case T_WO: return w->w_o;
         case T_W_GATE: return w->w_gate_up;
-        case T_W_UP: return w->w_gate_up + F * D;
+        case T_W_UP: return q8_at(w->w_gate_up, F * D);
         case T_W_DOWN: return w->w_down;
         case T_SQ: return w->s_qkv;
         case T_SK: return w->s_qkv + q_dim;

@@ -5,6 +5,8 @@ fewer layers: a 32-layer model held as f32 would need ~1.5 GB of WASM memory). P
 writes build/bench/wasm_champion.json. Not a test: the numbers depend on the machine and its load.
 
     python tools/bench/wasm_champion.py [--layers 8] [--reps 30] [--threads 1] [--skip-synthetic]
+                                        [--storage auto|int8|f32|both]
+--storage: how the q8 linears are held in WASM memory (both: time each, side by side).
 """
 import argparse
 import json
@@ -53,9 +55,9 @@ def synthetic_model(layers: int) -> Path:
     return d
 
 
-def time_model(model_dir: Path, reps: int, threads: int) -> dict:
+def time_model(model_dir: Path, reps: int, threads: int, storage: str = "auto") -> dict:
     cases = {"wasm": str(WASM if threads == 1 else WASM_THREADS), "model_dir": str(model_dir), "max_block": K + 5, "max_context": 0,
-             "threads": threads, "timing": {"promptLen": 32, "reps": reps, "warmup": 10, "m": K, "reps_decide": reps}}
+             "threads": threads, "weight_storage": storage, "timing": {"promptLen": 32, "reps": reps, "warmup": 10, "m": K, "reps_decide": reps}}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
         cin.write_text(json.dumps(cases))
@@ -63,14 +65,14 @@ def time_model(model_dir: Path, reps: int, threads: int) -> dict:
         out = json.loads(cout.read_text())
     blocks = {int(n): v for n, v in out["timing"].items()}
     return {"memory_bytes": out["info"]["memoryBytes"], "artifact_bytes": out["info"]["artifactBytes"],
-            "threads": threads, "forward_ms": blocks, "decide_ms": out["timing_decide"],
+            "threads": threads, "weight_storage": out["info"]["weightStorage"], "forward_ms": blocks, "decide_ms": out["timing_decide"],
             f"ratio_block{K + 1}_over_block1": blocks[K + 1]["median"] / blocks[1]["median"],
             f"ratio_block{K + 1}_over_block1_min": blocks[K + 1]["min"] / blocks[1]["min"]}
 
 
 def print_table(name: str, r: dict) -> None:
     print(f"\n{name}: {r['artifact_bytes'] / 1e6:.1f} MB q8 file, {r['memory_bytes'] / 1e6:.0f} MB WASM memory, "
-          f"{r['threads']} thread(s)")
+          f"{r['threads']} thread(s), q8 linears held as {r['weight_storage']}")
     print("block  median ms  min ms  median ms/position")
     for n, v in sorted(r["forward_ms"].items()):
         print(f"{n:5d}  {v['median']:9.2f}  {v['min']:6.2f}  {v['median'] / n:9.2f}")
@@ -85,17 +87,21 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--storage", choices=("auto", "int8", "f32", "both"), default="auto")
     args = ap.parse_args()
+    storages = ("f32", "int8") if args.storage == "both" else (args.storage,)
     if not WASM_THREADS.exists():
         subprocess.run(["bash", str(ROOT / "wasm" / "build.sh")], check=True)
     results = {"node": subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip(),
                "load_average": os.getloadavg()}
-    results["shipped"] = time_model(ROOT / "web" / "models" / "champion", args.reps, args.threads)
-    print_table("shipped champion (V 4096, D 256, 6 layers)", results["shipped"])
-    if not args.skip_synthetic:
-        results["synthetic"] = time_model(synthetic_model(args.layers), args.reps, args.threads)
-        results["synthetic"]["layers"] = args.layers
-        print_table(f"synthetic (V 49152, D 960, F 2560, {args.layers} layers)", results["synthetic"])
+    for storage in storages:
+        key = "" if len(storages) == 1 else f"_{storage}"
+        results["shipped" + key] = r = time_model(ROOT / "web" / "models" / "champion", args.reps, args.threads, storage)
+        print_table("shipped champion (V 4096, D 256, 6 layers)", r)
+        if not args.skip_synthetic:
+            results["synthetic" + key] = r = time_model(synthetic_model(args.layers), args.reps, args.threads, storage)
+            r["layers"] = args.layers
+            print_table(f"synthetic (V 49152, D 960, F 2560, {args.layers} layers)", r)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     out = OUT if args.threads == 1 else OUT.with_name(f"wasm_champion_{args.threads}threads.json")
     out.write_text(json.dumps(results, indent=1))

@@ -1,5 +1,5 @@
 // champion_wasm.mjs — JS side of the WASM-SIMD champion (wasm/champion.c): loads config.json +
-// model.q8.safetensors into the module's memory (int8 values widened to exact float32), runs the
+// model.q8.safetensors into the module's memory (q8 linears kept int8, widened to exact float32 in the kernels), runs the
 // batch-invariant forward over a block and decides the round on the CPU with the semantics of
 // exactspec.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
 // Node (pass bytes instead of URLs there).
@@ -15,6 +15,11 @@ import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
+// "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
+// them int8 beyond (a 1.5B champion, 6 GB widened, fits wasm32's 4 GiB only as int8). Measured
+// (tools/bench/wasm_champion.py --storage both): widening in registers costs more than the bytes
+// it saves on this machine, even at real widths (docs/champion_wasm.md), so f32 wherever it fits.
+export const F32_WEIGHTS_LIMIT = 1536 * 1024 * 1024;
 const MAX_THREADS = 16;                        // MAX_THREADS of wasm/champion.c
 const HELPER_STACK_BYTES = 256 * 1024;
 const POOL_START_MS = 20_000;
@@ -93,10 +98,13 @@ function checkedPolicy(policy, V) {
  * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (champion.wasm)
  * or 2..16 (champion_mt.wasm, by default wasmUrl with champion.wasm -> champion_mt.wasm; needs
  * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results are bitwise the same for
- * any thread count.
+ * any thread count. weightStorage: how the q8 linears are held in WASM memory, "int8" or "f32"
+ * (widened at load), or "auto": f32 while the widened copy stays within F32_WEIGHTS_LIMIT, int8
+ * beyond (what lets a 1.5B champion fit). Bitwise the same results either way.
  */
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
-                                           maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl } = {}) {
+                                           maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl,
+                                           weightStorage = "auto" } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
     throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
@@ -131,14 +139,16 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
   const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
-  const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, bytes, { maxBlock, maxContext });
+  if (!["auto", "int8", "f32"].includes(weightStorage)) throw badArgument(`weightStorage ${weightStorage}: auto, int8 or f32`);
+  const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, bytes,
+    { maxBlock, maxContext, weightStorage });
   champion.identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
   if (threads > 1) await champion._startPool(module, threads);
   return champion;
 }
 
 export class WasmChampion {
-  constructor(exports, memory, config, c, bytes, { maxBlock, maxContext }) {
+  constructor(exports, memory, config, c, bytes, { maxBlock, maxContext, weightStorage = "auto" }) {
     this.wasm = exports;
     this.memory = memory;                 // exported (one thread) or imported shared (threads)
     this.threads = 1;
@@ -158,8 +168,10 @@ export class WasmChampion {
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }
+    const q8Bytes = [...tensors.values()].filter((t) => t.dtype === "I8").reduce((n, t) => n + t.bytes.byteLength, 0);
+    this.weightStorage = weightStorage === "auto" ? (4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
     check(this.wasm.champion_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
-      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta), "build");
+      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, this.weightStorage === "int8" ? 1 : 0), "build");
     try {
       this._placeAll(tensors, c);
     } catch (err) {
@@ -212,14 +224,14 @@ export class WasmChampion {
     this.threads = threads;
   }
 
-  _place(kind, layer, tensor, toFloat) {
+  _place(kind, layer, tensor, isQ8) {
     const ptr = this.wasm.champion_tensor_ptr(kind, layer);
     if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind}`);
-    const n = tensor.bytes.byteLength / (toFloat ? 1 : 4);
-    if (toFloat) {                  // int8 -> float32: exact
+    const n = tensor.bytes.byteLength;
+    if (isQ8 && this.weightStorage === "f32") {   // int8 -> float32: exact
       this._view(Float32Array, ptr, n).set(new Int8Array(tensor.bytes.buffer, tensor.bytes.byteOffset, n));
-    } else {                        // float32 bytes (the file may leave them unaligned)
-      this._view(Uint8Array, ptr, 4 * n).set(tensor.bytes);
+    } else {                        // int8 kept as is, or float32 bytes (the file may leave them unaligned)
+      this._view(Uint8Array, ptr, n).set(tensor.bytes);
     }
   }
 
