@@ -1,5 +1,5 @@
 // Main-thread engine API (embeddable): one orchestrator worker, one request at a time.
-//   const engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" });
+//   const engine = await Engine.create({ champion: "models/champion/", draft: "models/draft/" });
 //   const result = await engine.generate({ prompt: "…", config: { speculate: "draft", k: 4 } }, onEvent);
 //   engine.cancel();          // the running request ends "cancelled" at its next round boundary
 //   await engine.terminate(); // frees GPU buffers, both workers, every Pyodide proxy
@@ -12,7 +12,39 @@
 // Epochs: every request runs under the engine's epoch at its start; cancel() moves the epoch on.
 // Envelopes from the worker for anything but the running request in its own epoch (late events
 // of a finished request, junk) are dropped and counted: result.stats.stale_dropped.engine.
+// Every worker and asset URL derives from baseUrl (default: this module's folder, web/), so the
+// engine runs from any path or origin; the public wrapper is web/exactspec.mjs.
 import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
+
+/** The URLs the engine needs, from its base (the folder holding engine.mjs). A package installed
+ *  under node_modules/exactspec/ finds Pyodide beside it (node_modules/pyodide/). */
+export function engineAssets(baseUrl = new URL("./", import.meta.url).href, overrides = {}) {
+  const base = new URL(baseUrl.endsWith("/") ? baseUrl : baseUrl + "/", globalThis.location?.href).href;
+  const installed = /\/node_modules\/exactspec\/web\/$/.test(new URL(base).pathname);
+  return {
+    worker: new URL("orchestrator/worker.mjs", base).href,
+    pyodide: new URL(installed ? "../../pyodide/" : "../node_modules/pyodide/", base).href,
+    py: new URL("../py/exactspec/", base).href,
+    pyFiles: new URL("orchestrator/py_files.json", base).href,
+    protocol: new URL("../py/exactspec/protocol.json", base).href,
+    build: new URL("build/", base).href,
+    models: new URL("models/", base).href,
+    ...overrides,
+  };
+}
+
+/** A module worker for `url`; from another origin (an embedding page), through a same-origin blob
+ *  that imports it (a worker script itself must be same-origin; its imports may be CORS). */
+function startModuleWorker(url) {
+  const here = globalThis.location?.origin;
+  if (!here || new URL(url).origin === here) return new Worker(url, { type: "module" });
+  const shim = URL.createObjectURL(new Blob([`import ${JSON.stringify(url)};\n`], { type: "text/javascript" }));
+  try {
+    return new Worker(shim, { type: "module" });
+  } finally {
+    setTimeout(() => URL.revokeObjectURL(shim), 60000);
+  }
+}
 
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
@@ -30,9 +62,10 @@ export class Engine {
     return engine;
   }
 
-  constructor({ whenBusy = "queue", workerUrl = null } = {}) {
+  constructor({ whenBusy = "queue", workerUrl = null, baseUrl, assets = {} } = {}) {
     this.whenBusy = whenBusy;
-    this.workerUrl = workerUrl ?? new URL("./orchestrator/worker.mjs", import.meta.url).href;
+    this.assets = engineAssets(baseUrl, assets);
+    this.workerUrl = workerUrl ?? this.assets.worker;
     this.worker = null;
     this.schema = null;
     this.seq = 0;
@@ -50,20 +83,25 @@ export class Engine {
   /** The current cancellation epoch (moves on at every cancel()). */
   get epoch() { return this._epoch; }
 
-  /** Load (or replace) the pair; a second load frees everything the first one held. */
+  /** Load (or replace) the pair; a second load frees everything the first one held. models:
+   *  {champion, draft?, manifest?, files?} (URLs relative to the page; `files` maps
+   *  "role/name" -> File for local folders, web/exactspec.mjs builds it). onProgress(p) sees the
+   *  worker's load progress: {stage: "prepare"|"python"|"check"|"models"} and
+   *  {stage: "fetch", url, name, loaded, total, done} per artifact. */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
-    draftPlacement = "auto" } = {}) {
+    draftPlacement = "auto", onProgress = null } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
-    this.schema ??= await loadSchema();
+    this.schema ??= await loadSchema(this.assets.protocol);
     if (!this.worker) this._startWorker();
-    this.ready = await this._control("load", { models, options: { faults, refuse_alloc_after: refuseAllocAfter,
-      champion_backend: championBackend, threads, draft_placement: draftPlacement } }, timeoutMs);
+    const { worker, ...assets } = this.assets;
+    this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
+      champion_backend: championBackend, threads, draft_placement: draftPlacement, assets } }, timeoutMs, onProgress);
     return this.ready;
   }
 
   _startWorker() {
-    this.worker = new Worker(this.workerUrl, { type: "module" });
+    this.worker = startModuleWorker(this.workerUrl);
     this.worker.onmessage = (ev) => this._onMessage(ev.data);
     this.worker.onerror = (ev) => this._kill(codedError("E_INTERNAL", `orchestrator worker failed: ${ev.message || "error event"}`));
   }
@@ -74,11 +112,11 @@ export class Engine {
 
   _newId(kind) { return `${kind}-${this.seq}-${Math.random().toString(16).slice(2, 10)}`; }
 
-  _control(kind, payload, timeoutMs = 0) {
+  _control(kind, payload, timeoutMs = 0, onProgress = null) {
     if (this.terminated || !this.worker) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
     const id = this._newId(kind);
     return new Promise((resolve, reject) => {
-      const entry = { resolve, reject, timer: null };
+      const entry = { resolve, reject, timer: null, onProgress };
       if (timeoutMs) {
         entry.timer = setTimeout(() => {
           this.control.delete(id);
@@ -158,7 +196,10 @@ export class Engine {
     try { this.schema.validate(env); } catch { this.invalidDropped++; return; }
     const c = this.control.get(env.request_id);
     if (c) {
-      if (env.kind === "progress" && !["fault_armed", "memory", "terminated"].includes(env.payload.stage)) return;
+      if (env.kind === "progress" && !["fault_armed", "memory", "terminated"].includes(env.payload.stage)) {
+        try { c.onProgress?.(env.payload); } catch (err) { console.error("onProgress threw:", err); }
+        return;
+      }
       this.control.delete(env.request_id);
       clearTimeout(c.timer);
       if (env.kind === "error") c.reject(codedError(env.payload.code, env.payload.message));
@@ -180,4 +221,11 @@ export class Engine {
       try { r.onEvent(env); } catch (err) { console.error("onEvent threw:", err); }
     }
   }
+}
+
+/** Model URLs made absolute against the page (the worker may run from a blob: URL). */
+function absoluteModels(models) {
+  const abs = (u) => (typeof u === "string" && u ? new URL(u, globalThis.location?.href).href : u);
+  return { ...models, champion: abs(models.champion), draft: abs(models.draft),
+    ...(typeof models.manifest === "string" ? { manifest: abs(models.manifest) } : {}) };
 }

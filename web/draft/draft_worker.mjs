@@ -120,7 +120,8 @@ export function createHandler(draftPromise, post) {
  * ones fail with E_DRAFT_LOST (E_TIMEOUT for the timeout), and the owner makes a new client.
  */
 export class DraftWorkerClient {
-  static async create({ wasmUrl = "/web/build/draft.wasm", modelUrl = "/web/models/draft/", workerUrl,
+  static async create({ wasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
+    modelUrl = new URL("../models/draft/", import.meta.url).href, workerUrl,
     callTimeoutMs = 60000 } = {}) {
     const url = new URL(workerUrl ?? import.meta.url);
     url.searchParams.set("wasm", wasmUrl);

@@ -31,8 +31,8 @@ export function chooseDraftPlacement(placement, championKind) {
  * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
  * allocation after that many (tests).
  */
-export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = "/web/build/draft.wasm",
-  championWasmUrl = "/web/build/champion.wasm", championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
+export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
+  championWasmUrl = new URL("../build/champion.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
   const t0 = performance.now();
   choice ??= await chooseChampionBackend(championBackend);
@@ -113,6 +113,9 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     });
   }
 
+  const prof = { inside: {}, gap: 0, n: {}, last: null };
+  const timed = (name, fn) => async (...a) => { const t = performance.now(); if (prof.last !== null) prof.gap += t - prof.last;
+    try { return await fn(...a); } finally { const e = performance.now(); prof.inside[name] = (prof.inside[name] ?? 0) + e - t; prof.n[name] = (prof.n[name] ?? 0) + 1; prof.last = e; } };
   const bridge = {
     async championForward(ids, startPos) {
       await hit("championForward", 0);
@@ -176,6 +179,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
       const now = cumulative();
       const out = Object.fromEntries(Object.entries(now).map(([k, v]) => [k, v - (taken[k] ?? 0)]));
       taken = now;
+      out.prof = JSON.parse(JSON.stringify(prof)); prof.inside = {}; prof.gap = 0; prof.n = {}; prof.last = null;
       return JSON.stringify(out);
     },
     /** JSON: receipt environment (coarse hardware class, versions, peak bytes by category). */
@@ -193,6 +197,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     },
   };
 
+  for (const name of ["championForward", "championRound", "draftForward", "draftPropose", "speculativeRound"]) bridge[name] = timed(name, bridge[name]);
   return {
     bridge,
     info: {

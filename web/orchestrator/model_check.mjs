@@ -20,10 +20,11 @@ async function fetchBytes(url, limit) {
 }
 
 /** The manifest that covers these models: models.manifest (a URL, or null for none); by default
- *  web/models/manifest.json when both models are served from under web/models/. */
+ *  web/models/manifest.json (next to this module's folder) when both models are served from under
+ *  web/models/. */
 function manifestUrl(models) {
   if (models.manifest !== undefined) return models.manifest;
-  const shipped = new URL("/web/models/", location.href).href;
+  const shipped = new URL("../models/", import.meta.url).href;
   const under = (u) => !u || new URL(u, location.href).href.startsWith(shipped);
   return under(models.champion) && under(models.draft) ? new URL("manifest.json", shipped).href : null;
 }

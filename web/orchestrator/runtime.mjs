@@ -1,7 +1,11 @@
 // The orchestrator worker's runtime: Pyodide (booted once per worker) running
 // exactspec.browser_backend over a bridge to the WebGPU champion and the draft worker. Every
 // PyProxy it makes is destroyed by it: per request, per cancel, and at unload/terminate.
-import { bootPython, fetchOk } from "./boot.mjs";
+// A load reports progress (notify): {stage: "prepare" | "python" | "check" | "models"}, and
+// {stage: "fetch", url, name, loaded, total, done} for every artifact's bytes (the worker's fetch
+// counts them, web/fetch_progress.mjs); asset URLs come from options.assets (the page resolves
+// them from the engine module's URL), and local model folders arrive as models.files.
+import { bootPython, defaultAssets, fetchOk } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
@@ -20,7 +24,19 @@ function callPy(obj, name, args, keep = false) {
   }
 }
 
-export function createPyodideRuntime({ counters, post }) {
+/** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
+function wasmAssets(assets) {
+  const build = assets.build ?? new URL("../build/", import.meta.url).href;
+  return { draftWasmUrl: new URL("draft.wasm", build).href, championWasmUrl: new URL("champion.wasm", build).href };
+}
+
+/** models with local folders: {champion, draft, files: {"champion/config.json": File, ...}}; the
+ *  draft then runs inline (its own worker could not read the page's files). */
+function placementFor(models, requested) {
+  return models.files && requested !== "inline" ? "inline" : requested;
+}
+
+export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   let py = null;              // { pyodide, timing_ms, backend }
   let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
   let current = null;         // the running generate envelope (bridge notices go to its caller)
@@ -44,9 +60,9 @@ export function createPyodideRuntime({ counters, post }) {
     bridge.close();
   }
 
-  async function boot() {
+  async function boot(assets) {
     if (py) return { pyodide: 0, install: 0 };
-    const { pyodide, timing_ms } = await bootPython();
+    const { pyodide, timing_ms } = await bootPython({ ...defaultAssets(), ...assets });
     const backend = pyodide.pyimport("exactspec.browser_backend");
     const sys = pyodide.pyimport("sys");
     const vi = sys.version_info;
@@ -56,43 +72,58 @@ export function createPyodideRuntime({ counters, post }) {
     return timing_ms;
   }
 
+  async function loadPair(models, options, notify) {
+    const t0 = performance.now();
+    unload();                                   // a second load frees the first
+    const assets = options.assets ?? {};
+    const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
+    const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
+    if (choice.kind === "webgpu") {
+      notify({ stage: "prepare", what: "WebGPU device and shader pipelines", done: false });
+      prepared.pipelines?.then(() => notify({ stage: "prepare", what: "WebGPU device and shader pipelines", done: true }), () => {});
+    }
+    let pyTiming, checked, built;
+    try {
+      notify({ stage: "python" });
+      pyTiming = await boot(assets);
+      notify({ stage: "check" });
+      checked = await checkModels(py.pyodide, models);   // configs through the shared validator, before any weights
+    } catch (err) {
+      prepared.close();
+      throw err;
+    }
+    notify({ stage: "models" });
+    built = await createBridge({ choice, prepared, ...wasmAssets(assets),
+      championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
+      faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
+      championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
+      draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
+      notify: notifyRequest,
+    });
+    try {
+      checked.verifyRunArtifacts(built.info);
+      const session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
+        checked.generation_config_json, JSON.stringify(built.info.champion),
+        built.info.draft ? JSON.stringify(built.info.draft) : "",
+        built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}` : ""], true);
+      loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
+    } catch (err) {
+      built.close();
+      throw err;
+    }
+    return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
+      info: { ...built.info, manifest: checked.summary } };
+  }
+
   return {
     async load({ models, options = {} }, notify) {
-      const t0 = performance.now();
-      unload();                                   // a second load frees the first
-      const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
-      const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
-      let pyTiming, checked, built;
+      fetchHooks?.setListener((p) => notify({ stage: "fetch", ...p }));
+      fetchHooks?.setLocalFiles(models.files);
       try {
-        notify({ stage: "python" });
-        pyTiming = await boot();
-        notify({ stage: "check" });
-        checked = await checkModels(py.pyodide, models);   // configs through the shared validator, before any weights
-      } catch (err) {
-        prepared.close();
-        throw err;
+        return await loadPair(models, options, notify);
+      } finally {
+        fetchHooks?.setListener(null);
       }
-      notify({ stage: "models" });
-      built = await createBridge({ choice, prepared,
-        championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
-        faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
-        championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
-        draftPlacement: options.draft_placement ?? "auto",
-        notify: notifyRequest,
-      });
-      try {
-        checked.verifyRunArtifacts(built.info);
-        const session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
-          checked.generation_config_json, JSON.stringify(built.info.champion),
-          built.info.draft ? JSON.stringify(built.info.draft) : "",
-          built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}` : ""], true);
-        loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
-      } catch (err) {
-        built.close();
-        throw err;
-      }
-      return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
-        info: { ...built.info, manifest: checked.summary } };
     },
 
     async generate(env) {

@@ -5,12 +5,14 @@
 import { createOrchestratorHandler } from "./handler.mjs";
 import { createPyodideRuntime } from "./runtime.mjs";
 import { loadSchema } from "../protocol.mjs";
+import { installWorkerFetch } from "../fetch_progress.mjs";
 
 // No top-level await: a message posted while this module is still evaluating would be lost.
 const post = (env) => self.postMessage(env);
 let handler = null;
+const fetchHooks = installWorkerFetch();   // byte progress of every load, and local model files
 const handlerReady = loadSchema().then(({ validate, codes }) => {
-  const runtime = createPyodideRuntime({ counters: () => ({ orchestrator: handler.state.droppedStale }), post });
+  const runtime = createPyodideRuntime({ counters: () => ({ orchestrator: handler.state.droppedStale }), post, fetchHooks });
   handler = createOrchestratorHandler({ runtime, post, validate, codes });
   return handler;
 });

@@ -1,0 +1,98 @@
+// Type declarations of web/exactspec.mjs, the embeddable exactspec engine.
+
+export type ErrorCode = `E_${string}`;
+
+/** Every failure: a code from py/exactspec/protocol.json "errors" and a plain sentence. */
+export interface CodedError extends Error { code: ErrorCode; detail?: string }
+
+/** A URL (relative to the page), a picked folder (<input type=file webkitdirectory>), or null for none. */
+export type ModelSource = string | FileList | File[] | null;
+
+export type LoadProgress =
+  | { stage: "prepare"; what: string; done: boolean }
+  | { stage: "python" | "check" | "models" }
+  | { stage: "fetch"; url: string; name: string; loaded: number; total: number; done: boolean };
+
+export interface EngineOptions {
+  champion?: ModelSource;               // default: the shipped champion (models/champion/ under baseUrl)
+  draft?: ModelSource;                  // default: the shipped draft; null: champion alone
+  manifest?: string | null;             // a pair manifest URL; null: none (the pair is still checked)
+  championBackend?: "auto" | "webgpu" | "wasm";
+  threads?: "auto" | number;            // WASM champion threads
+  draftPlacement?: "auto" | "inline" | "worker";
+  whenBusy?: "queue" | "refuse";
+  baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
+  assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models", string>>;
+  timeoutMs?: number;
+  onProgress?: (progress: LoadProgress) => void;
+}
+
+export interface GenerateOptions {
+  chat?: boolean;
+  speculate?: "none" | "draft" | "lookup";
+  k?: number;
+  temperature?: number;                 // 0: greedy
+  top_k?: number;
+  top_p?: number;
+  repetition_penalty?: number;
+  seed?: number;
+  max_new_tokens?: number;
+  stop_strings?: string[];
+  stop_token_ids?: number[];
+  suppress_token_ids?: number[];
+  allowed_token_ids?: number[];
+}
+
+export type TokenSource = "accepted" | "correction" | "extra" | "baseline";
+
+export interface TokensEvent {
+  kind: "tokens";
+  payload: {
+    token_ids: number[]; text: string; sources: TokenSource[];
+    round: { proposed: number; accepted: number; draft_ms: number; verify_ms: number };
+  };
+}
+export interface OtherEvent { kind: "progress" | "error"; payload: Record<string, unknown> }
+export type GenerateEvent = TokensEvent | OtherEvent;
+
+/** Privacy-safe: identities, hashes, counts, timings and codes; never text or token ids. */
+export type Receipt = Record<string, string | number | number[] | Record<string, number>>;
+
+export interface GenerateResult {
+  text: string;
+  token_ids: number[];
+  prompt_ids: number[];
+  finish_reason: "eos" | "stop" | "length" | "cancelled" | "error";
+  stats: Record<string, unknown> & {
+    rounds: number; proposed: number; accepted: number; baseline_steps: number;
+    accepted_count_histogram: number[]; rejection_position_histogram: number[];
+  };
+  timing_ms: Record<string, number | null | Record<string, number>>;
+  error: { code: ErrorCode; message: string } | null;
+  receipt: Receipt;
+}
+
+export interface ReadyInfo {
+  timing_ms: Record<string, number>;
+  info: {
+    champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number };
+    draft: { identity: string; placement: "inline" | "worker" } | null;
+    draft_error: { code: ErrorCode; message: string } | null;
+  };
+}
+
+export interface ExactSpecEngine {
+  readonly ready: ReadyInfo;
+  generate(prompt: string | number[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
+  cancel(): boolean;
+  memory(): Promise<Record<string, number | string | boolean>>;
+  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "draftPlacement" | "onProgress">): Promise<ReadyInfo>;
+  terminate(): Promise<void>;
+}
+
+export function createEngine(options?: EngineOptions): Promise<ExactSpecEngine>;
+export function folderFiles(role: "champion" | "draft", files: FileList | File[]): Record<string, File>;
+export function requestPayload(prompt: string | number[], options?: GenerateOptions): object;
+export function codedError(code: ErrorCode, message: string): CodedError;
+export const GENERATION_OPTIONS: string[];
+export const FOLDER_FILES: { champion: string[]; draft: string[] };

@@ -1,0 +1,117 @@
+// exactspec — the embeddable engine (one ES module). Workers and assets resolve relative to this
+// module (import.meta.url) or to the baseUrl option, so it runs from any path or origin.
+//   import { createEngine } from "https://your.site/exactspec/web/exactspec.mjs";
+//   const engine = await createEngine({ onProgress: (p) => console.log(p) });   // the shipped pair
+//   const result = await engine.generate("In the beginning", { speculate: "draft", k: 4 },
+//                                        (ev) => ev.kind === "tokens" && show(ev.payload));
+//   engine.cancel();  await engine.terminate();
+// Types: exactspec.d.ts. Full reference: docs/browser.md ("The embeddable module").
+import { Engine, engineAssets } from "./engine.mjs";
+import { codedError } from "./protocol.mjs";
+import { localModelUrl } from "./fetch_progress.mjs";
+
+export { codedError };
+
+/** Options of generate() that go to the orchestrator as they are (see docs/browser.md). */
+export const GENERATION_OPTIONS = ["speculate", "k", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
+  "max_new_tokens", "stop_strings", "stop_token_ids", "suppress_token_ids", "allowed_token_ids"];
+
+/** The model files a folder must hold (at its top level) for a role, and the weights it runs. */
+export const FOLDER_FILES = {
+  champion: ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.q8.safetensors"],
+  draft: ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"],
+};
+
+/** A picked folder (the FileList of <input type=file webkitdirectory>, or an array of File) as
+ *  {"role/name": File} for the top-level files `role` needs; throws E_MODEL_LOAD naming a missing
+ *  one. Nothing is read or uploaded here: the engine's worker reads the files at load. */
+export function folderFiles(role, fileList) {
+  const byName = new Map();
+  for (const f of Array.from(fileList ?? [])) {
+    const rel = (f.webkitRelativePath || f.name).split("/");
+    const name = rel.length > 1 ? rel.slice(1).join("/") : rel[0];   // drop the folder's own name
+    if (!name.includes("/")) byName.set(name, f);
+  }
+  const missing = FOLDER_FILES[role].filter((n) => !byName.has(n));
+  if (missing.length) {
+    const more = role === "champion" && missing.includes("model.q8.safetensors")
+      ? " (a champion folder must hold the q8 artifact that `exactspec convert` writes)" : "";
+    throw codedError("E_MODEL_LOAD", `${role} folder lacks ${missing.join(", ")}${more}`);
+  }
+  const out = {};
+  for (const [name, f] of byName) out[`${role}/${name}`] = f;
+  return out;
+}
+
+/** models for Engine.load from {champion, draft} where each is a URL string or a picked folder
+ *  (FileList / File[]); folders become virtual URLs answered from the files in the worker. */
+export function resolveModels({ champion, draft, manifest }, defaults) {
+  const models = {}, files = {};
+  for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
+    if (value === null || value === undefined || value === "") continue;
+    if (typeof value === "string") { models[role] = value; continue; }
+    Object.assign(files, folderFiles(role, value));
+    models[role] = localModelUrl(role);
+  }
+  if (Object.keys(files).length) {
+    models.files = files;
+    models.manifest = manifest ?? null;           // a local folder is checked without the shipped manifest
+  } else if (manifest !== undefined) models.manifest = manifest;
+  return models;
+}
+
+/** {prompt|prompt_ids, chat, config} from generate()'s arguments; unknown options are refused. */
+export function requestPayload(prompt, options = {}) {
+  const { chat = false, ...rest } = options;
+  const unknown = Object.keys(rest).filter((k) => !GENERATION_OPTIONS.includes(k));
+  if (unknown.length) throw codedError("E_BAD_ARGUMENT", `unknown option ${unknown[0]} (known: chat, ${GENERATION_OPTIONS.join(", ")})`);
+  const config = Object.fromEntries(Object.entries(rest).filter(([, v]) => v !== undefined));
+  const base = Array.isArray(prompt) ? { prompt_ids: prompt } : { prompt: String(prompt) };
+  return { ...base, chat: !!chat, config };
+}
+
+class ExactSpecEngine {
+  constructor(engine) { this.engine = engine; }
+
+  /** What the load reported: {timing_ms, info: {champion, draft, draft_error, manifest}}. */
+  get ready() { return this.engine.ready; }
+
+  /** Generate one answer (queued behind a running one). onEvent sees {kind: "tokens"|"progress"|
+   *  "error", payload}; resolves with the result (text, token_ids, finish_reason, stats,
+   *  timing_ms, error, receipt); rejects with .code only when refused before it started. */
+  generate(prompt, options = {}, onEvent = null) {
+    let payload;
+    try { payload = requestPayload(prompt, options); } catch (err) { return Promise.reject(err); }
+    return this.engine.generate(payload, onEvent);
+  }
+
+  /** End the running answer at its next round boundary ("cancelled"); true if one was running. */
+  cancel() { return this.engine.cancel(); }
+
+  /** Bytes held, by category: GPU buffers, WASM champion and draft memory, Pyodide heap. */
+  memory() { return this.engine.memory(); }
+
+  /** Load another pair in place (same options as createEngine's models and onProgress). */
+  load(models, options = {}) {
+    return this.engine.load(resolveModels(models, this.defaults), options);
+  }
+
+  /** Free everything; later calls are refused E_TERMINATED. */
+  terminate() { return this.engine.terminate(); }
+}
+
+/** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
+ *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads,
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, onProgress}. */
+export async function createEngine(options = {}) {
+  const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto",
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs } = options;
+  const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
+  const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
+  const models = resolveModels({ champion, draft, manifest }, defaults);
+  const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, draftPlacement, whenBusy,
+    onProgress, ...(timeoutMs ? { timeoutMs } : {}) });
+  const wrapped = new ExactSpecEngine(engine);
+  wrapped.defaults = defaults;
+  return wrapped;
+}
