@@ -1,4 +1,4 @@
-"""Command line: `exactspec demo | generate | sample | serve`. Every failure ends in one line
+"""Command line: `exactspec demo | generate | sample | serve | convert`. Every failure ends in one line
 `exactspec: E_CODE: message` on stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--weights", default="q8", choices=CHAMPION_WEIGHTS, help="champion weights (default q8)")
     serve = sub.add_parser("serve", help="serve the browser runtime on 127.0.0.1 (COOP/COEP, offline)")
     serve.add_argument("--port", type=_port_arg, default=8000, help="0..65535; 0 picks a free port")
+    convert = sub.add_parser("convert", help="a Hugging Face folder to the q8 run artifact and its manifest entry")
+    convert.add_argument("src", type=_model_dir_arg, help="Hugging Face model folder (config.json, safetensors)")
+    convert.add_argument("dst", type=_model_dir_arg, help="output folder (created; may be SRC)")
+    convert.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
     _add_generation_args(sub.add_parser("generate", help="generate one answer"))
     sample = sub.add_parser("sample", help="N independent samples, seeds derived from --seed")
     _add_generation_args(sample)
@@ -84,7 +88,8 @@ def _policy(args):
 def _load(args):
     from .models import load_pair
     champion, draft = _model_dirs(args)
-    return load_pair(champion, draft, champion_weights=args.weights or "q8")
+    weights = args.weights or ("q8" if os.path.exists(os.path.join(champion, "model.q8.safetensors")) else "f32")
+    return load_pair(champion, draft, champion_weights=weights)   # a folder as published runs its own weights
 
 
 def _prompt_ids(pair, args):
@@ -203,6 +208,28 @@ def cmd_sample(args) -> int:
     return EXIT_ERROR if any(r["error"] for r in samples) else 0
 
 
+def cmd_convert(args) -> int:
+    from .convert import convert
+
+    live, shown = sys.stderr.isatty(), [0]
+
+    def progress(done, total, done_bytes, total_bytes):   # a terminal: one line rewritten in place
+        if not live and done < total and done_bytes < shown[0] + total_bytes / 10:
+            return                                        # else a line per tenth of the bytes
+        shown[0] = done_bytes
+        print(("\r" if live else "") + f"exactspec convert: {done}/{total} tensors, "
+              f"{done_bytes / 1e6:.1f}/{total_bytes / 1e6:.1f} MB",
+              end="\n" if done == total or not live else "", file=sys.stderr, flush=True)
+    entry = convert(args.src, args.dst, progress=progress)
+    artifact = entry["model"]["run_artifact"]
+    if args.json:
+        print(json.dumps(entry))
+    else:
+        print(f"{os.path.join(args.dst, artifact['file'])}: {artifact['bytes']} bytes, sha256 {artifact['sha256']}, "
+              f"{entry['seconds']:.1f} s")
+    return 0
+
+
 def _say_error(code: str, message: str) -> None:
     """The one line every failure ends in (nothing if stderr itself is gone)."""
     if sys.stderr is None:
@@ -236,6 +263,8 @@ def _dispatch(args) -> int:
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(toy=args.toy, as_json=args.json, weights=args.weights)
+    if args.command == "convert":
+        return cmd_convert(args)
     if args.command == "serve":
         from .server import serve_forever
         try:

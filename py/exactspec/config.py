@@ -162,14 +162,15 @@ def read_exact(f, n: int, path) -> bytes:
 
 
 def read_regular_file(path, *, max_bytes: int) -> bytes:
-    """The bytes of a regular file of at most max_bytes (never reads more than max_bytes + 1)."""
+    """The bytes of a regular file of at most max_bytes (never reads more than max_bytes + 1, and
+    allocates for its stated size, not for max_bytes)."""
     f, size = open_regular_file(path)
     with f:
         if size > max_bytes:
             raise _refuse(os.fspath(path), f"is {size} bytes, over the {max_bytes}-byte limit")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise _refuse(os.fspath(path), f"grew past the {max_bytes}-byte limit while read")
+        data = f.read(size + 1)   # one past the stated size: a file that grew is caught below
+    if len(data) > size:
+        raise _refuse(os.fspath(path), f"grew past its stated {size} bytes while read")
     return data
 
 

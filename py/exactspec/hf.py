@@ -10,10 +10,11 @@ float32 readers (CPython); the rest is standard library.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 
-from .config import MAX_CONFIG_BYTES, LlamaConfig, read_json_file, validate_config
+from .config import MAX_CONFIG_BYTES, LlamaConfig, read_json_file, read_regular_file, validate_config
 from .errors import E_MODEL_LOAD, ExactSpecError
 from .safetensors import SafetensorsReader
 
@@ -112,6 +113,22 @@ class Checkpoint:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def checkpoint_digest(ckpt: Checkpoint) -> tuple[str, int]:
+    """(sha256 hex, bytes) naming a checkpoint's weights: of the file itself when it is one file;
+    for shards, the sha256 of the index file's bytes followed by each shard's sha256 hex (file
+    name order), and the byte count of the index and shards together."""
+    from .manifest import sha256_file
+    if ckpt.index_path is None:
+        return sha256_file(ckpt.files[0])
+    _, total = sha256_file(ckpt.index_path)
+    h = hashlib.sha256(read_regular_file(ckpt.index_path, max_bytes=MAX_INDEX_BYTES))
+    for path in ckpt.files:
+        sha, nbytes = sha256_file(path)
+        h.update(sha.encode())
+        total += nbytes
+    return h.hexdigest(), total
 
 
 def decode_float32(name: str, dtype: str, shape, data, path: str):

@@ -28,6 +28,7 @@ FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_c
 CHAT_TEMPLATE_FILE = "chat_template.jinja"          # read only when tokenizer_config has none
 WEIGHTS_FILE = "model.safetensors"
 Q8_WEIGHTS_FILE = "model.q8.safetensors"
+SHARDED_WEIGHTS_FILE = "model.safetensors.index.json"   # a sharded checkpoint, run as published
 MAX_MODEL_JSON_BYTES = 256 << 20     # tokenizer.json of a real model is a few MB
 
 # Run artifact (the weights file a backend actually runs) -> (quantisation scheme name, the
@@ -37,6 +38,7 @@ MAX_MODEL_JSON_BYTES = 256 << 20     # tokenizer.json of a real model is a few M
 RUN_WEIGHTS_SCHEMES = {
     WEIGHTS_FILE: ("f32", None),
     Q8_WEIGHTS_FILE: ("q8-sym-row-v1", "int8 symmetric per output row; w = q8 * scale[:,None]"),
+    SHARDED_WEIGHTS_FILE: ("f32", None),   # digest: exactspec.hf.checkpoint_digest
 }
 
 # Fields that must be identical (in this order of reporting).
@@ -460,16 +462,21 @@ def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict
              for name in (*FILES, CHAT_TEMPLATE_FILE) if os.path.exists(os.path.join(model_dir, name))}
     weights = {}
     run_path = os.path.join(model_dir, run_weights)
-    if os.path.exists(run_path):
-        run_image = _read_bytes(run_path)
-        weights[run_weights] = (sha256_bytes(run_image), len(run_image))
+    if (run_weights == WEIGHTS_FILE and not os.path.exists(run_path)
+            and os.path.exists(os.path.join(model_dir, SHARDED_WEIGHTS_FILE))):
+        from .hf import checkpoint_digest, open_checkpoint   # shards: the index and each shard's hash
+        run_weights, run_path = SHARDED_WEIGHTS_FILE, os.path.join(model_dir, SHARDED_WEIGHTS_FILE)
+        with open_checkpoint(model_dir) as ckpt:
+            weights[run_weights] = checkpoint_digest(ckpt)
+    elif os.path.exists(run_path):   # streamed: a weights file may be larger than memory allows
+        weights[run_weights] = sha256_file(run_path)
     f32_path = os.path.join(model_dir, WEIGHTS_FILE)
     if run_weights != WEIGHTS_FILE and os.path.exists(f32_path):
         weights[WEIGHTS_FILE] = sha256_file(f32_path)
     identity = model_identity_from_files(files, weights, source=model_dir, run_weights=run_weights)
-    from .safetensors import parse_header   # here, so the browser bundle needs no safetensors.py
-    _, metadata, _ = parse_header(run_image, run_path)
-    check_weights_metadata(run_weights, metadata, run_path)
+    if run_weights != SHARDED_WEIGHTS_FILE:   # (each shard's header is checked when it is opened)
+        from .safetensors import read_header   # here, so the browser bundle needs no safetensors.py
+        check_weights_metadata(run_weights, read_header(run_path)[1], run_path)
     return {"model_dir": os.path.abspath(model_dir), **identity}
 
 

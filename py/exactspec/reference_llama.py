@@ -13,15 +13,14 @@ start_pos on the next call. See docs/reference_model.md for tolerances and speed
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Sequence
 
 import numpy as np
 
 from .errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
-from .config import open_regular_file, read_json_file, rope_inv_freq as config_rope_inv_freq, validate_config
-from .hf import decode_float32, open_checkpoint, open_safetensors_files
+from .config import read_json_file, rope_inv_freq as config_rope_inv_freq, validate_config
+from .hf import checkpoint_digest, decode_float32, open_checkpoint, open_safetensors_files
 
 # Agreement the tests demand (tests/test_reference_llama.py; docs/reference_model.md explains).
 REFERENCE_TOLERANCES = {
@@ -191,28 +190,6 @@ def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
             refuse(f"missing tensor {name!r}", name)
 
 
-def _checkpoint_identity(ckpt) -> str:
-    """sha256 hex of the weights file's bytes; for shards, of the index file's bytes followed
-    by each shard's sha256 hex, in file-name order."""
-    if ckpt.index_path is None:
-        return _sha256_file(ckpt.files[0])
-    fh, _ = open_regular_file(ckpt.index_path)
-    with fh:
-        h = hashlib.sha256(fh.read())
-    for path in ckpt.files:
-        h.update(_sha256_file(path).encode())
-    return h.hexdigest()
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    fh, _ = open_regular_file(path)
-    with fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------
 # Math: the float64 building blocks (HF semantics)
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +277,7 @@ class LlamaReference:
         with ckpt:
             _check_header(ckpt.header(), hp, weights_path, quantised=weights == "q8")
             fetch = _q8_fetcher(ckpt, weights_path) if weights == "q8" else ckpt.read_float32
-            return cls(config, fetch, _checkpoint_identity(ckpt), source=weights_path)
+            return cls(config, fetch, checkpoint_digest(ckpt)[0], source=weights_path)
 
     def _load_weights(self, fetch) -> None:
         """Weights in float64 (the compute dtype: 8 bytes per parameter), each built from one

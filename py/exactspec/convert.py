@@ -1,0 +1,195 @@
+"""`exactspec convert SRC DST`: a Hugging Face folder to the q8 run artifact, streamed.
+
+Writes DST/model.q8.safetensors in the format the shipped champion uses (scheme `q8-sym-row-v1`:
+every 2-D tensor but the embedding as `<name>.q8` int8 symmetric per output row plus
+`<name>.scale` float32 `(rows,)`, w ~= q8 * scale[:, None]; embedding, norms and biases as
+float32 under their own names; the source's `__metadata__` plus `quantization`, keys sorted),
+copies the small files (config, generation config, tokenizer files), and writes
+DST/exactspec_model.json: the file list with sha256 and sizes, the `models.<role>` entry of a
+served manifest (run_artifact) and the model's identity (exactspec.manifest).
+
+Streaming: the header is laid out from the source headers alone, then each output tensor is
+produced in blocks of rows (read, widen to float32, quantise, write) and hashed as written, so
+the peak is one block of rows (CHUNK_VALUES float32 values and their int8 copy), never a tensor
+and never the model. Quantisation is exactly tools/train/export_hf.py's torch code in NumPy:
+amax = max|row| in float32, clamped to float32(1e-12); scale = float32(amax / 127);
+q = clip(rint(w / scale), -127, 127) (float32 division, ties to even). The result is the
+shipped champion's model.q8.safetensors byte for byte, up to the order of its metadata keys.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+from .config import read_regular_file
+from .errors import E_IO, E_MODEL_LOAD, ExactSpecError
+from .hf import CONFIG_FILE, load_config, open_checkpoint
+from .manifest import (FILES, CHAT_TEMPLATE_FILE, MAX_MODEL_JSON_BYTES, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,
+                       model_identity_from_files, run_weights_scheme)
+from .reference_llama import _check_header, _parse_config
+from .safetensors import safetensors_layout
+
+CHUNK_VALUES = 1 << 20                 # float32 values per block of rows (4 MiB)
+EMBEDDING = "model.embed_tokens.weight"
+OPTIONAL_FILES = ("special_tokens_map.json", CHAT_TEMPLATE_FILE)
+MODEL_FILE = "exactspec_model.json"
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def plan_outputs(header: dict, tied: bool) -> dict:
+    """Output tensor name -> (dtype, shape, source name, kind in {"f32", "q8", "scale"})."""
+    plan = {}
+    for name, info in header.items():
+        shape = tuple(info["shape"])
+        if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue   # not part of the function (transformers ignores them too)
+        if len(shape) == 2 and name != EMBEDDING:
+            plan[name + ".q8"] = ("I8", shape, name, "q8")
+            plan[name + ".scale"] = ("F32", shape[:1], name, "scale")
+        else:
+            plan[name] = ("F32", shape, name, "f32")
+    return plan
+
+
+def quantise_rows(w: np.ndarray, scale=None):
+    """(q8, scale) of float32 rows as export_hf.quantize_rows computes them in torch; with
+    scale given, only q8 against it."""
+    if scale is None:
+        amax = np.maximum(np.max(np.abs(w), axis=1), np.float32(1e-12))
+        scale = (amax / np.float32(127.0)).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def _row_blocks(shape: tuple):
+    rows = shape[0] if shape else 1
+    per = max(1, CHUNK_VALUES // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for begin in range(0, rows, per):
+        yield begin, min(rows, begin + per)
+
+
+class _HashingWriter:
+    def __init__(self, f):
+        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, data) -> None:
+        data = memoryview(data).cast("B")
+        self.f.write(data)
+        self.sha.update(data)
+        self.bytes += len(data)
+
+
+def _produce(ckpt, writer, kind: str, source: str, scales: dict) -> None:
+    """Write one output tensor block by block."""
+    dtype, shape = ckpt.entry(source)
+    if not shape:   # a scalar
+        writer.write(ckpt.read_float32(source).astype("<f4").tobytes())
+        return
+    scale_parts = []
+    for begin, end in _row_blocks(shape):
+        rows = ckpt.read_rows_float32(source, begin, end)
+        if kind == "f32":
+            writer.write(np.ascontiguousarray(rows, dtype="<f4"))
+        elif kind == "scale":
+            scale_parts.append(quantise_rows(rows)[1])
+            writer.write(scale_parts[-1].astype("<f4"))
+        else:
+            writer.write(quantise_rows(rows, scales[source][begin:end])[0])
+    if kind == "scale":
+        scales[source] = np.concatenate(scale_parts)
+
+
+def write_q8(ckpt, path: str, plan: dict, metadata: dict, progress=None) -> tuple[str, int]:
+    """Stream the q8 artifact to path (via path + '.tmp', renamed at the end): (sha256, bytes)."""
+    prefix, order = safetensors_layout({n: (d, s) for n, (d, s, _, _) in plan.items()}, metadata)
+    # every .scale (F32) precedes its .q8 (I8) in the layout; scales are kept (4 bytes a row)
+    scales: dict = {}
+    total = len(prefix) + sum(nbytes for *_, nbytes in order)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            writer.write(prefix)
+            for i, (name, _, _, nbytes) in enumerate(order):
+                _, _, source, kind = plan[name]
+                before = writer.bytes
+                _produce(ckpt, writer, kind, source, scales)
+                if writer.bytes - before != nbytes:
+                    raise ExactSpecError(E_MODEL_LOAD, f"{name}: wrote {writer.bytes - before} bytes, "
+                                         f"the header declares {nbytes}")
+                if progress:
+                    progress(i + 1, len(order), writer.bytes, total)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ExactSpecError(E_IO, f"{path}: cannot write ({e.strerror or e})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return writer.sha.hexdigest(), writer.bytes
+
+
+def _copy_small_files(src: str, dst: str) -> dict:
+    """Copy the identity files (required) and the optional ones; name -> bytes."""
+    copied = {}
+    for name in (*FILES, *OPTIONAL_FILES):
+        path = os.path.join(src, name)
+        if name not in FILES and not os.path.exists(path):
+            continue
+        data = read_regular_file(path, max_bytes=MAX_MODEL_JSON_BYTES) if os.path.exists(path) else None
+        if data is None:
+            raise ExactSpecError(E_MODEL_LOAD, f"{path}: file not found (convert needs {', '.join(FILES)})")
+        out = os.path.join(dst, name)
+        if not (os.path.exists(out) and os.path.samefile(path, out)):
+            try:
+                with open(out, "wb") as f:
+                    f.write(data)
+            except OSError as e:
+                raise ExactSpecError(E_IO, f"{out}: cannot write ({e.strerror or e})") from None
+        copied[name] = data
+    return copied
+
+
+def convert(src, dst, progress=None) -> dict:
+    """Convert folder src into dst (created if missing). Returns the exactspec_model.json object
+    plus "seconds".
+    progress(done_tensors, tensors, done_bytes, total_bytes) is called after each tensor."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    started = time.perf_counter()
+    config, _ = load_config(src)
+    hp = _parse_config(config, os.path.join(src, CONFIG_FILE))
+    try:
+        os.makedirs(dst, exist_ok=True)
+    except OSError as e:
+        raise ExactSpecError(E_IO, f"{dst}: cannot create the folder ({e.strerror or e})") from None
+    with open_checkpoint(src) as ckpt:
+        header = ckpt.header()
+        _check_header(header, hp, ckpt.index_path or ckpt.files[0], quantised=False)
+        files = _copy_small_files(src, dst)   # tokenizer etc. checked below, before the long write
+        identity_probe = {Q8_WEIGHTS_FILE: ("0" * 64, 0)}
+        model_identity_from_files(files, identity_probe, source=src)
+        metadata = dict(sorted({**ckpt.metadata, "quantization": RUN_WEIGHTS_SCHEMES[Q8_WEIGHTS_FILE][1]}.items()))
+        plan = plan_outputs(header, hp["tie_word_embeddings"])
+        sha, nbytes = write_q8(ckpt, os.path.join(dst, Q8_WEIGHTS_FILE), plan, metadata, progress)
+    identity = model_identity_from_files(files, {Q8_WEIGHTS_FILE: (sha, nbytes)}, source=os.path.basename(dst))
+    listed = [{"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+              for name, data in files.items()] + [{"path": Q8_WEIGHTS_FILE, "bytes": nbytes, "sha256": sha}]
+    entry = {
+        "files": sorted(listed, key=lambda e: e["path"]),
+        "model": {"dir": os.path.basename(os.path.normpath(dst)), "hidden_size": hp["hidden_size"],
+                  "num_hidden_layers": hp["num_layers"],
+                  "run_artifact": {"file": Q8_WEIGHTS_FILE, "sha256": sha, "bytes": nbytes,
+                                   "quantization": run_weights_scheme(Q8_WEIGHTS_FILE)}},
+        "identity": identity,
+    }
+    try:
+        with open(os.path.join(dst, MODEL_FILE), "w", encoding="utf-8") as f:
+            json.dump(entry, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        raise ExactSpecError(E_IO, f"{os.path.join(dst, MODEL_FILE)}: cannot write ({e.strerror or e})") from None
+    entry["seconds"] = round(time.perf_counter() - started, 3)   # not in the file: it stays deterministic
+    return entry
