@@ -34,6 +34,11 @@ TOLERANCES = {
     # whole model, q8 weights, f32 vs f64: tiny random 2.7e-6, trained champion 1.07e-5 (logits to
     # ~15), trained draft 8.1e-6; its flip_margin bounds greedy differences in test_browser_e2e.py
     "champion_logits_vs_reference": Tol(1.5e-4, 0.0, measured=1.07e-5),
+    # --- tools/widen.py: widened pair vs the trained pair, both float64 reference (test_widen.py) --
+    "widened_logprobs": Tol(2e-5, 0.0, measured=1.35e-6),      # log-softmax, champion 384-wide
+    # --- Hugging Face folders: float64 reference vs transformers float32 (test_hf_models.py) ------
+    # mid-size synthetic shapes, bf16 on disk, initializer_range 0.2 (logits to ~9), 96 positions
+    "hf_reference_vs_transformers_f32": Tol(5e-4, 0.0, measured=6.5e-5),
     # --- processors / acceptance on WebGPU vs processors.py / acceptance.py (test_gpu_accept.py) --
     "processed_probs": Tol(1.5e-5, 0.0, measured=1.09e-6),
     # decision quantities (harness diagnostics): the test sees 4.7e-7 / 5.2e-6 at V <= 1000; the
