@@ -35,22 +35,24 @@ def body(kind, C=5, R=4):
     if q8:
         L.append("// Int8 mat-mul: y[j, o] (+)= scale[o] * sum_i q8[o, i] * x[j, i]; += when Meta.accumulate (residual).")
     else:
-        L.append("// Tied LM head: logits[j, v] = sum_i embed[v, i] * x[j, i] (f32 weights, any V).")
+        L.append("// LM head in f32: logits[j, v] = sum_i head[v, i] * x[j, i] (the tied embedding or lm_head, any V).")
     L.append(generated_line(C, R))
     if q8:
-        L.append("struct Meta { n: u32, rows: u32, cols4: u32, accumulate: u32 }   // rows = out, cols4 = in / 4")
+        L.append("struct Meta { n: u32, rows: u32, cols4: u32, accumulate: u32, stride: u32, row0: u32 }")
     else:
-        L.append("struct Meta { n: u32, rows: u32, cols4: u32, pad0: u32 }   // rows = out, cols4 = in / 4")
+        L.append("struct Meta { n: u32, rows: u32, cols4: u32, pad0: u32, stride: u32, row0: u32 }")
+    L.append("// rows = out rows of this weight piece, cols4 = in / 4; y row j holds `stride` outputs and this")
+    L.append("// piece writes y[j, row0 + o] (a tensor split across bindings: one dispatch per piece of rows)")
     L.append("")
     if q8:
-        L.append("@group(0) @binding(0) var<storage, read> weight: array<u32>;      // (out, in / 4): 4 int8 per word, little-endian")
-        L.append("@group(0) @binding(1) var<storage, read> scale: array<f32>;       // (out,)")
+        L.append("@group(0) @binding(0) var<storage, read> weight: array<u32>;      // (rows, in / 4): 4 int8 per word, little-endian")
+        L.append("@group(0) @binding(1) var<storage, read> scale: array<f32>;       // (rows,)")
         L.append("@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;     // (maxBlock, in / 4)")
-        L.append("@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, out); the residual stream when accumulating")
+        L.append("@group(0) @binding(3) var<storage, read_write> y: array<f32>;     // (maxBlock, stride); the residual stream when accumulating")
     else:
-        L.append("@group(0) @binding(0) var<storage, read> weight: array<vec4<f32>>; // (V, H / 4): the embedding")
+        L.append("@group(0) @binding(0) var<storage, read> weight: array<vec4<f32>>; // (rows, H / 4): embedding or head rows")
         L.append("@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // (maxBlock, H / 4)")
-        L.append("@group(0) @binding(2) var<storage, read_write> y: array<f32>;      // (maxBlock, V)")
+        L.append("@group(0) @binding(2) var<storage, read_write> y: array<f32>;      // (maxBlock, stride)")
     L.append("@group(1) @binding(0) var<uniform> params: Meta;")
     L.append("")
     if q8:
@@ -68,9 +70,10 @@ def body(kind, C=5, R=4):
     L.append("  if (j < params.n && o < params.rows) {")
     if q8:
         L.append("    let v = finish(a, o);")
-        L.append("    y[j * params.rows + o] = select(v, y[j * params.rows + o] + v, params.accumulate != 0u);")
+        L.append("    let at = j * params.stride + params.row0 + o;")
+        L.append("    y[at] = select(v, y[at] + v, params.accumulate != 0u);")
     else:
-        L.append("    y[j * params.rows + o] = finish(a, o);")
+        L.append("    y[j * params.stride + params.row0 + o] = finish(a, o);")
     L.append("  }")
     L.append("}")
     L.append("")

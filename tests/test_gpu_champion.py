@@ -117,7 +117,7 @@ def test_kernels_follow_the_conventions():
     import re
     source = (REPO_ROOT / "web" / "gpu" / "champion.mjs").read_text()
     names = re.findall(r'"(\w+)"', source[source.index("KERNELS = ["):source.index("];")])
-    assert len(names) == 9
+    assert len(names) == 11
     for name in names:
         assert callable(getattr(gpu_twins, name, None)), f"no NumPy twin {name}"
         wgsl = (REPO_ROOT / "shaders" / f"{name}.wgsl").read_text()

@@ -95,3 +95,15 @@ def swiglu_f32(gate_up) -> np.ndarray:
     gate_up = _f64(gate_up)
     f = gate_up.shape[1] // 2
     return silu(gate_up[:, :f]) * gate_up[:, f:]
+
+
+def embed_gather_q8(q8, scale, ids) -> np.ndarray:
+    """q8 (V, H) int8, scale (V,) f32, ids (n,) -> (n, H): the float32 product q8 * scale (exact
+    as the reference dequantises it), as float64."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return (np.asarray(q8)[ids].astype(np.float32) * np.asarray(scale, np.float32)[ids, None]).astype(np.float64)
+
+
+def bias_add_f32(y, bias) -> np.ndarray:
+    """y (n, rows), bias (rows,) -> y + bias."""
+    return _f64(y) + _f64(bias)[None, :]

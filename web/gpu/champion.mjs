@@ -3,23 +3,33 @@ import {
   bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
 import { expectTensor, parseSafetensors } from "./safetensors.mjs";
+import { parseConfig, resolveMaxContext, ropeTable } from "./champion_config.mjs";
+import { bindingLimit, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
+
+export { parseConfig } from "./champion_config.mjs";
 
 export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
-  "attention_softmax", "attention_values", "swiglu_f32", "lm_head_f32",
+  "attention_softmax", "attention_values", "swiglu_f32", "lm_head_f32", "embed_gather_q8", "bias_add_f32",
 ];
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
 
 /** Meta fields and dispatch grid of each kernel, from its dims: the one place both the forward
  *  and the test harness compute them. `matmul_q8`/`lm_head_f32` dims: {n, rows: out, cols: in},
- *  `accumulate` (matmul_q8: add into y, the residual stream). */
+ *  `accumulate` (matmul_q8: add into y, the residual stream), and for one piece of a tensor split
+ *  by rows `row0` (its first output row) and `stride` (outputs per y row; default rows).
+ *  `embed_gather(_q8)`: {n, hidden, vocab: rows of this piece, row0}. */
+const gather = (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab), u(d.row0 ?? 0)], grid: [cdiv(d.hidden, 64), d.n, 1] });
+const matmulMeta = (d, flag) => [u(d.n), u(d.rows), u(d.cols / 4), u(flag), u(d.stride ?? d.rows), u(d.row0 ?? 0)];
 export const OPS = {
-  embed_gather: (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab)], grid: [cdiv(d.hidden, 64), d.n, 1] }),
+  embed_gather: gather,
+  embed_gather_q8: gather,
   rmsnorm_f32: (d) => ({ meta: [u(d.n), u(d.hidden), [d.eps, "f32"]], grid: [d.n, 1, 1] }),
-  matmul_q8: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4), u(d.accumulate ? 1 : 0)], grid: [cdiv(d.rows, 256), 1, 1] }),
-  lm_head_f32: (d) => ({ meta: [u(d.n), u(d.rows), u(d.cols / 4)], grid: [cdiv(d.rows, 256), 1, 1] }),
+  matmul_q8: (d) => ({ meta: matmulMeta(d, d.accumulate ? 1 : 0), grid: [cdiv(d.rows, 256), 1, 1] }),
+  lm_head_f32: (d) => ({ meta: matmulMeta(d, 0), grid: [cdiv(d.rows, 256), 1, 1] }),
+  bias_add_f32: (d) => ({ meta: [u(d.n), u(d.rows)], grid: [cdiv(d.rows, 64), d.n, 1] }),
   rope_qkv: (d) => ({
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset)],
     grid: [cdiv(d.n * (d.heads + 2 * d.kvHeads) * d.headDim / 2, 64), 1, 1],
@@ -38,72 +48,75 @@ export const OPS = {
   swiglu_f32: (d) => ({ meta: [u(d.n), u(d.inter)], grid: [cdiv(d.inter, 64), d.n, 1] }),
 };
 
-/** Hyper-parameters from config.json (HF Llama), refusing what the kernels cannot run. */
-export function parseConfig(cfg) {
-  const need = (k) => { if (cfg[k] === undefined) throw new Error(`E_MODEL_LOAD: config.json lacks ${k}`); return cfg[k]; };
-  const heads = need("num_attention_heads");
-  const hp = {
-    vocab: need("vocab_size"), hidden: need("hidden_size"), inter: need("intermediate_size"),
-    layers: need("num_hidden_layers"), heads, kvHeads: cfg.num_key_value_heads || heads,
-    headDim: cfg.head_dim || need("hidden_size") / heads, eps: cfg.rms_norm_eps ?? 1e-6,
-    ropeTheta: cfg.rope_parameters?.rope_theta ?? cfg.rope_theta ?? 10000.0,
-    maxPositions: need("max_position_embeddings"),
-  };
-  const refuse = (why) => { throw new Error(`E_MODEL_LOAD: config.json: ${why}`); };
-  if ((cfg.model_type ?? "llama") !== "llama") refuse(`model_type ${cfg.model_type} is not llama`);
-  if ((cfg.hidden_act ?? "silu") !== "silu") refuse(`hidden_act ${cfg.hidden_act} is not silu`);
-  if (cfg.tie_word_embeddings !== true) refuse("the WebGPU champion needs tie_word_embeddings=true");
-  if (cfg.rope_scaling) refuse("rope_scaling is not supported");
-  if (heads % hp.kvHeads) refuse("num_attention_heads must be a multiple of num_key_value_heads");
-  for (const k of ["hidden", "inter", "headDim"]) if (hp[k] % 4) refuse(`${k} must be a multiple of 4 (int8 packed 4 per word)`);
-  return hp;
-}
-
-/** RoPE table (maxContext, hd/2) of (cos, sin) pairs, angles in float64 like the reference. */
-function ropeTable(hp, maxContext) {
-  const half = hp.headDim / 2, table = new Float32Array(maxContext * half * 2);
-  for (let p = 0; p < maxContext; p++) {
-    for (let i = 0; i < half; i++) {
-      const angle = p * (1.0 / Math.pow(hp.ropeTheta, (2 * i) / hp.headDim));
-      table[2 * (p * half + i)] = Math.cos(angle);
-      table[2 * (p * half + i) + 1] = Math.sin(angle);
-    }
-  }
-  return table;
-}
-
-/** Upload the q8 linears of one layer, fusing q|k|v and gate|up row-wise (same dot products). */
-function uploadLayer(device, tensors, hp, i, label) {
-  const p = `model.layers.${i}.`, H = hp.hidden, F = hp.inter;
-  const qDim = hp.heads * hp.headDim, kvDim = hp.kvHeads * hp.headDim;
-  const fused = (parts, cols) => {
-    const rows = parts.reduce((a, [, r]) => a + r, 0);
-    const w = storageBuffer(device, rows * cols, null, `${p}w`), s = storageBuffer(device, rows * 4, null, `${p}s`);
-    let row = 0;
-    for (const [name, r] of parts) {
-      writeBytes(device, w, row * cols, expectTensor(tensors, `${p}${name}.weight.q8`, "I8", [r, cols], label).bytes);
-      writeBytes(device, s, row * 4, expectTensor(tensors, `${p}${name}.weight.scale`, "F32", [r], label).bytes);
-      row += r;
-    }
-    return { w, s, rows, cols };
-  };
-  const norm = (name) => storageBuffer(device, H * 4, expectTensor(tensors, `${p}${name}.weight`, "F32", [H], label).bytes);
-  return {
-    attnNorm: norm("input_layernorm"), mlpNorm: norm("post_attention_layernorm"),
-    qkv: fused([["self_attn.q_proj", qDim], ["self_attn.k_proj", kvDim], ["self_attn.v_proj", kvDim]], H),
-    o: fused([["self_attn.o_proj", H]], qDim),
-    gateUp: fused([["mlp.gate_proj", F], ["mlp.up_proj", F]], H),
-    down: fused([["mlp.down_proj", H]], F),
-  };
-}
-
 /** Compile the champion's pipelines (no model needed: the kernels take their shapes at run time). */
 export function compileChampionPipelines(device, shaderUrl = null) {
   return createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
 }
 
-/** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline. */
-export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null }) {
+/** The stored form of the two (V, H) tensors: embed "f32" | "q8"; head "tied" | "f32" | "q8". */
+function tensorForms(tensors, hp) {
+  const form = (name) => (tensors.has(`${name}.q8`) ? "q8" : "f32");
+  return { embed: form("model.embed_tokens.weight"), head: hp.tied ? "tied" : form("lm_head.weight") };
+}
+
+/** Upload a (rows, cols) tensor made of row-stacked parts [[name, rows]] (q8: `<name>.q8` int8 +
+ *  `<name>.scale`; f32: `<name>` F32) into pieces of rows ({row0, rows}), each its own buffers. */
+function uploadPieces(device, tensors, parts, cols, form, pieces, label) {
+  const rowBytes = form === "q8" ? cols : 4 * cols;
+  const sources = [];
+  let at = 0;
+  for (const [name, rows] of parts) {
+    const w = form === "q8" ? expectTensor(tensors, `${name}.q8`, "I8", [rows, cols], label)
+      : expectTensor(tensors, name, "F32", [rows, cols], label);
+    const s = form === "q8" ? expectTensor(tensors, `${name}.scale`, "F32", [rows], label) : null;
+    sources.push({ row0: at, rows, w: w.bytes, s: s?.bytes });
+    at += rows;
+  }
+  return pieces.map(({ row0, rows }) => {
+    const piece = { row0, rows, cols, stride: at, w: storageBuffer(device, rows * rowBytes, null, `${parts[0][0]}[${row0}:]`) };
+    if (form === "q8") piece.s = storageBuffer(device, rows * 4, null, `${parts[0][0]}.scale[${row0}:]`);
+    for (const src of sources) {   // copy the overlap of [src.row0, +src.rows) and [row0, +rows)
+      const a = Math.max(row0, src.row0), b = Math.min(row0 + rows, src.row0 + src.rows);
+      if (a >= b) continue;
+      writeBytes(device, piece.w, (a - row0) * rowBytes, src.w.subarray((a - src.row0) * rowBytes, (b - src.row0) * rowBytes));
+      if (piece.s) writeBytes(device, piece.s, (a - row0) * 4, src.s.subarray((a - src.row0) * 4, (b - src.row0) * 4));
+    }
+    return piece;
+  });
+}
+
+/** Upload the q8 linears of one layer, fusing q|k|v and gate|up row-wise (same dot products). */
+function uploadLayer(device, tensors, hp, i, pieces, label) {
+  const p = `model.layers.${i}.`, H = hp.hidden, F = hp.inter;
+  const qDim = hp.heads * hp.headDim, kvDim = hp.kvHeads * hp.headDim;
+  const linear = (parts, cols, which) => uploadPieces(device, tensors, parts.map(([n, r]) => [p + n + ".weight", r]), cols, "q8", pieces[which], label);
+  const f32 = (name, n) => storageBuffer(device, n * 4, expectTensor(tensors, p + name, "F32", [n], label).bytes, p + name);
+  const qkvParts = [["self_attn.q_proj", qDim], ["self_attn.k_proj", kvDim], ["self_attn.v_proj", kvDim]];
+  let qkvBias = null;
+  if (hp.qkvBias) {
+    const bias = new Uint8Array((qDim + 2 * kvDim) * 4);
+    let at = 0;
+    for (const [name, r] of qkvParts) {
+      bias.set(expectTensor(tensors, `${p}${name}.bias`, "F32", [r], label).bytes, at);
+      at += r * 4;
+    }
+    qkvBias = storageBuffer(device, bias.byteLength, bias, `${p}qkv.bias`);
+  }
+  return {
+    attnNorm: f32("input_layernorm.weight", H), mlpNorm: f32("post_attention_layernorm.weight", H),
+    qkv: linear(qkvParts, H, "qkv"), qkvBias,
+    o: linear([["self_attn.o_proj", H]], qDim, "o"),
+    gateUp: linear([["mlp.gate_proj", F], ["mlp.up_proj", F]], H, "gateUp"),
+    down: linear([["mlp.down_proj", H]], F, "down"),
+  };
+}
+
+/** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline.
+ *  maxContext: KV positions (default min(max_position_embeddings, 4096)); maxBindingBytes: a
+ *  smaller split threshold for the weights than the device's (tests); memoryBudgetBytes: refuse a
+ *  plan above it (E_OUT_OF_MEMORY saying which maxContext would fit). */
+export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null,
+                                       maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
   const t0 = performance.now();
   // pipelines compile (slow on SwiftShader) while the weights download
@@ -112,17 +125,19 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   pipelinesReady.catch(() => {});   // awaited below; avoid an unhandled rejection if loading fails first
   const config = JSON.parse(await fetchText(new URL("config.json", base)));
   const hp = parseConfig(config);
-  maxContext = maxContext || hp.maxPositions;
-  if (!(maxContext >= 1 && maxContext <= hp.maxPositions)) {
-    throw new Error(`E_BAD_ARGUMENT: maxContext ${maxContext} outside [1, ${hp.maxPositions}]`);
-  }
+  maxContext = resolveMaxContext(hp, maxContext);
   if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
+  const limit = bindingLimit(device.limits);
+  const planOptions = { maxBlock, maxContext, limit, weightLimit: bindingLimit(device.limits, maxBindingBytes), budgetBytes: memoryBudgetBytes };
+  // refuse before the download what cannot fit even in the smallest forms (q8 embedding and head)
+  planChampion(hp, { embed: "q8", head: hp.tied ? "tied" : "q8" }, planOptions);
   const weightsUrl = new URL("model.q8.safetensors", base);
   const res = await fetch(weightsUrl);
   if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${weightsUrl} -> ${res.status}`);
   const fileBytes = await res.arrayBuffer();
   const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
+  const plan = planChampion(hp, tensorForms(tensors, hp), planOptions);
   // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
   const identity = await sha256Hex(fileBytes);
   const t2 = performance.now();
@@ -134,11 +149,16 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   device.pushErrorScope("out-of-memory");
   let bufs, steps, metas;
   try {
-    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label }));
+    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label, plan }));
   } finally {
     const oom = await device.popErrorScope();
     const invalid = await device.popErrorScope();
-    if (oom) throw Object.assign(new Error(`E_OUT_OF_MEMORY: WebGPU: ${oom.message}`), { code: "E_OUT_OF_MEMORY" });
+    const b = plan.bytes;
+    if (oom) {
+      throw Object.assign(new Error(`E_OUT_OF_MEMORY: WebGPU: ${oom.message} (needed ${b.total} bytes: weights ${b.weights}, ` +
+        `KV cache ${b.kvCache} at maxContext ${maxContext}, activations ${b.activations}; a smaller maxContext needs less KV cache)`),
+        { code: "E_OUT_OF_MEMORY" });
+    }
     if (invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${invalid.message}`);
   }
   const loadMs = {   // fetch: config + weights; hash: parse + sha256; pipelines: wait after that
@@ -150,6 +170,8 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const champion = {
     config, identity, artifactBytes: fileBytes.byteLength, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     logitsBuffer: bufs.logits,
+    memoryPlan: plan.bytes,                                   // bytes: weights, kvCache, activations, total
+    pieces: Object.fromEntries(Object.entries(plan.pieces).map(([k, v]) => [k, v && v.length])),   // buffers per tensor
     get length() { return length; },
     /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */
     async forward(tokenIds, startPos) {
@@ -206,7 +228,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
     reset() { length = 0; },
     /** Free every buffer this champion made (weights, activations, KV cache, metas). */
     destroy() {
-      const owned = new Set([...Object.values(bufs), metas, ...steps.flatMap((s) => s.tensorsOf)]);
+      const owned = new Set([...Object.values(bufs).flat(), metas, ...steps.flatMap((s) => s.tensorsOf)]);
       for (const b of owned) b.destroy();
       length = 0;
     },
@@ -214,12 +236,16 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   return champion;
 }
 
-/** Upload every tensor, allocate activations and the KV cache, and build the dispatch list. */
-function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label }) {
+/** Upload every tensor, allocate activations and the KV cache (one K and one V buffer per layer),
+ *  and build the dispatch list. A tensor split into row pieces is one dispatch per piece. */
+function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label, plan }) {
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
+  const forms = tensorForms(tensors, hp);
+  const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, label);
+  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, label);
+  const kvBytes = maxContext * kvHeads * hd * 4;
   const bufs = {
-    embed: storageBuffer(device, V * H * 4, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label).bytes, "embed"),
     finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], label).bytes, "norm"),
     ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
     ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
@@ -232,27 +258,39 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, la
     gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
     act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
     logits: storageBuffer(device, B * V * 4, null, "logits"),           // (B, V)
-    kCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "k_cache"), // (L, ctx, KV, hd)
-    vCache: storageBuffer(device, L * maxContext * kvHeads * hd * 4, null, "v_cache"),
+    kCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `k_cache.${l}`)),   // L x (ctx, KV, hd)
+    vCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `v_cache.${l}`)),
   };
-  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, label));
+  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, plan.pieces, label));
 
   // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
   // rewrites the Meta slab and re-encodes the same bind groups.
   const steps = [];
   const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
-  const mm = (w, xBuf, yBuf, accumulate) => step("matmul_q8", [w.w, w.s, xBuf, yBuf], (n) => ({ n, rows: w.rows, cols: w.cols, accumulate }));
-  step("embed_gather", [bufs.embed, bufs.ids, bufs.x], (n) => ({ n, hidden: H, vocab: V }));
+  const mm = (pieces, xBuf, yBuf, accumulate) => {
+    for (const w of pieces) {
+      const dims = (n) => ({ n, rows: w.rows, cols: w.cols, accumulate, row0: w.row0, stride: w.stride });
+      if (w.s) step("matmul_q8", [w.w, w.s, xBuf, yBuf], dims);
+      else step("lm_head_f32", [w.w, xBuf, yBuf], dims);
+    }
+  };
+  for (const e of embed) {
+    const dims = (n) => ({ n, hidden: H, vocab: e.rows, row0: e.row0 });
+    if (e.s) step("embed_gather_q8", [e.w, e.s, bufs.ids, bufs.x], dims);
+    else step("embed_gather", [e.w, bufs.ids, bufs.x], dims);
+  }
   layerW.forEach((w, layer) => {
     const attnDims = (n, startPos) => ({
-      n, startPos, heads, kvHeads, headDim: hd, layerOffset: layer * maxContext * kvHeads * hd, scale: hd ** -0.5, maxContext,
+      n, startPos, heads, kvHeads, headDim: hd, layerOffset: 0, scale: hd ** -0.5, maxContext,
     });
+    const kC = bufs.kCache[layer], vC = bufs.vCache[layer];
     step("rmsnorm_f32", [bufs.x, w.attnNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
     mm(w.qkv, bufs.xn, bufs.qkv, false);
-    step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, bufs.kCache, bufs.vCache], attnDims);
-    step("attention_scores", [bufs.q, bufs.kCache, bufs.scores], attnDims);
+    if (w.qkvBias) step("bias_add_f32", [w.qkvBias, bufs.qkv], (n) => ({ n, rows: qkvDim }));
+    step("rope_qkv", [bufs.qkv, bufs.ropeTable, bufs.q, kC, vC], attnDims);
+    step("attention_scores", [bufs.q, kC, bufs.scores], attnDims);
     step("attention_softmax", [bufs.scores], attnDims);
-    step("attention_values", [bufs.scores, bufs.vCache, bufs.att], attnDims);
+    step("attention_values", [bufs.scores, vC, bufs.att], attnDims);
     mm(w.o, bufs.att, bufs.x, true);                  // x += o_proj(att)
     step("rmsnorm_f32", [bufs.x, w.mlpNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
     mm(w.gateUp, bufs.xn, bufs.gateUp, false);
@@ -260,7 +298,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, la
     mm(w.down, bufs.act, bufs.x, true);               // x += down(act)
   });
   step("rmsnorm_f32", [bufs.x, bufs.finalNorm, bufs.xn], (n) => ({ n, hidden: H, eps: hp.eps }));
-  step("lm_head_f32", [bufs.embed, bufs.xn, bufs.logits], (n) => ({ n, rows: V, cols: H }));
+  mm(head, bufs.xn, bufs.logits, false);              // tied: the embedding pieces themselves
 
   const metas = metaBuffer(device, steps.length, "meta");
   for (const [slot, s] of steps.entries()) {
@@ -269,4 +307,3 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, la
   }
   return { bufs, steps, metas };
 }
-

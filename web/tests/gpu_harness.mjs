@@ -77,12 +77,35 @@ async function benchKernel(name, dims, tensors, reps = 20, tries = 5) {
   return best;
 }
 
-async function loadChampion(modelUrl, maxBlock, maxContext) {
+/** options: {maxBindingBytes, memoryBudgetBytes} of createChampion. The previous champion is freed. */
+async function loadChampion(modelUrl, maxBlock, maxContext, options = {}) {
   await init();
+  champion?.destroy();
+  champion = null;
   const t0 = performance.now();
-  champion = await createChampion({ device, modelUrl, maxBlock, maxContext });
+  champion = await createChampion({ device, modelUrl, maxBlock, maxContext, pipelinesPromise: Promise.resolve(pipelines), ...options });
   return { loadMs: performance.now() - t0, vocabSize: champion.vocabSize, maxContext: champion.maxContext,
-           identity: champion.identity, phases: champion.loadMs };
+           identity: champion.identity, phases: champion.loadMs, pieces: champion.pieces, memoryPlan: champion.memoryPlan };
+}
+
+/** The adapter's limits that decide splitting, and the plan of a config that is never loaded
+ *  (real-size shapes: no weights are fetched or allocated). */
+async function planFor(config, forms, maxBlock, maxContext, maxBindingBytes = 0) {
+  await init();
+  const { parseConfig, resolveMaxContext } = await import("../gpu/champion_config.mjs");
+  const { bindingLimit, planChampion } = await import("../gpu/champion_plan.mjs");
+  const hp = parseConfig(config);
+  const limit = bindingLimit(device.limits, maxBindingBytes);
+  const plan = planChampion(hp, forms, { maxBlock, maxContext: resolveMaxContext(hp, maxContext), limit });   // the override as the device's limit
+  return { limit, maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize, maxBufferSize: device.limits.maxBufferSize,
+           pieces: Object.fromEntries(Object.entries(plan.pieces).map(([k, v]) => [k, v && v.map((p) => [p.row0, p.rows])])),
+           bytes: plan.bytes };
+}
+
+/** transformers-style inverse RoPE frequencies the champion computes for a config (float64 values). */
+async function ropeInvFreq(config) {
+  const { parseConfig, ropeInvFreq: inv } = await import("../gpu/champion_config.mjs");
+  return Array.from(inv(parseConfig(config)));
 }
 
 /** Forward blocks in order ([[ids, startPos], ...]); returns base64 logits of each block. */
@@ -118,5 +141,5 @@ async function profile(n, startPos) {
   return champion.profile(n, startPos);
 }
 
-window.harness = { init, runKernel, benchKernel, loadChampion, forwardBlocks, timeForward, profile };
+window.harness = { init, runKernel, benchKernel, loadChampion, planFor, ropeInvFreq, forwardBlocks, timeForward, profile };
 window.harnessReady = true;

@@ -1,0 +1,245 @@
+"""WebGPU champion at real-model features and sizes (web/gpu/champion*.mjs) in headless Chromium.
+
+Mid-size random checkpoints built here with transformers (`from_config`, `save_pretrained`), one
+per family feature: Qwen2 (q/k/v biases, untied f32 head), Llama with llama3 RoPE (tied q8
+embedding), Llama with linear RoPE (untied q8 head, GQA 14/2). Each is converted to
+model.q8.safetensors and compared with transformers itself run in float64 on the dequantised
+weights; tensors are forced into several row pieces (a lowered split threshold) and checked bit for
+bit against one piece; blocks bit for bit against single positions. The real-size plan (which
+tensors split at the adapter's actual binding limit, what is refused and why) needs no weights.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from browser_fixture import chromium_browser, http_server  # noqa: F401
+from test_gpu_champion import TEST_MODELS, forward_blocks, gpu_page, quantize_rows, split, url_of  # noqa: F401
+from tolerances import TOLERANCES, max_error, within
+
+TINY_SPLIT = 16384                 # bytes per binding that force every big tensor into pieces
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def write_q8_forms(model_dir: Path, embed_q8: bool, head_q8: bool) -> None:
+    """model.safetensors -> model.q8.safetensors: layer linears int8 per row; the embedding and an
+    untied lm_head as int8 + scale when asked, else float32; 1-D tensors (norms, biases) float32."""
+    from safetensors.numpy import load_file, save_file
+    out = {}
+    for name, w in load_file(str(model_dir / "model.safetensors")).items():
+        q8 = w.ndim == 2 and (name not in ("model.embed_tokens.weight", "lm_head.weight")
+                              or (embed_q8 and name == "model.embed_tokens.weight") or (head_q8 and name == "lm_head.weight"))
+        if q8:
+            out[name + ".q8"], out[name + ".scale"] = quantize_rows(w)
+        else:
+            out[name] = w.astype(np.float32)
+    save_file(out, str(model_dir / "model.q8.safetensors"))
+
+
+def dequantised_state(model_dir: Path) -> dict:
+    """The q8 file as float32 tensors under HF names (W = q8 * scale[:, None] in float32)."""
+    from safetensors.numpy import load_file
+    raw = load_file(str(model_dir / "model.q8.safetensors"))
+    out = {}
+    for name, t in raw.items():
+        if name.endswith(".q8"):
+            out[name[:-3]] = t.astype(np.float32) * raw[name[:-3] + ".scale"][:, None]
+        elif not (name.endswith(".scale") and name[:-6] + ".q8" in raw):
+            out[name] = t
+    return out
+
+
+FAMILIES = {
+    # Qwen2: q/k/v biases, untied float32 head, GQA 6/2
+    "qwen2_bias_untied": dict(kind="qwen2", embed_q8=False, head_q8=False, cfg=dict(
+        vocab_size=3001, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    # Llama 3.x RoPE (llama3 scaling), tied int8 embedding, GQA 8/2, head_dim 16
+    "llama3_rope_tied_q8": dict(kind="llama", embed_q8=True, head_q8=False, cfg=dict(
+        vocab_size=2500, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=64))),
+    # linear RoPE, untied int8 head, GQA 14/2 (Qwen2.5-0.5B's ratio), head_dim 8
+    "linear_rope_untied_q8": dict(kind="llama", embed_q8=False, head_q8=True, cfg=dict(
+        vocab_size=2048, hidden_size=112, intermediate_size=160, num_hidden_layers=2, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
+}
+
+
+def build_family(name: str) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    spec = FAMILIES[name]
+    model_dir = TEST_MODELS / name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if spec["kind"] == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    torch.manual_seed(len(name))
+    model = model_cls(config_cls(initializer_range=0.08, **spec["cfg"])).float().eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    write_q8_forms(model_dir, spec["embed_q8"], spec["head_q8"])
+    return model_dir
+
+
+def hf_float64_logits(model_dir: Path, ids) -> np.ndarray:
+    """transformers in float64 on the dequantised q8 weights: (len(ids), V)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)).double() for k, v in dequantised_state(model_dir).items()}
+    if model.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(m.endswith("rotary_emb.inv_freq") for m in missing), (missing, unexpected)
+    with torch.no_grad():
+        return model(torch.tensor([list(map(int, ids))])).logits[0].numpy()
+
+
+@pytest.fixture(scope="module")
+def families() -> dict:
+    return {name: build_family(name) for name in FAMILIES}
+
+
+def load(page, model_dir: Path, max_context=0, **options):
+    return page.evaluate("([u, c, o]) => window.harness.loadChampion(u, 9, c, o)", [url_of(model_dir), max_context, options])
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+# ----------------------------------------------------------------------------- whole model
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_vs_transformers_split_and_blocks(gpu_page, families, name):
+    """Logits vs transformers float64 on the same q8 weights; every big tensor split in pieces
+    gives the same bits as one piece; blocks give the same bits as single positions."""
+    model_dir = families[name]
+    vocab = FAMILIES[name]["cfg"]["vocab_size"]
+    ids = np.random.default_rng(len(name)).integers(0, vocab, 70)
+    want = hf_float64_logits(model_dir, ids)
+    whole = load(gpu_page, model_dir)
+    assert set(whole["pieces"].values()) <= {1, None}
+    single = np.concatenate(forward_blocks(gpu_page, split(ids, [1]), vocab))
+    err = max_error(single, want, "champion_logits_vs_reference")
+    print(f"[err] {name}: champion vs transformers float64 max abs {err:.3e}")
+    assert within(single, want, "champion_logits_vs_reference"), (name, err, TOLERANCES["champion_logits_vs_reference"])
+    blocks = np.concatenate(forward_blocks(gpu_page, split(ids, [9, 2, 7, 5]), vocab))
+    assert np.array_equal(bits(blocks), bits(single)), f"{name}: blocks differ from single positions"
+    pieces = load(gpu_page, model_dir, maxBindingBytes=TINY_SPLIT)
+    assert pieces["pieces"]["embed"] > 1 and pieces["pieces"]["gateUp"] > 1, pieces["pieces"]
+    if pieces["pieces"]["head"] is not None:
+        assert pieces["pieces"]["head"] > 1
+    split_logits = np.concatenate(forward_blocks(gpu_page, split(ids, [8, 1, 9]), vocab))
+    assert np.array_equal(bits(split_logits), bits(single)), f"{name}: split tensors change the bits"
+
+
+def test_rope_inv_freq_is_transformers(gpu_page, families):
+    """The scaled RoPE frequencies the page computes equal transformers' float32 inv_freq bit for bit."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    for name in ("llama3_rope_tied_q8", "linear_rope_untied_q8"):
+        config = AutoConfig.from_pretrained(str(families[name]))
+        cfg_json = (families[name] / "config.json").read_text()
+        rope_type = config.rope_parameters["rope_type"]
+        want, _ = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        got = np.array(gpu_page.evaluate("(c) => window.harness.ropeInvFreq(JSON.parse(c))", cfg_json), np.float64)
+        assert np.array_equal(got.astype(np.float32), want.numpy()) and np.array_equal(got, got.astype(np.float32)), \
+            (name, got, want.numpy())
+    # Llama 3.2's published parameters (head_dim 64, theta 500000, factor 32, original 8192)
+    llama32 = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+               "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+               "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True,
+               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192}}
+    config = AutoConfig.for_model(**llama32)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
+    got = np.array(gpu_page.evaluate("(c) => window.harness.ropeInvFreq(c)", llama32), np.float64)
+    assert np.array_equal(got.astype(np.float32), want.numpy())
+
+
+# ----------------------------------------------------------------------------- plans at real sizes
+def real_config(vocab, hidden, inter, layers, heads, kv_heads, tied, model_type="llama", **extra):
+    return {"model_type": model_type, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": tied, **extra}
+
+
+QWEN25_15B = real_config(151936, 1536, 8960, 28, 12, 2, False, "qwen2")
+LLAMA32_3B = real_config(128256, 3072, 8192, 28, 24, 8, True)
+
+
+def plan(page, config, forms, max_context=0, binding=0):
+    return page.evaluate("([c, f, x, b]) => window.harness.planFor(c, f, 9, x, b)", [config, forms, max_context, binding])
+
+
+def test_real_size_tensors_split_at_the_adapters_limit(gpu_page):
+    """At the adapter's actual maxStorageBufferBindingSize / maxBufferSize: Llama 3.2 3B's f32
+    embedding (1.5 GiB) splits, Qwen2.5 1.5B's q8 head (233 MB) splits only below 233 MB; the
+    KV cache defaults to 4096 positions, one buffer per layer, and is accounted."""
+    p = plan(gpu_page, LLAMA32_3B, {"embed": "f32", "head": "tied"})
+    limit = p["limit"]
+    assert limit == min(p["maxStorageBufferBindingSize"], p["maxBufferSize"]) // 4 * 4
+    embed_bytes = 128256 * 3072 * 4
+    assert len(p["pieces"]["embed"]) == math.ceil(embed_bytes / (limit // (3072 * 4) * 3072 * 4)) >= 2
+    assert sum(r for _, r in p["pieces"]["embed"]) == 128256
+    assert p["pieces"]["embed"][1][0] == p["pieces"]["embed"][0][1]            # contiguous row ranges
+    assert p["bytes"]["kvCache"] == 4096 * 2 * 28 * 8 * 128 * 4                 # min(32768, 4096) positions
+    q = plan(gpu_page, QWEN25_15B, {"embed": "q8", "head": "q8"})
+    assert len(q["pieces"]["head"]) == math.ceil(151936 * 1536 / limit)
+    q = plan(gpu_page, QWEN25_15B, {"embed": "q8", "head": "q8"}, max_context=8192, binding=128 << 20)
+    assert len(q["pieces"]["head"]) == 2 and len(q["pieces"]["embed"]) == 2
+    assert q["bytes"]["kvCache"] == 8192 * 2 * 28 * 2 * 128 * 4
+
+
+def test_refusals_name_the_field_or_what_fits(gpu_page):
+    def refusal(config, forms=None, max_context=0, binding=0, budget=0):
+        try:
+            gpu_page.evaluate("""async ([c, f, x, b, m]) => {
+              const { parseConfig, resolveMaxContext } = await import('/web/gpu/champion_config.mjs');
+              const { planChampion } = await import('/web/gpu/champion_plan.mjs');
+              const hp = parseConfig(c);
+              planChampion(hp, f, { maxBlock: 9, maxContext: resolveMaxContext(hp, x), limit: b, budgetBytes: m });
+            }""", [config, forms or {"embed": "q8", "head": "q8"}, max_context, binding or (1 << 30), budget])
+        except Exception as err:
+            return str(err)
+        return ""
+    qwen = dict(QWEN25_15B)
+    for bad, field in ((dict(use_sliding_window=True), "use_sliding_window"),
+                       (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type"),
+                       (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}), "low_freq_factor"),
+                       (dict(mlp_bias=True), "mlp_bias"), (dict(model_type="mistral"), "model_type"),
+                       (dict(hidden_act="gelu"), "hidden_act"), (dict(num_key_value_heads=5), "num_attention_heads"),
+                       (dict(layer_types=["sliding_attention"] * 28), "layer_types")):
+        message = refusal({**qwen, **bad})
+        assert message.count("E_MODEL_LOAD") and field in message, (bad, message)
+    assert "E_BAD_ARGUMENT" in refusal(qwen, max_context=40000)
+    message = refusal(qwen, max_context=8192, binding=4 << 20)   # one layer's K: 8192 x 2 x 128 x 4 = 8 MiB
+    assert "E_OUT_OF_MEMORY" in message and "maxContext <= 4096 would fit" in message, message
+    message = refusal(qwen, max_context=8192, budget=2_000_000_000)
+    assert "E_OUT_OF_MEMORY" in message and "memory budget" in message and "maxContext <= " in message, message
+    fits = int(message.split("maxContext <= ")[1].split()[0])
+    assert 0 < fits < 8192 and refusal(qwen, max_context=fits, budget=2_000_000_000) == ""
+    assert "weights alone" in refusal(qwen, budget=500_000_000)
+    assert "E_OUT_OF_MEMORY" in refusal(qwen, binding=1000)      # a row wider than a binding cannot split
+
+
+def test_champion_load_refuses_over_budget(gpu_page, families):
+    """createChampion refuses before allocating (and says what context would fit)."""
+    full = load(gpu_page, families["qwen2_bias_untied"], max_context=128)["memoryPlan"]
+    budget = full["total"] - full["kvCache"] // 2
+    with pytest.raises(Exception, match=r"E_OUT_OF_MEMORY.*maxContext <= \d+ would fit"):
+        load(gpu_page, families["qwen2_bias_untied"], max_context=128, memoryBudgetBytes=budget)
+    assert load(gpu_page, families["qwen2_bias_untied"], max_context=64, memoryBudgetBytes=budget)["maxContext"] == 64

@@ -1,0 +1,68 @@
+// Memory plan of the WebGPU champion (pure): tensors split by rows to fit a binding, bytes by category, refusals.
+
+const MiB = 1024 * 1024;
+const mib = (b) => `${(b / MiB).toFixed(1)} MiB`;
+const oom = (message) => Object.assign(new Error(`E_OUT_OF_MEMORY: ${message}`), { code: "E_OUT_OF_MEMORY" });
+
+/** Largest bytes one storage binding (and one buffer) may hold: the device's
+ *  maxStorageBufferBindingSize and maxBufferSize, or a smaller `override` (tests force splits). */
+export function bindingLimit(limits, override = 0) {
+  const l = Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize, override > 0 ? override : Infinity);
+  return Math.floor(l / 4) * 4;
+}
+
+/** Row ranges [{row0, rows}] of a (rows, rowBytes) tensor, each piece within `limit` bytes. */
+export function rowPieces(name, rows, rowBytes, limit) {
+  const per = Math.floor(limit / rowBytes);
+  if (per < 1) throw oom(`${name}: one row is ${rowBytes} bytes, more than the ${limit}-byte binding limit`);
+  const pieces = [];
+  for (let row0 = 0; row0 < rows; row0 += per) pieces.push({ row0, rows: Math.min(per, rows - row0) });
+  return pieces;
+}
+
+/** The whole plan for hyper-parameters `hp` (champion_config.parseConfig) and the stored forms
+ *  of the big tensors (`forms.embed`: "f32" | "q8"; `forms.head`: "tied" | "f32" | "q8").
+ *  Refuses (E_OUT_OF_MEMORY, saying what would fit) a row wider than a binding, a per-layer KV
+ *  cache, attention scratch or logits buffer over a binding, and a total over `budgetBytes`.
+ *  `weightLimit` (default `limit`): a smaller piece size for the weights only (tests force splits). */
+export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, weightLimit = limit, budgetBytes = 0 }) {
+  const { vocab: V, hidden: H, inter: F, heads, kvHeads: KV, headDim: hd, layers: L } = hp;
+  const qDim = heads * hd, qkvDim = (heads + 2 * KV) * hd;
+  const rowBytes = (form, cols) => (form === "q8" ? cols : 4 * cols);
+  const pieces = {
+    embed: rowPieces("model.embed_tokens.weight", V, rowBytes(forms.embed, H), weightLimit),
+    head: forms.head === "tied" ? null : rowPieces("lm_head.weight", V, rowBytes(forms.head, H), weightLimit),
+    qkv: rowPieces("self_attn.q|k|v_proj", qkvDim, H, weightLimit),
+    o: rowPieces("self_attn.o_proj", H, qDim, weightLimit),
+    gateUp: rowPieces("mlp.gate|up_proj", 2 * F, H, weightLimit),
+    down: rowPieces("mlp.down_proj", H, F, weightLimit),
+  };
+  const q8 = (rows, cols) => rows * cols + rows * 4;
+  const big = (form) => (form === "q8" ? q8(V, H) : form === "f32" ? 4 * V * H : 0);
+  const weights = big(forms.embed) + big(forms.head) + 4 * H * (2 * L + 1)
+    + L * (q8(qkvDim, H) + q8(H, qDim) + q8(2 * F, H) + q8(H, F) + (hp.qkvBias ? 4 * qkvDim : 0));
+  const kvPerPosition = 2 * L * KV * hd * 4;            // K and V of every layer
+  const perPosition = kvPerPosition + B * heads * 4 + hd * 4;   // + attention scratch + RoPE table
+  const fixedActs = 4 * B * (1 + 2 * H + qkvDim + 2 * qDim + 3 * F + V);
+  const fits = (perPositionBytes) => Math.floor(limit / perPositionBytes);
+  const perBinding = [
+    ["the KV cache of one layer", KV * hd * 4], ["the attention scratch", B * heads * 4], ["the RoPE table", hd * 4],
+  ];
+  for (const [what, bytesPerPosition] of perBinding) {
+    if (ctx * bytesPerPosition > limit) {
+      throw oom(`${what} at maxContext ${ctx} is ${ctx * bytesPerPosition} bytes, over the ${limit}-byte binding limit; ` +
+                `maxContext <= ${fits(bytesPerPosition)} would fit`);
+    }
+  }
+  if (B * V * 4 > limit) throw oom(`the logits buffer (${B} x ${V} f32) is over the ${limit}-byte binding limit`);
+  const bytes = { weights, kvCache: ctx * kvPerPosition, activations: fixedActs + ctx * (perPosition - kvPerPosition) };
+  bytes.total = bytes.weights + bytes.kvCache + bytes.activations;
+  if (budgetBytes > 0 && bytes.total > budgetBytes) {
+    const room = budgetBytes - weights - fixedActs;
+    const what = `weights ${mib(weights)} + KV cache ${mib(bytes.kvCache)} (maxContext ${ctx}) + activations ` +
+                 `${mib(bytes.activations)} = ${mib(bytes.total)} exceed the memory budget of ${mib(budgetBytes)}`;
+    throw oom(room >= perPosition ? `${what}; maxContext <= ${Math.floor(room / perPosition)} would fit`
+      : `${what}; the weights alone do not fit`);
+  }
+  return { pieces, bytes };
+}
