@@ -228,7 +228,7 @@ def test_chat_prompt_keeps_user_markers_as_plain_text():
 
 
 def test_demo_says_which_champion_artifact_ran():
-    r = cli("demo", "--json")
+    r = cli("demo", "--json", "--reference")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "champion model.q8.safetensors" in out["models"] and out["all_greedy_identical"] is True

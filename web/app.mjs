@@ -1,12 +1,147 @@
-// The page: loads the engine once, streams answers, shows acceptance and timings per answer.
-import { Engine } from "/web/engine.mjs";
+// The page: loads a pair with real progress, streams answers with every token marked by its
+// source, plots live statistics, and offers each answer's privacy-safe receipt as JSON.
+// It drives the engine only through the public module (exactspec.mjs), like an embedding site.
+import { createEngine } from "./exactspec.mjs";
+import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_progress.mjs";
+import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
+import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
 
 const $ = (id) => document.getElementById(id);
-let engine = null;
+const MEMORY_POLL_MS = 1000;
+const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, source: { champion: undefined, draft: undefined } };
+window.appState = page;   // tests read appState.stage / lastResult
 
 function setStatus(text, isError = false) {
   $("status").textContent = text;
   $("status").className = isError ? "error" : "";
+}
+
+const coded = (err) => (err?.code ? `${err.code}: ${err.detail ?? err.message}` : `E_INTERNAL: ${err?.message ?? err}`);
+
+// ---------------------------------------------------------------- loading
+function renderProgress(rows) {
+  $("progress").replaceChildren(...displayRows(rows).map((r) => {
+    const li = document.createElement("li");
+    li.className = r.done ? "done" : "active";
+    const label = document.createElement("span");
+    label.textContent = `${r.done ? "✓" : "…"} ${r.label}`;
+    li.append(label);
+    if (r.bytes) {
+      const bar = document.createElement("progress");
+      bar.max = r.total || 1;
+      bar.value = r.total ? r.loaded : (r.done ? 1 : 0);
+      bar.setAttribute("aria-label", r.label);
+      const txt = document.createElement("span");
+      txt.className = "bytes";
+      txt.textContent = bytesText(r);
+      li.append(bar, txt);
+    }
+    return li;
+  }));
+}
+
+function setModes(info) {
+  const draftOk = !!info.draft && !info.draft_error;
+  const opt = [...$("speculate").options].find((o) => o.value === "draft");
+  opt.disabled = !draftOk;
+  opt.textContent = draftOk ? "speculative (draft model)" : "speculative (draft model) — no draft loaded";
+  if (!draftOk && $("speculate").value === "draft") $("speculate").value = "lookup";
+}
+
+async function loadModels() {
+  page.stage = "loading";
+  $("go").disabled = true;
+  $("go").textContent = "Loading models…";
+  const rows = new Map();
+  const onProgress = (p) => { applyProgress(rows, p); renderProgress(rows); };
+  const options = { championBackend: $("champion_backend").value, onProgress };
+  const t0 = performance.now();
+  setStatus("loading…");
+  try {
+    if (page.engine) {
+      await page.engine.load(page.source, options);
+    } else {
+      page.engine = await createEngine({ ...page.source, ...options });
+    }
+  } catch (err) {
+    if (page.engine) page.engine.engine.ready = null;   // the worker holds no model after a refused load
+    renderProgress(rows);
+    setStatus(`could not load: ${coded(err)}`, true);
+    $("go").textContent = "Unavailable";
+    page.stage = "failed";
+    return;
+  }
+  renderProgress(finishRows(rows));
+  const { info, timing_ms } = page.engine.ready;
+  page.loadTiming = timing_ms;
+  const champ = info.champion;
+  const draftNote = info.draft_error ? ` — the draft could not load (${info.draft_error.code}: ${info.draft_error.message}); champion alone and prompt lookup work`
+    : info.draft ? ` — draft ${info.draft.placement}, speculation on` : " — no draft: champion alone and prompt lookup";
+  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})${draftNote}`,
+    !!info.draft_error);
+  setModes(info);
+  $("go").textContent = "Generate";
+  $("go").disabled = false;
+  page.stage = "ready";
+  window.appReady = true;
+}
+
+function pickFolders() {
+  const champion = $("champion_folder").files, draft = $("draft_folder").files;
+  if (!champion.length) {
+    setStatus("E_BAD_ARGUMENT: choose a champion folder first (the draft folder is optional)", true);
+    return false;
+  }
+  page.source = { champion, draft: draft.length ? draft : null };
+  const name = (fl) => (fl[0].webkitRelativePath || fl[0].name).split("/")[0];
+  $("model_source").textContent = `local folders: champion ${name(champion)}${draft.length ? `, draft ${name(draft)}` : ", no draft"}`;
+  return true;
+}
+
+// ---------------------------------------------------------------- one answer
+function readOptions() {
+  const num = (id) => Number($(id).value);
+  const stops = $("stop_strings").value.split("\n").filter((s) => s.length > 0);
+  const opts = { chat: $("chat").checked, speculate: $("speculate").value, k: num("k"), temperature: num("temperature"),
+    top_k: num("top_k"), top_p: num("top_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed"),
+    max_new_tokens: num("max_new_tokens"), stop_strings: stops };
+  if ($("scheduler").value !== "static") opts.scheduler = $("scheduler").value;   // the adaptive k scheduler
+  return opts;
+}
+
+function appendTokens(payload) {
+  const out = $("output");
+  const texts = payload.token_texts ?? [payload.text];
+  texts.forEach((text, i) => {
+    if (!text) return;
+    const span = document.createElement("span");
+    const source = payload.sources?.[i] ?? "baseline";
+    span.className = `tok src-${source}`;
+    span.dataset.source = source;
+    span.title = source;
+    span.textContent = text;
+    out.append(span);
+  });
+}
+
+function renderLive(live, result = null) {
+  const s = live.snapshot(performance.now(), result);
+  $("tps").textContent = s.tokensPerS === null ? "–" : s.tokensPerS.toFixed(1);
+  $("ttft").textContent = s.ttftMs === null || s.ttftMs === undefined ? "–" : `${s.ttftMs.toFixed(0)} ms`;
+  $("ntokens").textContent = String(s.tokens);
+  $("nrounds").textContent = String(s.rounds);
+  $("survival_chart").innerHTML = survivalChart(s.survival);
+  $("rounds_chart").innerHTML = roundsChart(s.acceptedPerRound, s.proposedPerRound);
+  $("waterfall_chart").innerHTML = waterfallChart(waterfall(page.loadTiming, s.answer));
+  page.live = s;
+}
+
+async function renderMemory() {
+  try {
+    const m = await page.engine.memory();
+    $("memory_chart").innerHTML = memoryChart({ "GPU buffers": m.gpu_bytes_live, "WASM champion": m.wasm_champion_bytes,
+      "WASM draft": m.wasm_draft_bytes, "Pyodide heap": m.pyodide_heap_bytes });
+  } catch { /* the engine went away; the last chart stays */ }
 }
 
 function showStats(r) {
@@ -23,64 +158,94 @@ function showStats(r) {
   ];
   $("stats").replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
-    tr.innerHTML = "<td></td><td></td>";
-    tr.cells[0].textContent = k;
-    tr.cells[1].textContent = String(v);
+    for (const x of [k, v]) {
+      const td = document.createElement("td");
+      td.textContent = String(x);
+      tr.append(td);
+    }
     return tr;
   }));
+  page.lastReceipt = r.receipt;
   $("receipt").textContent = JSON.stringify(r.receipt, null, 1);
+  $("download_receipt").disabled = !r.receipt;
+}
+
+function endVisibly(error) {           // a failure after output began: the answer ends, marked
+  const end = document.createElement("span");
+  end.className = "answer-end";
+  end.textContent = ` [answer ended: ${error.code}: ${error.message}]`;
+  $("output").append(end);
 }
 
 async function run() {
-  const num = (id) => Number($(id).value);
-  const payload = { prompt: $("prompt").value, chat: $("chat").checked, config: {
-    speculate: $("speculate").value, k: num("k"), temperature: num("temperature"), seed: num("seed"),
-    max_new_tokens: num("max_new_tokens") } };
-  $("output").textContent = "";
+  let options;
+  try { options = readOptions(); } catch (err) { setStatus(coded(err), true); return; }
+  $("output").replaceChildren();
   $("go").disabled = true;
   $("stop").disabled = false;
+  page.running = true;
+  page.stage = "generating";
   setStatus("generating…");
+  const live = createLiveStats(performance.now());
+  renderLive(live);
+  const poll = setInterval(renderMemory, MEMORY_POLL_MS);
+  let tokenEvents = 0;
   try {
-    const result = await engine.generate(payload, (env) => {
-      if (env.kind === "tokens") $("output").textContent += env.payload.text;
-      if (env.kind === "error") setStatus(`${env.payload.code}: ${env.payload.message}`, true);
+    const result = await page.engine.generate($("prompt").value, options, (env) => {
+      if (env.kind === "tokens") {
+        appendTokens(env.payload);
+        live.onTokens(env.payload, performance.now());
+        page.tokenEvents = ++tokenEvents;
+        renderLive(live);
+      }
     });
+    page.lastResult = { finish_reason: result.finish_reason, error: result.error, n: result.token_ids.length };
+    renderLive(live, result);
     showStats(result);
-    if (!result.error) setStatus("done");
+    if (result.finish_reason === "cancelled") setStatus("cancelled");
+    else if (result.error) {
+      setStatus(`${result.error.code}: ${result.error.message}`, true);
+      if (result.token_ids.length) endVisibly(result.error);
+    } else setStatus("done");
   } catch (err) {                      // refused before it started: a code and a sentence
-    setStatus(err.code ? err.message : `E_INTERNAL: ${err.message ?? err}`, true);
+    page.lastResult = { refused: err.code ?? "E_INTERNAL" };
+    setStatus(coded(err), true);
   } finally {
+    clearInterval(poll);
+    await renderMemory();
+    page.running = false;
+    page.stage = "ready";
     $("go").disabled = false;
     $("stop").disabled = true;
   }
 }
 
-async function main() {
-  const t0 = performance.now();
-  try {
-    // ?champion_backend=webgpu|wasm overrides "auto" (WebGPU only from a hardware adapter)
-    const championBackend = new URLSearchParams(location.search).get("champion_backend") ?? "auto";
-    engine = await Engine.create({ champion: "/web/models/champion/", draft: "/web/models/draft/" }, { championBackend });
-  } catch (err) {
-    setStatus(`could not load: ${err.message ?? err}`, true);
-    $("go").textContent = "Unavailable";
-    return;
-  }
-  const draftError = engine.ready.info.draft_error;
-  const champ = engine.ready.info.champion;
-  setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})` +
-    (draftError ? ` — the draft could not load (${draftError.code}: ${draftError.message}); running the champion alone` : ""),
-  !!draftError);
-  if (draftError) {                    // "draft" would be refused (E_DRAFT_LOST): offer what works
-    const opt = [...$("speculate").options].find((o) => o.value === "draft");
-    if (opt) opt.disabled = true;
-    if ($("speculate").value === "draft") $("speculate").value = "lookup";
-  }
-  addEventListener("pagehide", () => engine.terminate());
-  $("go").textContent = "Generate";
-  $("go").disabled = false;
+function downloadReceipt() {
+  if (!page.lastReceipt) return;
+  const blob = new Blob([JSON.stringify(page.lastReceipt, null, 1) + "\n"], { type: "application/json" });
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = `exactspec-receipt-${page.lastReceipt.request_nonce ?? "answer"}.json`;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
+
+function main() {
+  const backend = new URLSearchParams(location.search).get("champion_backend");   // ?champion_backend=webgpu|wasm
+  if (backend) $("champion_backend").value = backend;
   $("go").onclick = run;
-  $("stop").onclick = () => engine.cancel();
-  window.appReady = true;
+  $("stop").onclick = () => page.engine?.cancel();
+  $("download_receipt").onclick = downloadReceipt;
+  $("load_models").onclick = () => { if (!page.running && ($("champion_folder").files.length ? pickFolders() : true)) loadModels(); };
+  $("load_shipped").onclick = () => {
+    if (page.running) return;
+    page.source = { champion: undefined, draft: undefined };
+    $("model_source").textContent = "shipped pair";
+    loadModels();
+  };
+  addEventListener("pagehide", () => page.engine?.terminate());
+  loadModels();
 }
 main();

@@ -31,6 +31,7 @@ export interface GenerateOptions {
   chat?: boolean;
   speculate?: "none" | "draft" | "lookup";
   k?: number;
+  scheduler?: "static" | "adaptive";   // adaptive: a k <= k per round (py/exactspec/scheduler.py)
   temperature?: number;                 // 0: greedy
   top_k?: number;
   top_p?: number;

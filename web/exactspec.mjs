@@ -13,7 +13,7 @@ import { localModelUrl } from "./fetch_progress.mjs";
 export { codedError };
 
 /** Options of generate() that go to the orchestrator as they are (see docs/browser.md). */
-export const GENERATION_OPTIONS = ["speculate", "k", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
+export const GENERATION_OPTIONS = ["speculate", "k", "scheduler", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
   "max_new_tokens", "stop_strings", "stop_token_ids", "suppress_token_ids", "allowed_token_ids"];
 
 /** The model files a folder must hold (at its top level) for a role, and the weights it runs. */

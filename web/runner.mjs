@@ -29,7 +29,8 @@ window.exactspecRunner = {
    *  runner's championBackend default is "webgpu" (the engine's is "auto"): tests name the backend
    *  they exercise; the CLI passes its --champion-backend. Throws coded on failure. */
   async load(models, options = {}) {
-    options = { championBackend: "webgpu", ...options };
+    // load progress goes to window.exactspecProgress when the driver exposed one (the demo's line)
+    options = { championBackend: "webgpu", onProgress: (p) => window.exactspecProgress?.(p), ...options };
     if (engine && !engine.terminated) {
       engine.ready = null;
       engine.ready = await engine.load(models, options);

@@ -35,7 +35,8 @@ class BrowserRuntime:
     """One server, one Chromium page, one loaded engine; `generate(payload)` per request."""
 
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
-                 champion_backend: str = "webgpu"):
+                 champion_backend: str = "webgpu", on_progress=None):
+        """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs)."""
         for d in filter(None, (champion_dir, draft_dir)):
             if not os.path.isfile(os.path.join(d, "config.json")):
                 raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
@@ -46,15 +47,19 @@ class BrowserRuntime:
         self._pw = None
         self.log: list = []
         if browser is None:
-            from playwright.sync_api import sync_playwright
-            self._pw = sync_playwright().start()
-            browser = self._pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                self._pw, browser = launch_chromium()
+            except Exception:
+                self.server.close()
+                raise
         self.browser = browser
         self.context = browser.new_context()
         self.page = self.context.new_page()
         self.page.set_default_timeout(timeout_s * 1000)
         self.page.on("console", lambda m: self.log.append(f"console.{m.type}: {m.text}"))
         self.page.on("pageerror", lambda e: self.log.append(f"pageerror: {e}"))
+        if on_progress is not None:
+            self.page.expose_function("exactspecProgress", on_progress)
         t0 = time.perf_counter()
         self.page.goto(self.server.url + "/web/runner.html")
         self.page.wait_for_function("() => window.runnerReady === true")
@@ -92,6 +97,17 @@ class BrowserRuntime:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def launch_chromium():
+    """(playwright, browser): headless Chromium with the flags above; raises if none can start."""
+    from playwright.sync_api import sync_playwright
+    pw = sync_playwright().start()
+    try:
+        return pw, pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    except Exception:
+        pw.stop()
+        raise
 
 
 def _coded_from(exc) -> ExactSpecError:

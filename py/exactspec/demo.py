@@ -1,8 +1,9 @@
-"""The main job until the browser app exists: the reference generation demo on CPython.
+"""`exactspec demo`: the browser engine in headless Chromium on the shipped pair (demo_browser.py);
+the CPython reference demo here with --reference or --toy, or when no browser can start.
 
-Runs the shipped champion/draft pair (or NumPy toy models) champion-alone, speculative with the
-draft and with prompt lookup; checks greedy outputs are token-identical; reports acceptance and
-timings of every mode, and a sampled run's acceptance curve.
+The reference demo runs the shipped champion/draft pair (or NumPy toy models) champion-alone,
+speculative with the draft and with prompt lookup; checks greedy outputs are token-identical;
+reports acceptance and timings of every mode, and a sampled run's acceptance curve.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import sys
 
+from .errors import E_BAD_ARGUMENT, ExactSpecError
 from .orchestrator import GenerationConfig
 from .processors import SamplingPolicy
 
@@ -44,8 +46,42 @@ def _survival(hist):
     return [round(sum(hist[i:]) / total, 3) if total else None for i in range(len(hist))]
 
 
-def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48, weights: str = "q8") -> int:
-    """weights: the champion's artifact, "q8" (what the browser runs) or "f32"."""
+def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48, weights: str = "q8",
+             reference: bool = False) -> int:
+    """The browser engine unless `reference` or `toy` (or no browser starts). weights: the
+    reference champion's artifact, "q8" (what the browser runs) or "f32" (reference only)."""
+    if not (toy or reference):
+        if weights != "q8":
+            raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser engine runs the q8 champion; "
+                                                 "add --reference for the CPython reference")
+        code = _browser_demo(as_json, max_new_tokens)
+        if code is not None:
+            return code
+    return _reference_demo(toy, as_json, max_new_tokens, weights)
+
+
+def _browser_demo(as_json: bool, max_new_tokens: int):
+    """The browser demo's exit code, or None when no browser can start (said on stderr)."""
+    from .browser_run import BrowserRuntime, launch_chromium
+    from .demo_browser import run_browser_demo, shipped_pair_dirs
+    try:
+        pw, browser = launch_chromium()
+    except Exception as exc:   # no Chromium, no Playwright driver, a sandbox refusing it, ...
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"exactspec demo: no browser could start ({why}); running the CPython reference instead",
+              file=sys.stderr, flush=True)
+        return None
+    champion, draft = shipped_pair_dirs()
+    try:
+        return run_browser_demo(lambda progress: BrowserRuntime(champion, draft, browser=browser, champion_backend="auto",
+                                                                on_progress=progress),
+                                DEMO_PROMPTS, as_json, max_new_tokens)
+    finally:
+        browser.close()
+        pw.stop()
+
+
+def _reference_demo(toy: bool, as_json: bool, max_new_tokens: int, weights: str) -> int:
     label, orch, encode, stop_ids, prompts = _setup(toy, weights)
     out = {"models": label, "prompts": [], "all_greedy_identical": True}
     say = (lambda *a: None) if as_json else print

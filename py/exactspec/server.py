@@ -6,6 +6,8 @@ Serves the repository's web/, shaders/, py/exactspec/ (the orchestrator's Python
 into Pyodide), node_modules/pyodide/ (Pyodide itself, offline) and build/ (compiled WASM and
 test fixtures), plus explicit model mounts (`/models/<name>/`). Everything else is 404: the page
 never needs anything from another origin. The rules are in docs/browser.md ("The static server").
+Only when asked (`allow_origins`, `exactspec serve --allow-origin URL`), a page on one of those
+origins may load the engine from here: CORS for that origin and CORP cross-origin.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
 )
 REDIRECTS = {"/": "/web/index.html", "/index.html": "/web/index.html"}
+ORIGIN = re.compile(r"https?://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:]+\])(:[0-9]{1,5})?\Z")
 
 
 # ---- pure rules (tests/test_server.py drives these with tables of hostile input) ----
@@ -99,6 +102,29 @@ def resolve_request_path(raw_target: str, root: str | Path, allowed_prefixes=ALL
         return None
 
 
+def check_origins(origins) -> tuple:
+    """Origins allowed to embed the engine: each scheme://host[:port], lower case, no path."""
+    out = []
+    for origin in origins or ():
+        if not isinstance(origin, str) or not ORIGIN.match(origin):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--allow-origin {origin!r} is not an origin like http://127.0.0.1:9000 "
+                                                 "(scheme, host and port only, lower case)")
+        out.append(origin)
+    return tuple(out)
+
+
+def response_headers(allow_origins=(), request_origin: str | None = None) -> list:
+    """The security headers of every response; with allowed origins, CORP is cross-origin and a
+    request from one of them gets Access-Control-Allow-Origin (and Vary: Origin)."""
+    if not allow_origins:
+        return list(SECURITY_HEADERS)
+    headers = [(n, "cross-origin" if n == "Cross-Origin-Resource-Policy" else v) for n, v in SECURITY_HEADERS]
+    if request_origin in allow_origins:
+        headers.append(("Access-Control-Allow-Origin", request_origin))
+    headers.append(("Vary", "Origin"))
+    return headers
+
+
 def content_type_for(path: str) -> str:
     return MIME_TYPES.get(os.path.splitext(path)[1].lower(), "application/octet-stream")
 
@@ -128,6 +154,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     root: str = str(REPO_ROOT)
     mounts: dict = {}   # URL prefix ("/models/x/") -> real directory, for models outside web/
+    allow_origins: tuple = ()   # origins that may load the engine from here (CORS + CORP cross-origin)
     timeout = READ_TIMEOUT_S   # socket timeout of every read and write of this connection
     server_version = "exactspec"
     sys_version = ""
@@ -137,7 +164,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.server_version   # no Python version in the Server header
 
     def end_headers(self):
-        for name, value in SECURITY_HEADERS:
+        origin = self.headers.get("Origin") if getattr(self, "headers", None) is not None else None
+        for name, value in response_headers(self.allow_origins, origin):
             self.send_header(name, value)
         super().end_headers()
 
@@ -247,13 +275,14 @@ class StaticServer:
     """
 
     def __init__(self, root: Path | str = REPO_ROOT, host: str = "127.0.0.1", port: int = 0, mounts=None,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+                 read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS, allow_origins=()):
         if host != "127.0.0.1":
             raise ExactSpecError(E_BAD_ARGUMENT, f"host {host!r}: the server listens on 127.0.0.1 only")
         check_port(port)
         self.root = Path(root)
         handler_class = type("MountedHandler", (Handler,), {
-            "root": str(self.root), "mounts": check_mounts(dict(mounts or {})), "timeout": read_timeout_s})
+            "root": str(self.root), "mounts": check_mounts(dict(mounts or {})), "timeout": read_timeout_s,
+            "allow_origins": check_origins(allow_origins)})
         try:
             self.httpd = _BoundedServer((host, port), handler_class, max_connections)
         except OSError as exc:
@@ -268,9 +297,12 @@ class StaticServer:
         self.httpd.server_close()
 
 
-def serve_forever(host: str = "127.0.0.1", port: int = 8000) -> None:
-    server = StaticServer(REPO_ROOT, host, port)
-    print(f"exactspec: serving {REPO_ROOT} (web/ and runtime files only) at {server.url}/web/index.html", flush=True)
+def serve_forever(host: str = "127.0.0.1", port: int = 8000, allow_origins=()) -> None:
+    server = StaticServer(REPO_ROOT, host, port, allow_origins=allow_origins)
+    print(f"exactspec: open {server.url}/ in a browser (the page; web/ and runtime files only, Ctrl-C stops)", flush=True)
+    if server.httpd.RequestHandlerClass.allow_origins:
+        print(f"exactspec: pages on {', '.join(allow_origins)} may load the engine from {server.url}/web/exactspec.mjs",
+              flush=True)
     try:
         server.thread.join()
     except KeyboardInterrupt:
