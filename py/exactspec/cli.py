@@ -62,12 +62,16 @@ def _add_generation_args(p):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="exactspec", description="Exact speculative decoding (reference backend).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    demo = sub.add_parser("demo", help="run the reference generation demo (main job)")
-    demo.add_argument("--toy", action="store_true", help="use the NumPy toy models even if real ones exist")
+    demo = sub.add_parser("demo", help="the main job: the browser engine in headless Chromium, every mode on the shipped pair")
+    demo.add_argument("--reference", action="store_true", help="run the CPython reference instead of the browser engine")
+    demo.add_argument("--toy", action="store_true", help="the CPython reference on NumPy toy models")
     demo.add_argument("--json", action="store_true")
-    demo.add_argument("--weights", default="q8", choices=CHAMPION_WEIGHTS, help="champion weights (default q8)")
+    demo.add_argument("--weights", default="q8", choices=CHAMPION_WEIGHTS,
+                      help="reference champion weights (default q8; f32 needs --reference)")
     serve = sub.add_parser("serve", help="serve the browser runtime on 127.0.0.1 (COOP/COEP, offline)")
     serve.add_argument("--port", type=_port_arg, default=8000, help="0..65535; 0 picks a free port")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                       help="let pages on this origin (e.g. http://127.0.0.1:9000) load the engine: CORS + CORP cross-origin")
     convert = sub.add_parser("convert", help="a Hugging Face folder to the q8 run artifact and its manifest entry")
     convert.add_argument("src", type=_model_dir_arg, help="Hugging Face model folder (config.json, safetensors)")
     convert.add_argument("dst", type=_model_dir_arg, help="output folder (created; may be SRC)")
@@ -76,7 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help="N independent samples, seeds derived from --seed")
     _add_generation_args(sample)
     sample.add_argument("--n", type=int, required=True)
+    _add_bench_args(sub.add_parser("bench", help="the preregistered evaluation in headless Chromium (see docs/evaluation.md)"))
     return parser
+
+
+def _add_bench_args(p):
+    p.add_argument("--run", default=None, help="run name: build/eval/<run>/ (default: UTC date-time); an existing run resumes")
+    p.add_argument("--quick", action="store_true", help="2 prompts, 2 arms (champion alone, adaptive draft): proves the harness")
+    p.add_argument("--per-stratum", type=int, default=3, help="prompts per stratum")
+    p.add_argument("--strata", default="", help="comma-separated strata (default: all)")
+    p.add_argument("--backends", default="wasm,webgpu", help="champion backends (webgpu runs a subset)")
+    p.add_argument("--webgpu-per-stratum", type=int, default=1, help="prompts per stratum on webgpu")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override every prompt's length")
+    p.add_argument("--samples", type=int, default=100, help="seeds per arm of the distribution test (0: none)")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only)")
+    p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
+    p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
 
 
 def _policy(args):
@@ -262,16 +283,19 @@ def _dispatch(args) -> int:
         raise ExactSpecError(E_IO, "stdout is closed; redirect it to a file or /dev/null instead")
     if args.command == "demo":
         from .demo import run_demo
-        return run_demo(toy=args.toy, as_json=args.json, weights=args.weights)
+        return run_demo(toy=args.toy, as_json=args.json, weights=args.weights, reference=args.reference)
     if args.command == "convert":
         return cmd_convert(args)
     if args.command == "serve":
         from .server import serve_forever
         try:
-            serve_forever("127.0.0.1", args.port)
+            serve_forever("127.0.0.1", args.port, allow_origins=args.allow_origin)
         except KeyboardInterrupt:   # Ctrl-C is how a server is stopped: a normal exit 0, at any moment
             pass
         return 0
+    if args.command == "bench":
+        from .evaluation.bench import cmd_bench
+        return cmd_bench(args)
     return {"generate": cmd_generate, "sample": cmd_sample}[args.command](args)
 
 

@@ -1,0 +1,1 @@
+"""The preregistered evaluation (`exactspec bench`): corpus, gates, metrics, browser runs, report, plots."""

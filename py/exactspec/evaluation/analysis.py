@@ -1,0 +1,262 @@
+"""From a run's records to its results (pure): speed-ups per request and stratum, survival and
+E[G(k)], the cost model and its prediction, break-even N_min, latency decomposition, memory by
+category, quality, the gate metrics and the conclusion per topology."""
+from __future__ import annotations
+
+from . import metrics as M
+from .arms import ADAPTIVE_K_MAX, DRAFT_KS, arm_spec
+
+KV_BYTES = 4   # float32 K and V
+
+
+def decode_ms_per_token(rec: dict):
+    n = len(rec["token_ids"]) if rec.get("token_ids") is not None else rec.get("n_tokens", 0)
+    if n < 2 or rec.get("first_token_ms") is None:
+        return None
+    return (rec["total_ms"] - rec["first_token_ms"]) / (n - 1)
+
+
+def index(records: list) -> dict:
+    return {(r["backend"], r["arm"], r["prompt_id"], r["temperature"], r.get("rep", 0)): r for r in records}
+
+
+def per_request_speedups(records: list) -> list:
+    """Each request of an arm against champion alone (same backend, prompt, T, repeat): end to end
+    (page-clock request time) and decode (ms/token after the first token). wllama is set
+    against the WASM champion alone."""
+    idx = index(records)
+    out = []
+    for r in records:
+        if r["arm"] == "none":
+            continue
+        base = idx.get(("wasm" if r["backend"] == "wllama" else r["backend"], "none", r["prompt_id"], r["temperature"],
+                        r.get("rep", 0)))
+        if base is None:
+            continue
+        out.append({"backend": r["backend"], "arm": r["arm"], "prompt_id": r["prompt_id"], "stratum": r["stratum"],
+                    "temperature": r["temperature"], "speedup": M.speedup(base["total_ms"], r["total_ms"]),
+                    "decode_speedup": M.speedup(decode_ms_per_token(base), decode_ms_per_token(r))})
+    return out
+
+
+def group_median(rows: list, keys: tuple, field: str) -> dict:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r[field])
+    return {k: M.median(v) for k, v in groups.items()}
+
+
+def spec_rounds(recs: list) -> list:
+    """(proposed, accepted) of every round that proposed something."""
+    return [(p, a) for r in recs for p, a, *_ in r.get("rounds", []) if p > 0]
+
+
+def survival_table(records: list, arm: str = f"draft-k{ADAPTIVE_K_MAX}") -> dict:
+    """{(backend, stratum, T): survival(...)} from the rounds of `arm`, plus stratum "all"."""
+    out, groups = {}, {}
+    for r in records:
+        if r["arm"] == arm:
+            groups.setdefault((r["backend"], r["stratum"], r["temperature"]), []).append(r)
+            groups.setdefault((r["backend"], "all", r["temperature"]), []).append(r)
+    for key, recs in groups.items():
+        out[key] = M.survival(spec_rounds(recs), ADAPTIVE_K_MAX)
+    return out
+
+
+def tokens_per_round(recs: list):
+    rounds = spec_rounds(recs)
+    return (sum(a for _, a in rounds) + len(rounds)) / len(rounds) if rounds else None
+
+
+def expected_vs_measured(records: list, surv: dict) -> list:
+    """E[G(k)] predicted from the k = 8 arm's S_i against each fixed-k arm's tokens per round."""
+    out = []
+    for (backend, stratum, t), s in sorted(surv.items(), key=str):
+        for k in DRAFT_KS:
+            recs = [r for r in records if r["backend"] == backend and r["arm"] == f"draft-k{k}" and r["temperature"] == t
+                    and (stratum == "all" or r["stratum"] == stratum)]
+            measured = tokens_per_round(recs)
+            if measured is not None:
+                out.append({"backend": backend, "stratum": stratum, "temperature": t, "k": k,
+                            "predicted": M.expected_tokens(s["S"], k), "measured": measured})
+    return out
+
+
+def _mean(values):
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def cost_model(records: list, surv: dict, backend: str, t: float, k: int = 4) -> dict | None:
+    """The specification's per-token cost for draft k against champion alone, pooled over strata:
+    C_t(1) = champion-alone page ms/token; its per-step overhead o = C_t(1) - engine step time;
+    predicted C_spec(k) = (k d + V(k) + o) / E[G(k)] with d the draft ms per proposal, V the
+    verify ms per round of the k arm, E[G(k)] from the k = 8 arm's S_i; measured = the k arm's
+    page ms/token."""
+    alone = [r for r in records if r["backend"] == backend and r["arm"] == "none" and r["temperature"] == t]
+    arm = [r for r in records if r["backend"] == backend and r["arm"] == f"draft-k{k}" and r["temperature"] == t]
+    s = surv.get((backend, "all", t))
+    if not alone or not arm or s is None:
+        return None
+    c1 = M.median(decode_ms_per_token(r) for r in alone)
+    step = M.median(_mean(v for *_, v in r["rounds"][1:]) for r in alone)   # engine ms per champion step
+    rounds = [x for r in arm for x in r["rounds"] if x[0] > 0]
+    if c1 is None or step is None or not rounds:
+        return None
+    d = sum(x[3] for x in rounds) / sum(x[0] for x in rounds)
+    v = sum(x[4] for x in rounds) / len(rounds)
+    eg = M.expected_tokens(s["S"], k)
+    if eg is None:
+        return None
+    overhead = max(c1 - step, 0.0)
+    predicted = M.spec_cost_per_token(d, k, v, overhead, eg)
+    measured = M.median(decode_ms_per_token(r) for r in arm)
+    pred_speedup, meas_speedup = M.speedup(c1, predicted), M.speedup(c1, measured)
+    return {"backend": backend, "temperature": t, "k": k, "c_alone_ms": c1, "step_ms": step, "overhead_ms": overhead,
+            "draft_ms_per_proposal": d, "verify_ms_per_round": v, "expected_tokens": eg,
+            "predicted_ms_per_token": predicted, "measured_ms_per_token": measured,
+            "predicted_speedup": pred_speedup, "measured_speedup": meas_speedup,
+            "measured_over_predicted": M.speedup(meas_speedup, pred_speedup) if pred_speedup else None}
+
+
+def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) -> dict | None:
+    """Median ms per request by component (the waterfall): loads, prefill (both), draft,
+    verify + correction (one device call decides the round), orchestrator bookkeeping
+    (commit, rollback, emit), synchronisation (page <-> workers), from the engine's timers."""
+    recs = [r for r in records if r["backend"] == backend and r["arm"] == arm and r["temperature"] == t]
+    if not recs:
+        return None
+    topo = f"{backend}-{arm_spec(arm)['engine']}"
+    lt = (loads.get(topo) or {}).get("timing_ms", {})
+    med = lambda f: M.median(f(r) for r in recs)
+    tm = lambda key: (lambda r: r["timing_ms"].get(key, 0.0))
+    return {"backend": backend, "arm": arm, "temperature": t,
+            "load_runtime": (lt.get("pyodide", 0) + lt.get("install", 0)), "load_champion": lt.get("champion_load", 0),
+            "load_draft": lt.get("draft_load", 0) if arm_spec(arm)["engine"] == "spec" else 0.0,
+            "prefill": med(tm("prefill")), "draft": med(tm("draft")), "verify_and_correct": med(tm("verify")) + med(tm("accept")),
+            "orchestrator": med(lambda r: r["timing_ms"]["total"] - sum(r["timing_ms"].get(k, 0) for k in ("prefill", "draft", "verify", "accept"))),
+            "sync_and_output": med(lambda r: r["total_ms"] - r["timing_ms"]["total"]),
+            "request_total": med(lambda r: r["total_ms"])}
+
+
+def _kv_bytes(info_cfg: dict, context: int) -> int:
+    return 2 * info_cfg["layers"] * info_cfg["kv_heads"] * info_cfg["head_dim"] * context * KV_BYTES
+
+
+def resident_total(peak: dict | None):
+    return sum(v for v in (peak or {}).values() if isinstance(v, (int, float))) if peak else None
+
+
+def memory_report(records: list, loads: dict, backend: str, model_shapes: dict) -> dict | None:
+    """Memory of champion alone vs champion + draft in the specification's categories: artifact
+    bytes (files run), logical composition (artifacts + KV caches at the context limit),
+    incremental (what the draft adds), physically deduplicated (nothing is shared between the
+    two models, so equal to the logical sum), and peak resident (max over requests of the
+    receipts' categories: champion memory, draft WASM memory, Pyodide heap)."""
+    alone, spec = loads.get(f"{backend}-alone"), loads.get(f"{backend}-spec")
+    if not alone or not spec:
+        return None
+    ctx = spec["info"]["champion"]["max_context"]
+    art_c = spec["info"]["champion"]["artifact_bytes"]
+    art_d = (spec["info"].get("draft") or {}).get("artifact_bytes") or 0
+    kv_c, kv_d = _kv_bytes(model_shapes["champion"], ctx), _kv_bytes(model_shapes["draft"], ctx)
+    peak = lambda engine: max((resident_total(r.get("peak_resident_bytes")) or 0 for r in records
+                               if r["backend"] == backend and arm_spec(r["arm"])["engine"] == engine and r["arm"] != "wllama"), default=None)
+    p_alone, p_spec = peak("alone"), peak("spec")
+    return {"backend": backend, "artifact_bytes": {"champion": art_c, "draft": art_d},
+            "logical_bytes": {"alone": art_c + kv_c, "spec": art_c + kv_c + art_d + kv_d},
+            "incremental_bytes": art_d + kv_d, "deduplicated_bytes": {"alone": art_c + kv_c, "spec": art_c + kv_c + art_d + kv_d},
+            "peak_resident_bytes": {"alone": p_alone, "spec": p_spec},
+            "peak_ratio": M.speedup(p_spec, p_alone) if p_alone else None}
+
+
+def greedy_mismatches(records: list) -> dict:
+    """{(backend, stratum): mismatches} of every speculative arm at T = 0 against champion alone."""
+    idx = index(records)
+    out: dict = {}
+    for r in records:
+        if r["temperature"] != 0 or r["arm"] in ("none", "wllama"):
+            continue
+        base = idx.get((r["backend"], "none", r["prompt_id"], 0.0, r.get("rep", 0)))
+        if base is None:
+            continue
+        key = (r["backend"], r["stratum"])
+        out[key] = out.get(key, 0) + (r["token_ids"] != base["token_ids"])
+    return out
+
+
+def gate_metrics(rows: list, mism: dict, cost: dict, mem: dict, nmin: dict, p_value, backend: str, strata: list,
+                 conversational: list) -> dict:
+    """The metric values the gates name, for one champion backend (topology)."""
+    mine = [r for r in rows if r["backend"] == backend]
+    med = lambda arm, t, ss: M.median(r["speedup"] for r in mine if r["arm"] == arm and r["temperature"] == t and r["stratum"] in ss)
+    per_stratum = {s: min((v for v in (med("draft-adaptive", t, [s]) for t in (0.0, 1.0)) if v is not None), default=None)
+                   for s in strata}
+    best_fixed = lambda t: max((v for v in (med(f"draft-k{k}", t, conversational) for k in DRAFT_KS) if v is not None), default=None)
+    keep = [M.speedup(med("draft-adaptive", t, conversational), best_fixed(t)) for t in (0.0, 1.0)]
+    costs = [c["measured_over_predicted"] for c in cost.values() if c and c["backend"] == backend and c["measured_over_predicted"]]
+    return {"greedy_mismatches": sum(v for (b, _), v in mism.items() if b == backend) if mism else None,
+            "distribution_p_value": p_value if backend == "wasm" else None,
+            "conversational_t1_median_speedup": med("draft-adaptive", 1.0, conversational),
+            "min_stratum_speedup_adaptive": {s: v for s, v in per_stratum.items() if v is not None} or None,
+            "conversational_adaptive_over_best_fixed": min((k for k in keep if k is not None), default=None),
+            "measured_over_predicted": min(costs) if costs else None,
+            "peak_memory_ratio": (mem.get(backend) or {}).get("peak_ratio"),
+            "n_min_tokens": nmin.get(backend)}
+
+
+def conclusion(verdicts: list, per_stratum_speedup: dict) -> str:
+    """adopt / keep off / adopt only for some strata, in the specification's terms: speculation is
+    adopted only where it preserves the champion (greedy identity, distribution) and wins the
+    whole cost function (every gate)."""
+    by = {v["id"]: v["passed"] for v in verdicts}
+    if by.get("greedy_identity") is False or by.get("distribution") is False:
+        return "keep off: it does not preserve the champion"
+    if all(p is not False for p in by.values()):
+        return "adopt"
+    winners = sorted(s for s, v in per_stratum_speedup.items() if v is not None and v >= 1.0)
+    if winners and by.get("peak_memory") is not False:
+        return "adopt only for some strata: " + ", ".join(winners) + " (with the adaptive scheduler)"
+    return "keep off: it does not win the whole cost function"
+
+
+def break_even(records: list, loads: dict, backend: str, arm: str, strata: list) -> dict | None:
+    """Cold: the draft's fixed cost F = L_d + P_d(S) (its load, and the prefill the spec arm
+    spends beyond champion alone) against the per-token gain, N_min = F / (C_t(1) - C_spec);
+    and T_spec(N) / T_baseline(N) for N = 1..1024 (baseline fixed cost: L_t + P_t(S))."""
+    spec = (loads.get(f"{backend}-spec") or {}).get("timing_ms")
+    alone_load = (loads.get(f"{backend}-alone") or {}).get("load_ms")
+    pick = lambda a: [r for r in records if r["backend"] == backend and r["arm"] == a and r["stratum"] in strata]
+    base, sp = pick("none"), pick(arm)
+    if not spec or alone_load is None or not base or not sp:
+        return None
+    p_t = M.median(r["timing_ms"]["prefill"] for r in base)
+    p_d = max(M.median(r["timing_ms"]["prefill"] for r in sp) - p_t, 0.0)
+    fixed = spec.get("draft_load", 0.0) + p_d
+    c1 = M.median(decode_ms_per_token(r) for r in base)
+    cs = M.median(decode_ms_per_token(r) for r in sp)
+    if c1 is None or cs is None:
+        return None
+    ns = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    return {"backend": backend, "arm": arm, "strata": strata, "draft_load_ms": spec.get("draft_load", 0.0),
+            "draft_prefill_ms": p_d, "fixed_ms": fixed, "c_alone_ms": c1, "c_spec_ms": cs,
+            "n_min": M.n_min(fixed, c1, cs), "curve_n": ns,
+            "curve_ratio": [M.latency_ratio(n, alone_load + p_t + fixed, cs, alone_load + p_t, c1) for n in ns]}
+
+
+def cold_warm(run_info: dict, records: list, backend: str) -> dict | None:
+    """T_baseline and T_spec from cold (engine load + its first request) and warm (the same
+    request later in the run), for the first prompt at T = 0."""
+    cold, loads = run_info.get("cold", {}), run_info.get("loads", {})
+    a, s = cold.get(f"{backend}-alone"), cold.get(f"{backend}-spec")
+    if not a or not s:
+        return None
+    idx = index(records)
+    wa, ws = idx.get((backend, "none", a["prompt_id"], 0.0, 0)), idx.get((backend, "draft-adaptive", s["prompt_id"], 0.0, 0))
+    out = {"prompt_id": a["prompt_id"],
+           "cold_baseline_ms": loads[f"{backend}-alone"]["load_ms"] + a["total_ms"],
+           "cold_spec_ms": loads[f"{backend}-spec"]["load_ms"] + s["total_ms"],
+           "warm_baseline_ms": wa["total_ms"] if wa else None, "warm_spec_ms": ws["total_ms"] if ws else None}
+    out["cold_speedup"] = M.speedup(out["cold_baseline_ms"], out["cold_spec_ms"])
+    out["warm_speedup"] = M.speedup(out["warm_baseline_ms"], out["warm_spec_ms"])
+    return out

@@ -1,0 +1,44 @@
+"""`exactspec bench`: run (or resume) the preregistered evaluation, then write its report, plots
+and, with --doc, the generated section of docs/evaluation.md."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from ..server import REPO_ROOT
+from .report import report_markdown, write_report
+from .runner import check_args, run_bench
+
+DOC_PATH = os.path.join("docs", "evaluation.md")
+MARKER = "<!-- written by `exactspec bench --doc`: everything below this line -->"
+
+
+def with_section(doc: str, section: str) -> str:
+    """doc up to MARKER (the hand-written part), then MARKER and section."""
+    return doc.split(MARKER, 1)[0].rstrip("\n") + "\n\n" + MARKER + "\n\n" + section.strip() + "\n"
+
+
+def cmd_bench(args) -> int:
+    check_args(args)
+    args.run = args.run or time.strftime("%Y%m%d-%H%M", time.gmtime())
+    run_dir = os.path.join(REPO_ROOT, "build", "eval", args.run)
+    if not args.report_only:
+        run_dir = run_bench(args)
+    res = write_report(run_dir)
+    print(f"bench {args.run}: {os.path.join(run_dir, 'report.md')}")
+    for backend, verdict in res["conclusions"].items():
+        print(f"  {backend}: {verdict}")
+    if args.doc:
+        path = os.path.join(REPO_ROOT, DOC_PATH)
+        with open(path) as f:
+            doc = f.read()
+        plots_dir = os.path.join(REPO_ROOT, "docs", "evaluation", args.run)
+        os.makedirs(plots_dir, exist_ok=True)
+        for png, svg in res.get("plots", {}).values():
+            for src in (png, svg):
+                shutil.copyfile(src, os.path.join(plots_dir, os.path.basename(src)))
+        section = report_markdown(res, plots_rel=f"evaluation/{args.run}").replace("# Evaluation run", "## Latest run", 1)
+        with open(path, "w") as f:
+            f.write(with_section(doc, section))
+    return 0

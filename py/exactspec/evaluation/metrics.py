@@ -1,0 +1,115 @@
+"""Pure maths of the evaluation (the specification's cost model): survival S_i and conditional
+acceptance a_i, E[G(k)], per-token costs, predicted speed-up, break-even length N_min, ECDF,
+Pareto frontier, a chi-square homogeneity test. No I/O."""
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def survival(rounds, k_max: int) -> dict:
+    """rounds: (proposed, accepted) per speculative round. a_i = P(position i accepted | rounds
+    that proposed i and accepted 1..i-1); S_i = a_1...a_i (no independence assumed: each a_i is
+    conditional on survival). {"a": [a_1..], "S": [S_1..], "at_risk": [n_1..]}; None where no
+    round reached the position (and every S after it), except that S stays 0 once it is 0."""
+    a, s_list, at_risk, s = [], [], [], 1.0
+    for i in range(1, k_max + 1):
+        reached = sum(1 for m, n in rounds if m >= i and n >= i - 1)
+        took = sum(1 for m, n in rounds if m >= i and n >= i)
+        at_risk.append(reached)
+        a.append(took / reached if reached else None)
+        if s != 0.0:
+            s = None if reached == 0 or s is None else s * took / reached
+        s_list.append(s)
+    return {"a": a, "S": s_list, "at_risk": at_risk}
+
+
+def expected_tokens(S: list, k: int):
+    """E[G(k)] = 1 + S_1 + ... + S_k (tokens a round emits, ignoring terminal truncation); None
+    when some S_i with i <= k is unknown."""
+    head = S[:k]
+    if len(head) < k or any(x is None for x in head):
+        return None
+    return 1.0 + sum(head)
+
+
+def spec_cost_per_token(draft_ms_per_proposal: float, k: int, verify_ms: float, overhead_ms: float, eg: float) -> float:
+    """C_spec(k) = (k d + V(k) + overhead) / E[G(k)]: the expected round cost over tokens a round."""
+    return (k * draft_ms_per_proposal + verify_ms + overhead_ms) / eg
+
+
+def speedup(baseline: float, other: float):
+    """baseline / other (times or per-token costs), None when either is missing or other <= 0."""
+    if baseline is None or other is None or other <= 0:
+        return None
+    return baseline / other
+
+
+def n_min(fixed_ms: float, alone_ms_per_token: float, spec_ms_per_token: float):
+    """N_min = F / (C_t(1) - C_spec): tokens after which the draft's fixed cost F (its load and
+    prefill) is paid back; math.inf when speculation is not cheaper per token (never amortises)."""
+    gain = alone_ms_per_token - spec_ms_per_token
+    if gain <= 0:
+        return math.inf
+    return max(fixed_ms, 0.0) / gain
+
+
+def latency_ratio(n: int, spec_fixed_ms: float, spec_ms_per_token: float, base_fixed_ms: float, base_ms_per_token: float) -> float:
+    """T_spec(N) / T_baseline(N) for a session of N generated tokens (linear cost model)."""
+    return (spec_fixed_ms + n * spec_ms_per_token) / (base_fixed_ms + n * base_ms_per_token)
+
+
+def median(values):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def ecdf(values) -> tuple:
+    """(sorted values, cumulative fractions i/n)."""
+    xs = sorted(v for v in values if v is not None)
+    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
+
+
+def pareto_front(points) -> list:
+    """Indices of the points (x, y) not dominated when both are to be minimised, sorted by x."""
+    idx = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 <= x and y2 <= y) and (x2 < x or y2 < y) for j, (x2, y2) in enumerate(points) if j != i):
+            idx.append(i)
+    return sorted(idx, key=lambda i: points[i])
+
+
+def homogeneity_p_value(a: list, b: list, min_expected: float = 5.0) -> float:
+    """Chi-square test that two samples of categories come from one distribution; categories with
+    a pooled expected count below min_expected are merged into one cell. 1.0 with one cell."""
+    from scipy import stats
+    na, nb = len(a), len(b)
+    counts: dict = {}
+    for x in a:
+        counts.setdefault(x, [0, 0])[0] += 1
+    for x in b:
+        counts.setdefault(x, [0, 0])[1] += 1
+    table, rare = [], [0, 0]
+    for ca, cb in counts.values():
+        if min(na, nb) * (ca + cb) / (na + nb) >= min_expected:
+            table.append([ca, cb])
+        else:
+            rare = [rare[0] + ca, rare[1] + cb]
+    if sum(rare):
+        table.append(rare)
+    if len(table) < 2:
+        return 1.0
+    return float(stats.chi2_contingency(table, correction=False)[1])
+
+
+def acceptance_by_bin(pairs, edges: list) -> list:
+    """pairs (x, accepted 0/1) binned by x on edges [e0, e1, ...]: [(lo, hi, n, rate or None)]."""
+    out = []
+    for lo, hi in zip(edges, edges[1:]):
+        vals = [acc for x, acc in pairs if lo <= x < hi]
+        out.append((lo, hi, len(vals), sum(vals) / len(vals) if vals else None))
+    return out
+
+
+def entropy_nats(probs) -> float:
+    return -sum(p * math.log(p) for p in probs if p > 0)

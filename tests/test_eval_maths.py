@@ -1,0 +1,135 @@
+"""The evaluation's pure maths on synthetic inputs with exact expected values: survival, E[G(k)],
+cost model, N_min, break-even ratio, ECDF, Pareto frontier, homogeneity test, arms and schedule."""
+import math
+
+import pytest
+
+from exactspec.evaluation import analysis as A
+from exactspec.evaluation import metrics as M
+from exactspec.evaluation.arms import FULL, arm_spec, request_config, schedule
+
+
+def test_survival_is_conditional_acceptance_chained():
+    # 4 rounds at k = 3: accepted 0, 1, 3, 2 -> position 1: 3/4; 2: 2/3; 3: 1/2 (reached by 3 and 2)
+    rounds = [(3, 0), (3, 1), (3, 3), (3, 2)]
+    s = M.survival(rounds, 4)
+    assert s["a"] == [0.75, 2 / 3, 0.5, None]
+    assert s["at_risk"] == [4, 3, 2, 0]
+    assert s["S"][:3] == [0.75, 0.75 * (2 / 3), 0.75 * (2 / 3) * 0.5] and s["S"][3] is None
+
+
+def test_survival_counts_only_rounds_that_proposed_the_position():
+    # a round that proposed 1 and had it accepted says nothing about position 2
+    s = M.survival([(1, 1), (2, 1), (2, 2)], 2)
+    assert s["a"] == [1.0, 0.5] and s["at_risk"] == [3, 2]
+
+
+def test_survival_stays_zero_after_a_position_nobody_passed():
+    s = M.survival([(4, 1), (4, 1)], 4)
+    assert s["a"] == [1.0, 0.0, None, None] and s["S"] == [1.0, 0.0, 0.0, 0.0]
+    assert M.expected_tokens(s["S"], 4) == 2.0
+
+
+def test_expected_tokens_and_constant_acceptance_closed_form():
+    assert M.expected_tokens([0.5, 0.25, 0.125], 3) == 1.875
+    assert M.expected_tokens([0.5, None], 2) is None
+    alpha, k = 0.6, 5
+    S = [alpha ** i for i in range(1, k + 1)]
+    assert M.expected_tokens(S, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha), rel=1e-12)
+
+
+def test_cost_model_break_even_and_latency_ratio():
+    # (4 x 0.5 + 6 + 1) / 3 = 3 ms/token against 4 alone: 1.333x; F = 30 ms pays back in 30 tokens
+    c = M.spec_cost_per_token(0.5, 4, 6.0, 1.0, 3.0)
+    assert c == 3.0 and M.speedup(4.0, c) == 4 / 3
+    assert M.n_min(30.0, 4.0, 3.0) == 30.0
+    assert M.n_min(30.0, 3.0, 3.0) == math.inf and M.n_min(30.0, 2.0, 3.0) == math.inf
+    assert M.latency_ratio(30, 130.0, 3.0, 100.0, 4.0) == 1.0     # the break-even point itself
+    assert M.latency_ratio(60, 130.0, 3.0, 100.0, 4.0) == 310 / 340
+    assert M.speedup(None, 1.0) is None and M.speedup(1.0, 0.0) is None
+
+
+def test_ecdf_median_and_pareto_front():
+    assert M.ecdf([3, 1, None, 2]) == ([1, 2, 3], [1 / 3, 2 / 3, 1.0])
+    assert M.median([None, 4, 1, 3]) == 3 and M.median([None]) is None
+    pts = [(1, 5), (2, 2), (3, 3), (5, 1), (2, 2.5)]
+    assert M.pareto_front(pts) == [0, 1, 3]
+
+
+def test_homogeneity_p_value_separates_same_from_different():
+    same_a = [0] * 50 + [1] * 30 + [2] * 20
+    same_b = [0] * 48 + [1] * 33 + [2] * 19
+    assert M.homogeneity_p_value(same_a, same_b) > 0.5
+    assert M.homogeneity_p_value([0] * 80 + [1] * 20, [0] * 20 + [1] * 80) < 1e-6
+    assert M.homogeneity_p_value([7] * 10, [7] * 10) == 1.0
+
+
+def test_acceptance_by_entropy_bin():
+    bins = M.acceptance_by_bin([(0.1, 1), (0.2, 0), (1.5, 1), (3.0, 0)], [0.0, 1.0, 2.0, 4.0])
+    assert bins == [(0.0, 1.0, 2, 0.5), (1.0, 2.0, 1, 1.0), (2.0, 4.0, 1, 0.0)]
+    assert M.entropy_nats([0.5, 0.5]) == math.log(2) and M.entropy_nats([1.0, 0.0]) == 0
+
+
+def test_arms_engines_and_configs():
+    assert len(FULL) == 12
+    assert arm_spec("none")["engine"] == "alone" and arm_spec("lookup-k4")["engine"] == "alone"
+    assert arm_spec("draft-k3") == {"speculate": "draft", "k": 3, "scheduler": "static", "engine": "spec"}
+    assert arm_spec("draft-adaptive")["scheduler"] == "adaptive" and arm_spec("draft-adaptive")["k"] == 8
+    with pytest.raises(ValueError):
+        arm_spec("draft-fast")
+    p = {"id": "x", "max_new_tokens": 32, "seed": 7, "chat": False}
+    cfg = request_config("none", p, 1.0)
+    assert cfg["seed"] == 7 and cfg["speculate"] == "none" and cfg["max_new_tokens"] == 32
+
+
+def test_schedule_interleaves_every_arm_once_per_prompt_and_temperature():
+    prompts = [{"id": f"p{i}", "chat": i == 1} for i in range(3)]
+    keys = schedule(prompts, [0.0, 1.0], {"wasm": ["none", "draft-k1"], "webgpu": ["none"]}, {"p0"}, wllama=True)
+    assert len(keys) == len(set(keys))
+    assert sum(k[0] == "webgpu" for k in keys) == 2                   # p0 only, both temperatures
+    assert {k[2] for k in keys if k[0] == "wllama"} == {"p0", "p2"}   # no chat prompts for wllama
+    assert keys[0][1] == "none" and [k for k in keys if k[2] == "p1"][0][1] == "draft-k1"   # rotated
+    twice = schedule(prompts, [0.0], {"wasm": ["none"], "webgpu": ["none"]}, {"p0"}, wllama=False, repeats=2)
+    assert [k for k in twice if k[0] == "webgpu"] == [("webgpu", "none", "p0", 0.0, 0)]   # webgpu: first pass only
+    assert [k[4] for k in twice if k[0] == "wasm"] == [0, 0, 0, 1, 1, 1]
+
+
+def _rec(arm, prompt, t, total, first, n, rounds=(), backend="wasm", stratum="s", ids=None):
+    return {"backend": backend, "arm": arm, "prompt_id": prompt, "stratum": stratum, "temperature": t,
+            "total_ms": total, "first_token_ms": first, "token_ids": ids or list(range(n)), "rounds": list(rounds),
+            "timing_ms": {"prefill": 5.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "total": total - 1}}
+
+
+def test_per_request_speedups_and_greedy_mismatches():
+    recs = [_rec("none", "a", 0.0, 100.0, 10.0, 10), _rec("draft-k2", "a", 0.0, 50.0, 10.0, 10),
+            _rec("draft-k4", "a", 0.0, 200.0, 20.0, 10, ids=[9] * 10),
+            _rec("wllama", "a", 0.0, 80.0, 8.0, 10, backend="wllama")]
+    rows = {r["arm"]: r for r in A.per_request_speedups(recs)}
+    assert rows["draft-k2"]["speedup"] == 2.0 and rows["draft-k2"]["decode_speedup"] == 90 / 40
+    assert rows["draft-k4"]["speedup"] == 0.5 and rows["wllama"]["speedup"] == 1.25
+    assert A.greedy_mismatches(recs) == {("wasm", "s"): 1}
+
+
+def test_cost_model_from_records():
+    alone = [_rec("none", "a", 0.0, 41.0, 5.0, 10, rounds=[[0, 0, 1, 0.0, 3.0]] * 10)]   # 4 ms/token page, 3 ms a step
+    k4 = [_rec("draft-k4", "a", 0.0, 25.0, 5.0, 11, rounds=[[4, 2, 3, 2.0, 6.0], [4, 4, 5, 2.0, 6.0]])]
+    k8 = [_rec("draft-k8", "a", 0.0, 25.0, 5.0, 11, rounds=[[8, 8, 9, 0, 0], [8, 2, 3, 0, 0]])]
+    recs = alone + k4 + k8
+    surv = A.survival_table(recs)
+    c = A.cost_model(recs, surv, "wasm", 0.0, k=4)
+    # S_1..S_4 = 1 (both rounds reach 2 accepted, then 1 of 2 survives position 3, 1 of 1 position 4)
+    assert surv[("wasm", "all", 0.0)]["S"][:4] == [1.0, 1.0, 0.5, 0.5]
+    assert c["expected_tokens"] == 4.0 and c["draft_ms_per_proposal"] == 0.5 and c["verify_ms_per_round"] == 6.0
+    assert c["overhead_ms"] == 1.0 and c["predicted_ms_per_token"] == (2 + 6 + 1) / 4
+    assert c["measured_ms_per_token"] == 2.0 and c["predicted_speedup"] == 4 / 2.25
+    assert c["measured_over_predicted"] == pytest.approx(2.0 / (4 / 2.25))
+    assert A.tokens_per_round(k4) == 4.0
+
+
+def test_conclusion_in_the_specification_terms():
+    v = lambda **kw: [{"id": k, "passed": p} for k, p in kw.items()]
+    assert A.conclusion(v(greedy_identity=True, distribution=True, cost_model=True), {}) == "adopt"
+    assert A.conclusion(v(greedy_identity=False, distribution=True), {}).startswith("keep off: it does not preserve")
+    some = A.conclusion(v(greedy_identity=True, distribution=True, no_stratum_below=False), {"code": 1.3, "casual": 0.9})
+    assert some.startswith("adopt only for some strata: code")
+    assert A.conclusion(v(greedy_identity=True, no_stratum_below=False), {"casual": 0.9}).startswith("keep off: it does not win")

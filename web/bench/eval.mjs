@@ -1,0 +1,54 @@
+// eval.mjs — page of `exactspec bench` (py/exactspec/evaluation/runner.py): named engines, one request
+// at a time, each answered with its per-round record (proposed, accepted, draft/verify ms, sources),
+// page-clock times and a memory sample after it. wllama comes from peer.mjs (window.peerBench).
+// window.evalBench; window.evalReady once loaded.
+import { Engine } from "/web/engine.mjs";
+
+const engines = new Map();   // name -> Engine
+const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });
+const pageHeap = () => performance.memory?.usedJSHeapSize ?? null;
+
+/** Load an engine under `name` -> {load_ms, ready, memory, page_heap} or {refused}. */
+async function load(name, models, options = {}) {
+  const t0 = performance.now();
+  try {
+    const engine = await Engine.create(models, options);
+    engines.set(name, engine);
+    const load_ms = performance.now() - t0;
+    return { load_ms, ready: engine.ready, memory: await engine.memory(), page_heap: pageHeap() };
+  } catch (err) {
+    return { refused: coded(err) };
+  }
+}
+
+/** One request: {result, rounds, first_token_ms, total_ms, memory, page_heap} or {refused}.
+ *  rounds: one entry per tokens event: its round info, token count and sources. */
+async function generate(name, payload) {
+  const engine = engines.get(name);
+  const rounds = [];
+  let tFirst = null;
+  const t0 = performance.now();
+  try {
+    const result = await engine.generate(payload, (env) => {
+      if (env.kind !== "tokens") return;
+      const p = env.payload;
+      if (p.token_ids.length) tFirst ??= performance.now();
+      rounds.push({ ...p.round, n: p.token_ids.length, sources: p.sources });
+    });
+    const total_ms = performance.now() - t0;
+    delete result.text;   // the ids are what the evaluation compares
+    return { result, rounds, first_token_ms: tFirst === null ? null : tFirst - t0, total_ms,
+             memory: await engine.memory(), page_heap: pageHeap() };
+  } catch (err) {
+    return { refused: coded(err) };
+  }
+}
+
+async function unload(name) {
+  const engine = engines.get(name);
+  if (engine) await engine.terminate();
+  engines.delete(name);
+}
+
+window.evalBench = { load, generate, unload, pageHeap };
+window.evalReady = true;
