@@ -169,12 +169,13 @@ def convert(src, dst, progress=None) -> dict:
         header = ckpt.header()
         _check_header(header, hp, ckpt.index_path or ckpt.files[0], quantised=False)
         files = _copy_small_files(src, dst)   # tokenizer etc. checked below, before the long write
-        identity_probe = {Q8_WEIGHTS_FILE: ("0" * 64, 0)}
-        model_identity_from_files(files, identity_probe, source=src)
+        # the identity (tokenizer parsed, ids resolved) before the long write; its run_weights_*
+        # fields are filled in once the artifact's digest is known
+        identity = model_identity_from_files(files, {Q8_WEIGHTS_FILE: ("0" * 64, 0)}, source=src)
         metadata = dict(sorted({**ckpt.metadata, "quantization": RUN_WEIGHTS_SCHEMES[Q8_WEIGHTS_FILE][1]}.items()))
         plan = plan_outputs(header, hp["tie_word_embeddings"])
         sha, nbytes = write_q8(ckpt, os.path.join(dst, Q8_WEIGHTS_FILE), plan, metadata, progress)
-    identity = model_identity_from_files(files, {Q8_WEIGHTS_FILE: (sha, nbytes)}, source=os.path.basename(dst))
+    identity.update(run_weights_sha256=sha, run_weights_bytes=nbytes)
     listed = [{"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
               for name, data in files.items()] + [{"path": Q8_WEIGHTS_FILE, "bytes": nbytes, "sha256": sha}]
     entry = {
