@@ -24,7 +24,7 @@ def test_make_scheduler_follows_the_config():
     assert isinstance(make_scheduler(GenerationConfig(k=5)), StaticK)
     adaptive = make_scheduler(GenerationConfig(k=8, scheduler="adaptive"))
     assert isinstance(adaptive, AdaptiveK) and adaptive.k_max == 8
-    assert adaptive.describe()["name"] == "adaptive-k" and adaptive.describe()["k_start"] == 4
+    assert adaptive.describe()["name"] == "adaptive-k" and adaptive.describe()["k_start"] == 2
 
 
 def test_acceptance_survival_and_expected_tokens_exact():
@@ -54,11 +54,11 @@ def _drive(s, rounds, accept, cost, remaining=100):
 
 def test_always_accepted_and_cheap_proposals_go_to_k_max():
     ks = _drive(AdaptiveK(8), 30, accept=lambda k: k, cost=lambda k: 10 + 1.0 * k)
-    assert ks[0] == 4 and ks[-5:] == [8] * 5
+    assert ks[0] == 2 and ks[-5:] == [8] * 5
 
 
 def test_never_accepted_turns_speculation_off_and_probes():
-    s = AdaptiveK(8, probe_every=8)
+    s = AdaptiveK(8, k_start=4, prior_accept=0.6, prior_weight=1.0, probe_every=8)
     ks = _drive(s, 40, accept=lambda k: 0, cost=lambda k: 10 + 3.0 * k)
     assert ks[0] == 4
     tail = ks[2:]

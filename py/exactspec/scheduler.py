@@ -45,8 +45,8 @@ class AdaptiveK:
 
     name, version = "adaptive-k", 1
 
-    def __init__(self, k_max: int, *, k_start: int = 4, decay: float = 0.9, prior_accept: float = 0.6,
-                 prior_weight: float = 1.0, slope_prior: float = 0.25, probe_every: int = 8):
+    def __init__(self, k_max: int, *, k_start: int = 2, decay: float = 0.9, prior_accept: float = 0.5,
+                 prior_weight: float = 2.0, slope_prior: float = 0.25, probe_every: int = 4):
         self.k_max = k_max
         self.params = {"k_start": k_start, "decay": decay, "prior_accept": prior_accept,
                        "prior_weight": prior_weight, "slope_prior": slope_prior, "probe_every": probe_every}
@@ -151,5 +151,5 @@ def make_scheduler(config):
     """The scheduler a GenerationConfig asks for: `scheduler` "static" (k every round, the default)
     or "adaptive" (AdaptiveK with k_max = config.k)."""
     if getattr(config, "scheduler", "static") == "adaptive":
-        return AdaptiveK(config.k, k_start=min(4, config.k))
+        return AdaptiveK(config.k, k_start=min(2, config.k))
     return StaticK(config.k)
