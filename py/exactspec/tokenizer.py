@@ -349,9 +349,11 @@ class _Matcher:
         for lst in self.by_first.values():
             lst.sort(key=lambda x: -len(x[0]))    # stable: first declared wins on equal length
 
-    def split(self, s: str, split_special_tokens: bool = False) -> list[tuple[str, AddedToken | None]]:
+    def split(self, s: str, split_special_tokens: bool = False, untrusted=None) -> list[tuple[str, AddedToken | None]]:
         """With split_special_tokens, a matched *special* token is not taken: its text stays
-        plain text (tokenizers' encode_special_tokens; the match still consumes its span)."""
+        plain text (tokenizers' encode_special_tokens; the match still consumes its span).
+        untrusted(start, stop) -> True does the same for a special match overlapping text that
+        must not be parsed (chat message text); the concatenated pieces always equal s."""
         if not self.by_first or not s:
             return [(s, None)]
         by_first = self.by_first
@@ -373,7 +375,7 @@ class _Matcher:
             pat, tok = hit
             start, stop = i, i + len(pat)
             i = stop                                   # matches never overlap
-            if split_special_tokens and tok.special:
+            if tok.special and (split_special_tokens or (untrusted is not None and untrusted(start, stop))):
                 continue
             if tok.single_word:
                 start_space = start == 0 or not is_word_char(s[start - 1])
@@ -403,6 +405,11 @@ class _Matcher:
 
 _KNOWN_TOP = {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
               "model", "post_processor", "decoder"}
+
+
+def _overlap_test(spans):
+    """f(start, stop) -> whether [start, stop) overlaps one of spans; None when there are none."""
+    return (lambda a, b: any(x < b and a < y for x, y in spans)) if spans else None
 
 
 class Tokenizer:
@@ -487,12 +494,17 @@ class Tokenizer:
 
     # -- encode ---------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False,
+               untrusted_spans=()) -> list[int]:
         """add_special_tokens: apply the post-processor (e.g. prepend BOS).
         split_special_tokens: special added tokens written in `text` are NOT recognised and are
         tokenized as plain text (HF tokenizers' `encode_special_tokens = True`, transformers'
         `split_special_tokens=True`); non-special added tokens still match. Use it for untrusted
-        text, so it cannot forge control tokens such as chat turn markers."""
+        text, so it cannot forge control tokens such as chat turn markers.
+        untrusted_spans: sorted, disjoint (start, stop) character ranges of `text` treated so
+        (a special token is taken only if its own characters lie outside them), while the text
+        around them is tokenized as one string: for ranges free of special-token strings the ids
+        are those of encode(text) (chat prompts: message text inside a rendered template)."""
         if not isinstance(text, str):
             raise ExactSpecError(E_BAD_ARGUMENT, "encode expects a str")
         try:
@@ -501,19 +513,43 @@ class Tokenizer:
             raise ExactSpecError(E_BAD_ARGUMENT, f"text has a lone surrogate at index {e.start}") from None
         ids: list[int] = []
         # at_start: the piece begins at offset 0 of the text (Metaspace prepend_scheme "first")
-        for i, (piece, tok) in enumerate(self._raw_matcher.split(text, split_special_tokens)):
+        spans = [(a, b) for a, b in untrusted_spans if b > a]
+        untrusted = _overlap_test(spans)
+        offset = 0
+        for i, (piece, tok) in enumerate(self._raw_matcher.split(text, split_special_tokens, untrusted)):
+            start, offset = offset, offset + len(piece)
             if tok is not None:
                 ids.append(tok.id)
                 continue
-            if self.normalize is not None:
-                piece = self.normalize(piece)
-            for j, (sub, ntok) in enumerate(self._norm_matcher.split(piece, split_special_tokens)):
+            piece, piece_untrusted = self._normalize_piece(piece, start, spans)
+            for j, (sub, ntok) in enumerate(self._norm_matcher.split(piece, split_special_tokens, piece_untrusted)):
                 if ntok is not None:
                     ids.append(ntok.id)
                 elif sub:
                     for word in self.pre_tokenize(sub, i == 0 and j == 0):
                         ids.extend(self.model.tokenize(word))
         return self.post_process(ids) if add_special_tokens else ids
+
+    def _normalize_piece(self, piece: str, start: int, spans):
+        """(normalized piece, untrusted test in its offsets or None). The untrusted ranges are
+        carried through normalization when normalizing the trusted and untrusted parts apart
+        gives the same string as normalizing the whole; otherwise the whole piece is untrusted."""
+        stop = start + len(piece)
+        local = [(max(a, start) - start, min(b, stop) - start) for a, b in spans if a < stop and start < b]
+        if self.normalize is None:
+            return piece, _overlap_test(local)
+        whole = self.normalize(piece)
+        if not local:
+            return whole, None
+        cuts = sorted({0, len(piece)} | {x for span in local for x in span})
+        parts = [self.normalize(piece[a:b]) for a, b in zip(cuts, cuts[1:])]
+        if "".join(parts) != whole:
+            return whole, lambda a, b: True
+        bounds = [0]
+        for part in parts:
+            bounds.append(bounds[-1] + len(part))
+        where = {c: bounds[k] for k, c in enumerate(cuts)}
+        return whole, _overlap_test([(where[a], where[b]) for a, b in local])
 
     # -- decode ---------------------------------------------------------------------------
 
