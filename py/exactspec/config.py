@@ -317,7 +317,7 @@ def _rope(cfg: dict, source: str) -> dict:
     params = params or {}
     type_key = "rope_type" if "rope_type" in params else "type"
     rope_type = params.get(type_key, "default")
-    if rope_type not in ROPE_TYPES:
+    if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
         raise _refuse(source, f"{key}.{type_key}={_describe(rope_type)} is not supported "
                       f"(supported: {', '.join(ROPE_TYPES)})", field=key)
     unknown = sorted(set(params) - _ROPE_KEYS[rope_type])
@@ -361,7 +361,7 @@ def _rope(cfg: dict, source: str) -> dict:
 def _model_type(cfg: dict, source: str) -> str:
     """model_type (absent means llama) and, when given, architectures: the one class of that type."""
     model_type = cfg.get("model_type", "llama")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise _refuse(source, f"model_type {_describe(model_type)} is not supported "
                       f"(supported: {', '.join(ARCHITECTURES)})", field="model_type")
     archs = cfg.get("architectures")
