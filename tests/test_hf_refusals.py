@@ -13,6 +13,7 @@ import pytest
 from exactspec.config import validate_config
 from exactspec.convert import convert
 from exactspec.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.models import stop_ids_from
 from exactspec.reference_llama import LlamaReference
 from exactspec.safetensors import load_safetensors, write_safetensors
 from hf_synth import synth_models_dirs  # noqa: F401  (a fixture)
@@ -169,3 +170,13 @@ def test_shards_refused_when_the_index_lies(synth_models_dirs, tmp_path):
     _refused(lambda: LlamaReference.from_dir(folder), "weight_map")
     os.remove(index)
     _refused(lambda: LlamaReference.from_dir(folder), "has neither model.safetensors nor model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("eos,want", [(2, (2,)), ([128001, 128008, 128009, 128001], (128001, 128008, 128009)),
+                                      (None, ()), ("2", None), ([2, True], None), (-1, None), ([[2]], None)])
+def test_generation_config_eos(eos, want, tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": eos}))
+    if want is not None:
+        assert stop_ids_from(str(tmp_path)) == want
+    else:
+        _refused(lambda: stop_ids_from(str(tmp_path)), "generation_config.json", "eos_token_id")

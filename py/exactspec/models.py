@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -43,9 +44,15 @@ class LoadedPair:
 
 
 def stop_ids_from(model_dir: str) -> tuple:
-    gen = _read_json(os.path.join(model_dir, "generation_config.json"))
-    eos = gen.get("eos_token_id", [])
-    return tuple(eos if isinstance(eos, list) else [eos])
+    """generation_config.json's eos_token_id (an id, a list of ids, or absent/null: none), in
+    file order without repeats; anything else is E_MODEL_LOAD."""
+    path = os.path.join(model_dir, "generation_config.json")
+    eos = _read_json(path).get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ExactSpecError(E_MODEL_LOAD, f"{path}: eos_token_id must be a token id or a list of ids, "
+                             f"got {json.dumps(eos)[:80]}", field="eos_token_id")
+    return tuple(dict.fromkeys(ids))
 
 
 def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weights: str = "f32") -> LoadedPair:
