@@ -210,6 +210,10 @@ def build_tokenizer(family: str, seed: int = 0):
             tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    if family == "llama3.2":   # Llama 3 prepends <|begin_of_text|> in its post-processor
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", fam["bos"])])])
     added = [AddedToken(specials[i], special=True, normalized=False) for i in sorted(leading)]
     # trailing specials fill every id up to the vocabulary size (reserved ones as Llama 3 does)
     for i in range(len(vocab), size):

@@ -56,6 +56,11 @@ def _tensor_to_float32(name: str, tensor, path: str) -> np.ndarray:
     return decode_float32(name, tensor.dtype, shape, tensor.data, path).astype(np.float32, copy=False)
 
 
+def q8_product(q8_bytes, rows: int, cols: int, scale: np.ndarray) -> np.ndarray:
+    """The float32 weights of a q8 linear: int8 (rows, cols) times scale[:, None], in float32."""
+    return np.frombuffer(q8_bytes, dtype=np.int8).reshape(rows, cols).astype(np.float32) * scale[:, None]
+
+
 def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
     """model.q8.safetensors -> float32 tensors under HF names: ``<n>.q8`` int8 (out, in) times
     ``<n>.scale`` float32 (out,) becomes ``<n>`` (the product is formed in float32, as the
@@ -78,11 +83,10 @@ def _dequantise_q8(raw: dict, path: str) -> dict[str, np.ndarray]:
         if scale.shape != (rows,):
             raise _load_error(f"{path}: {base + '.scale'!r} has shape {scale.shape}, expected ({rows},)",
                               tensor=base + ".scale", file=path)
-        q8 = np.frombuffer(t.data, dtype=np.int8)
-        if q8.size != rows * cols:
-            raise _load_error(f"tensor {name!r} in {path} holds {q8.size} values, shape {t.shape} "
+        if len(t.data) != rows * cols:
+            raise _load_error(f"tensor {name!r} in {path} holds {len(t.data)} values, shape {t.shape} "
                               f"needs {rows * cols}", tensor=name, file=path)
-        tensors[base] = q8.reshape(rows, cols).astype(np.float32) * scale[:, None]
+        tensors[base] = q8_product(t.data, rows, cols, scale)
     return tensors
 
 
@@ -93,9 +97,7 @@ def _q8_fetcher(ckpt, path: str):
         if name + ".q8" not in ckpt:
             return ckpt.read_float32(name)
         rows, cols = ckpt.entry(name + ".q8")[1]
-        scale = ckpt.read_float32(name + ".scale")
-        q8 = np.frombuffer(ckpt.read_bytes(name + ".q8"), dtype=np.int8).reshape(rows, cols)
-        return q8.astype(np.float32) * scale[:, None]
+        return q8_product(ckpt.read_bytes(name + ".q8"), rows, cols, ckpt.read_float32(name + ".scale"))
     return fetch
 
 
