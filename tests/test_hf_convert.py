@@ -90,7 +90,7 @@ def test_sharded_source_converts_to_the_same_bytes(synth_models_dirs, tmp_path):
 
 
 def test_convert_streams_in_row_blocks(synth_models_dirs, tmp_path, monkeypatch):
-    """The weights pass (write_q8) with blocks of 2^16 values: its traced peak stays far below
+    """The weights pass (write_artifact) with blocks of 2^16 values: its traced peak stays far below
     the 151936 x 56 embedding it converts (the tokenizer's identity, parsed before, is apart)."""
     monkeypatch.setattr(convert_module, "CHUNK_VALUES", 1 << 16)
     embedding_f32 = 151936 * 56 * 4
@@ -98,11 +98,11 @@ def test_convert_streams_in_row_blocks(synth_models_dirs, tmp_path, monkeypatch)
         plan = convert_module.plan_outputs(ckpt.header(), tied=True)
         tracemalloc.start()
         try:
-            convert_module.write_q8(ckpt, str(tmp_path / Q8), plan, {})
+            convert_module.write_artifact(ckpt, str(tmp_path / Q8), plan, {})
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    print(f"write_q8 peak (traced) {peak / 1e6:.2f} MB, embedding {embedding_f32 / 1e6:.1f} MB in float32")
+    print(f"write_artifact peak (traced) {peak / 1e6:.2f} MB, embedding {embedding_f32 / 1e6:.1f} MB in float32")
     assert peak < embedding_f32 / 16, peak
 
 
@@ -137,3 +137,29 @@ def test_converted_champion_runs_by_default_as_q8(shape, synth_models_dirs, tmp_
     assert result["error"] is None
     q8_sha = hashlib.sha256((tmp_path / Q8).read_bytes()).hexdigest()
     assert q8_sha in json.dumps(result["receipt"])
+
+
+def test_draft_role_writes_f32_weights_and_the_pair_runs(synth_models_dirs, tmp_path, capsys):
+    """--role draft: model.safetensors, every tensor F32 (what the WASM draft reads), the same
+    function as the bf16 source; a converted champion and draft pass the pair check and agree."""
+    champion, draft = tmp_path / "champion", tmp_path / "draft"
+    assert cli_main(["convert", synth_models_dirs["tinyllama-mid"], str(champion)]) == 0
+    assert cli_main(["convert", "--role", "draft", synth_models_dirs["tinyllama-draft"], str(draft)]) == 0
+    capsys.readouterr()
+    header, metadata = read_header(draft / "model.safetensors")
+    assert {e["dtype"] for e in header.values()} == {"F32"} and "quantization" not in metadata
+    entry = json.loads((draft / MODEL_FILE).read_text())
+    assert entry["model"]["run_artifact"]["quantization"] == "f32"
+    ids = list(range(5, 90, 3))
+    src = LlamaReference.from_dir(synth_models_dirs["tinyllama-draft"])
+    assert np.array_equal(LlamaReference.from_dir(draft).forward(ids, 0), src.forward(ids, 0))
+    args = ["generate", "--champion", str(champion), "--prompt", "Hi", "--temperature", "0",
+            "--max-new-tokens", "5", "--json"]
+    assert cli_main(args + ["--draft", str(draft)]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert cli_main(args + ["--speculate", "none"]) == 0
+    assert spec["token_ids"] == json.loads(capsys.readouterr().out)["token_ids"]
+    src_copy = tmp_path / "in_place"
+    shutil.copytree(synth_models_dirs["tinyllama-draft"], src_copy)
+    assert cli_main(["convert", "--role", "draft", str(src_copy), str(src_copy)]) == 2
+    assert "E_BAD_ARGUMENT" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`exactspec convert SRC DST`: a Hugging Face folder to the q8 run artifact, streamed.
+"""`exactspec convert SRC DST [--role draft]`: a Hugging Face folder to its run artifact, streamed.
 
 Writes DST/model.q8.safetensors in the format the shipped champion uses (scheme `q8-sym-row-v1`:
 every 2-D tensor but the embedding as `<name>.q8` int8 symmetric per output row plus
@@ -6,7 +6,8 @@ every 2-D tensor but the embedding as `<name>.q8` int8 symmetric per output row 
 float32 under their own names; the source's `__metadata__` plus `quantization`, keys sorted),
 copies the small files (config, generation config, tokenizer files), and writes
 DST/exactspec_model.json: the file list with sha256 and sizes, the `models.<role>` entry of a
-served manifest (run_artifact) and the model's identity (exactspec.manifest).
+served manifest (run_artifact) and the model's identity (exactspec.manifest). With role "draft"
+the artifact is instead DST/model.safetensors with every tensor F32 (what the WASM draft runs).
 
 Streaming: the header is laid out from the source headers alone, then each output tensor is
 produced in blocks of rows (read, widen to float32, quantise, write) and hashed as written, so
@@ -26,10 +27,10 @@ import time
 import numpy as np
 
 from .config import read_regular_file
-from .errors import E_IO, E_MODEL_LOAD, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_IO, E_MODEL_LOAD, ExactSpecError
 from .hf import CONFIG_FILE, load_config, open_checkpoint
 from .manifest import (FILES, CHAT_TEMPLATE_FILE, MAX_MODEL_JSON_BYTES, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,
-                       model_identity_from_files, run_weights_scheme)
+                       WEIGHTS_FILE, model_identity_from_files, run_weights_scheme)
 from .reference_llama import _check_header, _parse_config
 from .safetensors import safetensors_layout
 
@@ -40,14 +41,15 @@ MODEL_FILE = "exactspec_model.json"
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def plan_outputs(header: dict, tied: bool) -> dict:
-    """Output tensor name -> (dtype, shape, source name, kind in {"f32", "q8", "scale"})."""
+def plan_outputs(header: dict, tied: bool, quantise: bool = True) -> dict:
+    """Output tensor name -> (dtype, shape, source name, kind in {"f32", "q8", "scale"}); with
+    quantise=False every tensor is F32 under its own name (the WASM draft's model.safetensors)."""
     plan = {}
     for name, info in header.items():
         shape = tuple(info["shape"])
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue   # not part of the function (transformers ignores them too)
-        if len(shape) == 2 and name != EMBEDDING:
+        if quantise and len(shape) == 2 and name != EMBEDDING:
             plan[name + ".q8"] = ("I8", shape, name, "q8")
             plan[name + ".scale"] = ("F32", shape[:1], name, "scale")
         else:
@@ -103,8 +105,8 @@ def _produce(ckpt, writer, kind: str, source: str, scales: dict) -> None:
         scales[source] = np.concatenate(scale_parts)
 
 
-def write_q8(ckpt, path: str, plan: dict, metadata: dict, progress=None) -> tuple[str, int]:
-    """Stream the q8 artifact to path (via path + '.tmp', renamed at the end): (sha256, bytes)."""
+def write_artifact(ckpt, path: str, plan: dict, metadata: dict, progress=None) -> tuple[str, int]:
+    """Stream the planned artifact to path (via path + '.tmp', renamed at the end): (sha256, bytes)."""
     prefix, order = safetensors_layout({n: (d, s) for n, (d, s, _, _) in plan.items()}, metadata)
     # every .scale (F32) precedes its .q8 (I8) in the layout; scales are kept (4 bytes a row)
     scales: dict = {}
@@ -153,12 +155,24 @@ def _copy_small_files(src: str, dst: str) -> dict:
     return copied
 
 
-def convert(src, dst, progress=None) -> dict:
+ROLES = {"champion": Q8_WEIGHTS_FILE, "draft": WEIGHTS_FILE}   # the artifact each role runs in the browser
+
+
+def convert(src, dst, progress=None, role: str = "champion") -> dict:
     """Convert folder src into dst (created if missing). Returns the exactspec_model.json object
-    plus "seconds".
+    plus "seconds". role "champion" writes model.q8.safetensors (the WebGPU/WASM champion's
+    artifact), "draft" an all-F32 model.safetensors (the WASM draft's), streamed alike.
     progress(done_tensors, tensors, done_bytes, total_bytes) is called after each tensor."""
     src, dst = os.fspath(src), os.fspath(dst)
     started = time.perf_counter()
+    if role not in ROLES:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"role must be one of {sorted(ROLES)}, got {role!r}")
+    artifact = ROLES[role]
+    src_weights, dst_weights = os.path.join(src, WEIGHTS_FILE), os.path.join(dst, WEIGHTS_FILE)
+    if (role == "draft" and os.path.exists(src_weights) and os.path.exists(dst_weights)
+            and os.path.samefile(src_weights, dst_weights)):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{dst}: converting a draft in place would overwrite the "
+                             f"{WEIGHTS_FILE} it reads; give another DST")
     config, _ = load_config(src)
     hp = _parse_config(config, os.path.join(src, CONFIG_FILE))
     try:
@@ -171,19 +185,24 @@ def convert(src, dst, progress=None) -> dict:
         files = _copy_small_files(src, dst)   # tokenizer etc. checked below, before the long write
         # the identity (tokenizer parsed, ids resolved) before the long write; its run_weights_*
         # fields are filled in once the artifact's digest is known
-        identity = model_identity_from_files(files, {Q8_WEIGHTS_FILE: ("0" * 64, 0)}, source=src)
-        metadata = dict(sorted({**ckpt.metadata, "quantization": RUN_WEIGHTS_SCHEMES[Q8_WEIGHTS_FILE][1]}.items()))
-        plan = plan_outputs(header, hp["tie_word_embeddings"])
-        sha, nbytes = write_q8(ckpt, os.path.join(dst, Q8_WEIGHTS_FILE), plan, metadata, progress)
+        identity = model_identity_from_files(files, {artifact: ("0" * 64, 0)}, source=src, run_weights=artifact)
+        metadata = dict(ckpt.metadata)
+        metadata.pop("quantization", None)
+        if RUN_WEIGHTS_SCHEMES[artifact][1] is not None:
+            metadata["quantization"] = RUN_WEIGHTS_SCHEMES[artifact][1]
+        plan = plan_outputs(header, hp["tie_word_embeddings"], quantise=role == "champion")
+        sha, nbytes = write_artifact(ckpt, os.path.join(dst, artifact), plan, dict(sorted(metadata.items())), progress)
     identity.update(run_weights_sha256=sha, run_weights_bytes=nbytes)
+    if artifact == WEIGHTS_FILE:
+        identity.update(weights_sha256=sha, weights_bytes=nbytes)
     listed = [{"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-              for name, data in files.items()] + [{"path": Q8_WEIGHTS_FILE, "bytes": nbytes, "sha256": sha}]
+              for name, data in files.items()] + [{"path": artifact, "bytes": nbytes, "sha256": sha}]
     entry = {
         "files": sorted(listed, key=lambda e: e["path"]),
         "model": {"dir": os.path.basename(os.path.normpath(dst)), "hidden_size": hp["hidden_size"],
                   "num_hidden_layers": hp["num_layers"],
-                  "run_artifact": {"file": Q8_WEIGHTS_FILE, "sha256": sha, "bytes": nbytes,
-                                   "quantization": run_weights_scheme(Q8_WEIGHTS_FILE)}},
+                  "run_artifact": {"file": artifact, "sha256": sha, "bytes": nbytes,
+                                   "quantization": run_weights_scheme(artifact)}},
         "identity": identity,
     }
     try:
