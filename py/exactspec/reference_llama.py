@@ -293,12 +293,16 @@ class LlamaReference:
             # HF stores (out, in); keep (in, out) contiguous so x @ W is one BLAS call.
             return np.ascontiguousarray(w64(name).T)
 
-        self._embed = w64("model.embed_tokens.weight")                      # (V, D)
+        # The embedding is only gathered from, so it is not kept in float64: tied, the rows are
+        # read from the (D, V) head (one copy of the vocabulary matrix); untied, it stays float32
+        # (its values exactly; gathered rows are widened). Same float64 values either way.
         self._final_norm = w64("model.norm.weight")                         # (D,)
         if hp["tie_word_embeddings"]:
-            self._lm_head = np.ascontiguousarray(self._embed.T)             # (D, V)
+            self._lm_head = linear("model.embed_tokens.weight")             # (D, V)
+            self._embed = None
         else:
             self._lm_head = linear("lm_head.weight")                        # (D, V)
+            self._embed = np.asarray(fetch("model.embed_tokens.weight"), dtype=np.float32)  # (V, D)
         self._layers = []
         for i in range(hp["num_layers"]):
             p = f"model.layers.{i}."
@@ -382,7 +386,8 @@ class LlamaReference:
         mask = np.where(key_pos <= query_pos, 0.0, -np.inf)               # (n, T)
 
         q_dim, kv_dim, f_dim = n_heads * hd, n_kv * hd, hp["intermediate_size"]
-        x = self._embed[ids]                                              # (n, D)
+        x = (self._lm_head[:, ids].T if self._embed is None                # (n, D) float64
+             else self._embed[ids].astype(np.float64))
         for layer, w in enumerate(self._layers):
             qkv = rms_norm(x, w["attn_norm"], eps) @ w["w_qkv"]               # (n, (H+2KV)*hd)
             if w["b_qkv"] is not None:
