@@ -54,20 +54,24 @@ def test_shipped_champion_converts_to_its_own_bytes(tmp_path):
     assert {e["path"] for e in entry["files"]} >= {Q8, "config.json", "tokenizer.json", "generation_config.json"}
 
 
-def test_synthetic_q8_equals_the_torch_quantiser(synth_models_dirs, tmp_path):
-    """qwen2.5-mid-untied: biases stay float, lm_head is quantised, bf16 is widened exactly."""
-    src = synth_models_dirs["qwen2.5-mid-untied"]
-    convert(src, tmp_path)
+@pytest.mark.parametrize("shape,q8_embedding", [("qwen2.5-mid-untied", False), ("qwen2.5-mid-untied", True),
+                                                 ("qwen2.5-mid", True)])
+def test_synthetic_q8_equals_the_torch_quantiser(synth_models_dirs, tmp_path, shape, q8_embedding):
+    """Qwen2: biases stay float, an untied lm_head is quantised (and the embedding when asked,
+    tied or not), bf16 is widened exactly."""
+    src = synth_models_dirs[shape]
+    convert(src, tmp_path, q8_embedding=q8_embedding)
+    assert ("model.embed_tokens.weight.q8" in read_header(tmp_path / Q8)[0]) == q8_embedding
     raw = load_safetensors(os.path.join(src, "model.safetensors"))
     want = {}
     for name, t in raw.items():
         w = torch.frombuffer(bytearray(t.data), dtype=torch.bfloat16).reshape(t.shape).float()
-        if w.dim() == 2 and name != "model.embed_tokens.weight":
+        if w.dim() == 2 and (name != "model.embed_tokens.weight" or q8_embedding):
             q, s = quantize_rows(w)
             want[name] = (q.float() * s[:, None]).numpy()
         else:
             want[name] = w.numpy()
-    assert "lm_head.weight" in want and any(n.endswith("q_proj.bias") for n in want)
+    assert ("lm_head.weight" in want) == shape.endswith("untied") and any(n.endswith("q_proj.bias") for n in want)
     config = json.loads((tmp_path / "config.json").read_text())
     ours = LlamaReference.from_dir(tmp_path, weights="q8")
     hand = LlamaReference(config, want, identity="hand")

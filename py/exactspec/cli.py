@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("dst", type=_model_dir_arg, help="output folder (created; may be SRC)")
     convert.add_argument("--role", default="champion", choices=["champion", "draft"],
                          help="champion: model.q8.safetensors (default); draft: all-F32 model.safetensors (the WASM draft)")
+    convert.add_argument("--q8-embedding", action="store_true",
+                         help="champion: store the embedding as int8 rows too (default float32, as shipped)")
     convert.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
     _add_generation_args(sub.add_parser("generate", help="generate one answer"))
     sample = sub.add_parser("sample", help="N independent samples, seeds derived from --seed")
@@ -243,7 +245,7 @@ def cmd_convert(args) -> int:
         print(("\r" if live else "") + f"exactspec convert: {done}/{total} tensors, "
               f"{done_bytes / 1e6:.1f}/{total_bytes / 1e6:.1f} MB",
               end="\n" if done == total or not live else "", file=sys.stderr, flush=True)
-    entry = convert(args.src, args.dst, progress=progress, role=args.role)
+    entry = convert(args.src, args.dst, progress=progress, role=args.role, q8_embedding=args.q8_embedding)
     artifact = entry["model"]["run_artifact"]
     if args.json:
         print(json.dumps(entry))
