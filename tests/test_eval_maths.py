@@ -64,6 +64,14 @@ def test_homogeneity_p_value_separates_same_from_different():
     assert M.homogeneity_p_value([7] * 10, [7] * 10) == 1.0
 
 
+def test_goodness_of_fit_against_known_probabilities():
+    probs = {0: 0.5, 1: 0.3, 2: 0.15, 3: 0.05}
+    good = [0] * 50 + [1] * 30 + [2] * 15 + [3] * 5
+    assert M.goodness_of_fit_p_value(good, probs) == 1.0
+    assert M.goodness_of_fit_p_value([0] * 20 + [1] * 60 + [2] * 20, probs) < 1e-6
+    assert M.goodness_of_fit_p_value([9] * 100, probs) < 1e-6     # a category the champion gives 0
+
+
 def test_acceptance_by_entropy_bin():
     bins = M.acceptance_by_bin([(0.1, 1), (0.2, 0), (1.5, 1), (3.0, 0)], [0.0, 1.0, 2.0, 4.0])
     assert bins == [(0.0, 1.0, 2, 0.5), (1.0, 2.0, 1, 1.0), (2.0, 4.0, 1, 0.0)]

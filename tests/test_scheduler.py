@@ -24,7 +24,8 @@ def test_make_scheduler_follows_the_config():
     assert isinstance(make_scheduler(GenerationConfig(k=5)), StaticK)
     adaptive = make_scheduler(GenerationConfig(k=8, scheduler="adaptive"))
     assert isinstance(adaptive, AdaptiveK) and adaptive.k_max == 8
-    assert adaptive.describe()["name"] == "adaptive-k" and adaptive.describe()["k_start"] == 2
+    assert adaptive.describe()["name"] == "adaptive-k" and adaptive.describe()["version"] == 2
+    assert (adaptive.describe()["k_start"], adaptive.describe()["k_second"]) == (1, 3)
 
 
 def test_acceptance_survival_and_expected_tokens_exact():
@@ -42,6 +43,16 @@ def test_round_costs_fit_a_line_over_k_and_keep_k0_measured():
     assert s.round_costs() == [10.0, 12.0, 14.0, 16.0, 18.0]
 
 
+def test_round_cost_of_a_k_is_robust_to_a_first_use_spike():
+    assert AdaptiveK.robust([700.0]) == 700.0
+    assert AdaptiveK.robust([700.0, 80.0]) == 80.0               # fewer than 3: the minimum
+    assert AdaptiveK.robust([700.0, 80.0, 82.0, 81.0]) == 82.0   # else the median
+    s = AdaptiveK(2, cost_window=3)
+    for ms in (700.0, 80.0, 82.0, 81.0, 90.0):
+        s.observe(proposed=2, accepted=0, draft_ms=0, verify_ms=0, round_ms=ms)
+    assert s.costs[2] == [82.0, 81.0, 90.0]                      # the last cost_window only
+
+
 def _drive(s, rounds, accept, cost, remaining=100):
     """Run the scheduler against a synthetic world: accept(k) accepted, cost(k) ms a round."""
     ks = []
@@ -54,11 +65,11 @@ def _drive(s, rounds, accept, cost, remaining=100):
 
 def test_always_accepted_and_cheap_proposals_go_to_k_max():
     ks = _drive(AdaptiveK(8), 30, accept=lambda k: k, cost=lambda k: 10 + 1.0 * k)
-    assert ks[0] == 2 and ks[-5:] == [8] * 5
+    assert ks[:2] == [1, 3] and ks[-5:] == [8] * 5
 
 
 def test_never_accepted_turns_speculation_off_and_probes():
-    s = AdaptiveK(8, k_start=4, prior_accept=0.6, prior_weight=1.0, probe_every=8)
+    s = AdaptiveK(8, k_start=4, k_second=2, prior_accept=0.6, prior_weight=1.0, probe_every=8)
     ks = _drive(s, 40, accept=lambda k: 0, cost=lambda k: 10 + 3.0 * k)
     assert ks[0] == 4
     tail = ks[2:]
@@ -81,7 +92,7 @@ def test_cost_of_proposals_decides_whether_to_speculate(per_proposal_ms, on):
 
 
 def test_cap_leaves_room_for_the_round_token():
-    s = AdaptiveK(8)
+    s = AdaptiveK(8, k_start=4)
     assert s.next_k(1) == 0 and s.next_k(3) == 2
 
 

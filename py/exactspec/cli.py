@@ -97,7 +97,7 @@ def _add_bench_args(p):
     p.add_argument("--webgpu-per-stratum", type=int, default=1, help="prompts per stratum on webgpu")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override every prompt's length")
-    p.add_argument("--samples", type=int, default=100, help="seeds per arm of the distribution test (0: none)")
+    p.add_argument("--samples", type=int, default=150, help="seeds per arm of the distribution test (0: none)")
     p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only)")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")

@@ -32,28 +32,30 @@ class StaticK:
 class AdaptiveK:
     """k in [0, k_max] maximising expected tokens per unit of round cost, from local counters.
 
-    Counters (decayed per round, so the policy follows the request): per proposal position i the
-    rounds that reached it and those that accepted it, giving the conditional acceptance a_i
-    (a position never reached borrows a_{i-1}: prior strength `prior_weight`), the survival
-    S_i = a_1...a_i and E[G(k)] = 1 + S_1 + ... + S_k; and the wall time of rounds by k, fitted
-    as R(0) (champion alone) and R(k) = alpha + beta k for k >= 1. It picks argmax E[G(k)] / R(k),
+    Counters: per proposal position i the rounds that reached it and those that accepted it
+    (decayed per speculative round, so the policy follows the request), giving the conditional
+    acceptance a_i (a position never reached borrows a_{i-1}: prior strength `prior_weight`), the
+    survival S_i = a_1...a_i and E[G(k)] = 1 + S_1 + ... + S_k; and the wall time of the last
+    `cost_window` rounds at each k (their median, or their minimum while fewer than 3), fitted as
+    R(0) (champion alone) and R(k) = alpha + beta k for k >= 1. It picks argmax E[G(k)] / R(k),
     k = 0 included (speculation off); after `probe_every` rounds in a row at k = 0 it proposes
-    once more at the best k >= 1, so that a stratum can win speculation back. The first round
-    uses `k_start`. Nothing but these counters is read: no text, no token ids. Frozen during a
-    run: every parameter is in describe().
+    once more at the best k >= 1, so that a stratum can win speculation back. The first two
+    rounds use `k_start` and `k_second` (two points measure the cost's slope in k). Nothing but
+    these counters is read: no text, no token ids. Frozen during a run: every parameter is in
+    describe().
     """
 
-    name, version = "adaptive-k", 1
+    name, version = "adaptive-k", 2
 
-    def __init__(self, k_max: int, *, k_start: int = 2, decay: float = 0.9, prior_accept: float = 0.5,
-                 prior_weight: float = 2.0, slope_prior: float = 0.25, probe_every: int = 4):
+    def __init__(self, k_max: int, *, k_start: int = 1, k_second: int = 3, decay: float = 0.9, prior_accept: float = 0.5,
+                 prior_weight: float = 2.0, slope_prior: float = 0.25, probe_every: int = 4, cost_window: int = 5):
         self.k_max = k_max
-        self.params = {"k_start": k_start, "decay": decay, "prior_accept": prior_accept,
-                       "prior_weight": prior_weight, "slope_prior": slope_prior, "probe_every": probe_every}
+        self.params = {"k_start": k_start, "k_second": k_second, "decay": decay, "prior_accept": prior_accept,
+                       "prior_weight": prior_weight, "slope_prior": slope_prior, "probe_every": probe_every,
+                       "cost_window": cost_window}
         self.reached = [0.0] * (k_max + 1)      # index i >= 1: rounds that proposed position i and reached it
         self.taken = [0.0] * (k_max + 1)        # ... and accepted it
-        self.cost_sum = [0.0] * (k_max + 1)     # decayed sum of round_ms by k
-        self.cost_n = [0.0] * (k_max + 1)
+        self.costs = [[] for _ in range(k_max + 1)]   # the last cost_window round_ms by k
         self.rounds = 0
         self.zero_streak = 0
 
@@ -80,9 +82,16 @@ class AdaptiveK:
             out.append(total)
         return out
 
+    @staticmethod
+    def robust(values: list) -> float:
+        """A k's round cost from its recent times: the median of 3 or more, else the minimum (a
+        first round at a new k may carry one-time costs, e.g. a pipeline built on first use)."""
+        v = sorted(values)
+        return v[len(v) // 2] if len(v) >= 3 else v[0]
+
     def round_costs(self):
         """R(k) for k = 0..k_max in ms, or None before any round was timed."""
-        seen = [(k, self.cost_sum[k] / self.cost_n[k], self.cost_n[k]) for k in range(self.k_max + 1) if self.cost_n[k] > 0]
+        seen = [(k, self.robust(c), len(c)) for k, c in enumerate(self.costs) if c]
         spec = [(k, r, n) for k, r, n in seen if k >= 1]
         if not seen:
             return None
@@ -119,6 +128,8 @@ class AdaptiveK:
             return 0
         if self.rounds == 0:
             return min(self.params["k_start"], cap)
+        if self.rounds == 1:    # a second k at once, so the cost's slope in k is measured, not assumed
+            return min(self.params["k_second"], cap)
         if self.zero_streak >= self.params["probe_every"]:
             return self.best_k(cap, allow_zero=False)
         return self.best_k(cap)
@@ -135,13 +146,9 @@ class AdaptiveK:
             for i in range(1, min(proposed, accepted + 1) + 1):   # positions 1..accepted+1 were judged
                 self.reached[i] += 1
                 self.taken[i] += i <= accepted
-        cost = round_ms if round_ms is not None else draft_ms + verify_ms
-        k = min(proposed, self.k_max)
-        for j in range(self.k_max + 1):
-            self.cost_sum[j] *= d
-            self.cost_n[j] *= d
-        self.cost_sum[k] += cost
-        self.cost_n[k] += 1
+        window = self.costs[min(proposed, self.k_max)]
+        window.append(round_ms if round_ms is not None else draft_ms + verify_ms)
+        del window[:-self.params["cost_window"]]
 
     def describe(self) -> dict:
         return {"name": self.name, "version": self.version, "k_max": self.k_max, **self.params}
@@ -151,5 +158,5 @@ def make_scheduler(config):
     """The scheduler a GenerationConfig asks for: `scheduler` "static" (k every round, the default)
     or "adaptive" (AdaptiveK with k_max = config.k)."""
     if getattr(config, "scheduler", "static") == "adaptive":
-        return AdaptiveK(config.k, k_start=min(2, config.k))
+        return AdaptiveK(config.k)
     return StaticK(config.k)

@@ -13,6 +13,23 @@ import numpy as np
 from .metrics import entropy_nats
 
 
+def champion_first_token_probs(prompt: dict, models_dir: str) -> dict:
+    """{token id: probability} of the champion's first token at T = 1 (q8 weights, CPython
+    float64 reference: the function the browser's champion computes, up to float32 rounding)."""
+    from ..chat import encode_chat_prompt
+    from ..reference_llama import LlamaReference
+    from ..tokenizer import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(models_dir, "champion", "tokenizer.json"))
+    with open(os.path.join(models_dir, "champion", "tokenizer_config.json")) as f:
+        tok_config = json.load(f)
+    ids = (encode_chat_prompt(tok, tok_config, [{"role": "user", "content": prompt["prompt"]}]) if prompt["chat"]
+           else tok.encode(prompt["prompt"], add_special_tokens=True))
+    row = LlamaReference.from_dir(os.path.join(models_dir, "champion"), weights="q8").forward(ids, 0)[-1]
+    q = np.exp(row - row.max())
+    q /= q.sum()
+    return {i: float(p) for i, p in enumerate(q)}
+
+
 def draft_entropy_pairs(records: list, prompts_by_id: dict, models_dir: str, arm: str = "draft-k8",
                         backend: str = "wasm") -> dict:
     """{"pairs": [(entropy nats, accepted 0/1, stratum)], "prompts": n, "skipped": ids whose

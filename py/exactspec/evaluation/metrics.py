@@ -102,6 +102,34 @@ def homogeneity_p_value(a: list, b: list, min_expected: float = 5.0) -> float:
     return float(stats.chi2_contingency(table, correction=False)[1])
 
 
+def goodness_of_fit_p_value(samples: list, probs: dict, min_expected: float = 5.0) -> float:
+    """Chi-square test of samples against known probabilities {category: p}; categories whose
+    expected count is below min_expected (and samples outside probs) are pooled into one cell."""
+    from scipy import stats
+    n = len(samples)
+    counts: dict = {}
+    for x in samples:
+        counts[x] = counts.get(x, 0) + 1
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for cat, p in probs.items():
+        if p * n >= min_expected:
+            obs.append(counts.pop(cat, 0))
+            exp.append(p * n)
+        else:
+            rest_o += counts.pop(cat, 0)
+            rest_e += p * n
+    rest_o += sum(counts.values())
+    if rest_o > 0 and rest_e == 0:
+        return 0.0                      # samples the champion cannot produce
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    if len(obs) < 2:
+        return 1.0
+    total = sum(exp)
+    return float(stats.chisquare(obs, [e * n / total for e in exp]).pvalue)
+
+
 def acceptance_by_bin(pairs, edges: list) -> list:
     """pairs (x, accepted 0/1) binned by x on edges [e0, e1, ...]: [(lo, hi, n, rate or None)]."""
     out = []

@@ -69,6 +69,11 @@ def summarise(run_dir: str, with_entropy: bool = True) -> dict:
     mism = A.greedy_mismatches(records)
     dist = run_info.get("distribution")
     p_value = M.homogeneity_p_value(dist["none"], dist["draft-adaptive"]) if dist else None
+    fit = {}
+    if dist and with_entropy:   # each arm against the champion's exact first-token distribution (reference)
+        from .entropy import champion_first_token_probs
+        q = champion_first_token_probs(by_id[dist["prompt_id"]], default_models_dir())
+        fit = {arm: M.goodness_of_fit_p_value(dist[arm], q) for arm in ("none", "draft-adaptive")}
 
     arm_rows = []
     for (b, arm, t), v in sorted(A.group_median(rows, ("backend", "arm", "temperature"), "speedup").items(), key=str):
@@ -105,7 +110,7 @@ def summarise(run_dir: str, with_entropy: bool = True) -> dict:
            "greedy_mismatches": {f"{b}:{s}": v for (b, s), v in mism.items()},
            "wllama": {"failures": [{k: f[k] for k in ("prompt_id", "temperature", "error")} for f in failures],
                       "greedy_same_as_ours": _wllama_agreement(records)},
-           "distribution": {"p_value": p_value, **(dist or {})},
+           "distribution": {"p_value": p_value, "fit_to_champion_p": fit, **(dist or {})},
            "waterfall": [A.decomposition(records, loads, b, arm, t) for b in backends for arm in ("none", "draft-k4", "draft-adaptive", "lookup-adaptive") for t in temps],
            "gates": verdicts, "conclusions": conclusions}
     res["topologies"] = _topologies(records, res)
@@ -251,7 +256,9 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
     L += ["## Quality", "", "Greedy mismatches against champion alone (T = 0, every speculative arm): " +
           (", ".join(f"{k} {v}" for k, v in sorted(res["greedy_mismatches"].items())) or "none compared") + ".",
           f"Distribution test (first token at T = 1, prompt {res['distribution'].get('prompt_id')}, {res['distribution'].get('n')} "
-          f"seeds per arm, champion alone vs adaptive draft): chi-square homogeneity p = {_f(res['distribution']['p_value'], '.3g')}.",
+          f"seeds per arm, champion alone vs adaptive draft): chi-square homogeneity p = {_f(res['distribution']['p_value'], '.3g')}; "
+          "each arm against the champion's first-token distribution computed by the CPython reference (q8 weights): "
+          + (", ".join(f"{a} p = {_f(p, '.3g')}" for a, p in res["distribution"].get("fit_to_champion_p", {}).items()) or "not computed") + ".",
           f"llama.cpp (wllama) greedy ids equal to our WASM champion alone's: {res['wllama']['greedy_same_as_ours'][0]} of "
           f"{res['wllama']['greedy_same_as_ours'][1]}; wllama requests that failed inside wllama (left out): "
           + (", ".join(f"{f['prompt_id']} T={f['temperature']:g}: {f['error'][:80]}" for f in res["wllama"]["failures"]) or "none") + ".", "",
