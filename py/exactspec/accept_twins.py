@@ -13,7 +13,13 @@ import numpy as np
 
 from . import rng
 
-WG = 4                                                         # the kernels' default on SwiftShader
+WG = 4                                                         # the kernels' default on SwiftShader (V <= 32768)
+MAX_PER = 8192                                                 # private floats per invocation (accept.mjs)
+
+
+def workgroup_size(V: int) -> int:
+    """The acceptor's default on SwiftShader: the smallest of 4, 16, 64, 256 with ceil(V / WG) <= MAX_PER."""
+    return next((wg for wg in (4, 16, 64, 256) if -(-V // wg) <= MAX_PER), 256)
 NONE = 0xFFFFFFFF
 ROW_INVALID = 1
 ROW_NEAR_TOP_P = 2
@@ -106,6 +112,7 @@ def wg_sum_f32(values, wg=WG):
 def _process_row(x, ctx, policy, greedy):
     """One row in float32 by the kernel's recipe -> (probs f32 (V,), status, argmax)."""
     V = x.shape[0]
+    wg = workgroup_size(V)
     ids = np.arange(V)
     bad = bool(np.isnan(x).any() or np.isposinf(x).any())
     x = x.copy()
@@ -139,7 +146,7 @@ def _process_row(x, ctx, policy, greedy):
         x[order[policy.top_k:]] = -np.inf
     fin = np.isfinite(x)
     e = np.where(fin, np.exp(x - x[fin].max()), _F(0.0)).astype(np.float32)
-    p = (e / wg_sum_f32(e)).astype(np.float32)
+    p = (e / wg_sum_f32(e, wg)).astype(np.float32)
     status = 0
     if policy.top_p < 1.0:
         top_p = _F(policy.top_p)
@@ -149,12 +156,12 @@ def _process_row(x, ctx, policy, greedy):
         keep = np.zeros(V, bool)
         keep[order[:n_keep]] = True
         v = p[order[n_keep - 1]]
-        mass = wg_sum_f32(np.where(keep, p, 0))
+        mass = wg_sum_f32(np.where(keep, p, 0), wg)
         nxt = p[order[n_keep]] if n_keep < V else _F(0)
         if mass - top_p < TOP_P_NEAR or top_p - (mass - v) < TOP_P_NEAR or (nxt != v and nxt > v * (1 - TOP_P_NEAR)):
             status |= ROW_NEAR_TOP_P
         p = np.where(keep, p, 0).astype(np.float32)
-        p = (p / wg_sum_f32(p)).astype(np.float32)
+        p = (p / wg_sum_f32(p, wg)).astype(np.float32)
     am = int(np.argmax(p)) if greedy else NONE
     return p, status, am
 
@@ -216,7 +223,7 @@ def accept_decide(probs, status, argmax, p_draft, proposals, seed, round_id, sto
                 res.update(n_accepted=n, rejected_at=i)
                 pd = np.asarray(p_draft[i], np.float32)
                 w = np.maximum(np.asarray(probs[i], np.float32) - pd, _F(0.0))
-                mass = wg_sum_f32(w)
+                mass = wg_sum_f32(w, workgroup_size(w.shape[0]))
                 if not np.isfinite(pd).all() or not (mass > 0 and np.isfinite(mass)):
                     return fail("E_RESIDUAL_INVARIANT")
                 return sample(w, rng.CORRECTION_SAMPLE, i, True)

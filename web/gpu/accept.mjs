@@ -95,21 +95,31 @@ function checkPolicy(policy, V) {
   return p;
 }
 
+// Each invocation holds PER = ceil(V / WG) floats in a private array; shader compilers cap a
+// private array (Tint: 64 KiB), so large vocabularies need a larger workgroup.
+const MAX_PER = 8192;
+const WORKGROUP_SIZES = [4, 16, 64, 256];
+
 // SwiftShader (CPU) pays for every invocation at every barrier: 4 invocations per row (one SIMD
-// group) measured 2-9x faster than 256 there (docs/gpu_accept.md). Real GPUs want 256.
-function defaultWorkgroupSize(device) {
+// group) measured 2-9x faster than 256 there (docs/gpu_accept.md), so it gets the smallest size
+// whose private array fits (4 up to V = 32768, 64 at V = 151936). Real GPUs want 256.
+function defaultWorkgroupSize(device, V) {
   const info = device.adapterInfo || {};
-  return info.architecture === "swiftshader" || info.vendor === "google" && /swiftshader/i.test(info.description || "") ? 4 : 256;
+  const swiftshader = info.architecture === "swiftshader" || info.vendor === "google" && /swiftshader/i.test(info.description || "");
+  return swiftshader ? WORKGROUP_SIZES.find((wg) => Math.ceil(V / wg) <= MAX_PER) ?? 256 : 256;
 }
 
-export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSize = defaultWorkgroupSize(device),
+export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSize = defaultWorkgroupSize(device, vocabSize),
                                       shaderBaseUrl = new URL("../../shaders/", import.meta.url) }) {
   const V = vocabSize;
-  if (!(Number.isInteger(V) && V >= 1)) throw badArgument(`vocabSize: ${V}`);
+  if (!(Number.isInteger(V) && V >= 1 && V <= MAX_PER * 256)) throw badArgument(`vocabSize: ${V} (at most ${MAX_PER * 256})`);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) throw badArgument(`maxBlock: ${maxBlock}`);
   const nWords = Math.ceil(V / 32);
   const src = await fetchShaders(shaderBaseUrl);
-  if (![4, 16, 64, 256].includes(workgroupSize)) throw badArgument(`workgroupSize: ${workgroupSize}`);
+  if (!WORKGROUP_SIZES.includes(workgroupSize)) throw badArgument(`workgroupSize: ${workgroupSize}`);
+  if (Math.ceil(V / workgroupSize) > MAX_PER) {
+    throw badArgument(`workgroupSize: ${workgroupSize} leaves ${Math.ceil(V / workgroupSize)} tokens per invocation at V = ${V} (at most ${MAX_PER})`);
+  }
   const head = shaderHeader(V, workgroupSize);
 
   // Binding convention: tensors in group 0 (shape comments in the .wgsl), the Meta uniform in group 1.
