@@ -58,6 +58,12 @@ F32_MIN_TEMPERATURE = 1e-6
 F32_PENALTY_RANGE = (1e-6, 1e6)
 
 
+async def _answer(value):
+    """A bridge call's answer: a string at once (a CPU round, run synchronously: no event-loop
+    hop) or a JS promise of one."""
+    return value if isinstance(value, str) else await value
+
+
 class BrowserChampion:
     """Champion on WebGPU: forward + processors + acceptance in one bridge call per round."""
 
@@ -67,6 +73,11 @@ class BrowserChampion:
         self.n_calls = 0
         self.limits = {"max_k": max_block - 1, "min_temperature": F32_MIN_TEMPERATURE,
                        "repetition_penalty_range": F32_PENALTY_RANGE}
+
+    def pause(self):
+        """None, or an awaitable that lets the worker's event loop run (a queued cancel is seen):
+        rounds that run synchronously would otherwise never yield to it."""
+        return self.bridge.pause()
 
     def take_counters(self) -> dict:
         """Stale-epoch drops per receiver (orchestrator worker, draft client, draft worker) since
@@ -94,10 +105,10 @@ class BrowserChampion:
         m = len(cache.provisional_ids)
         lo, hi = _seed_words(seed)
         p_draft = _p_draft_for_js(p_draft_rows, cache.provisional_ids, self.vocab_size) if m and not greedy else None
-        raw = await self.bridge.championRound(
+        raw = await _answer(self.bridge.championRound(
             _js_ints(feed), start, m, p_draft,
             _js_ints(cache.tokens[:cache.n_committed]), _js_ints(cache.provisional_ids), _policy_json(policy),
-            lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy))
+            lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy)))
         cache.mark_materialized(len(cache.tokens))
         return _decision(json.loads(raw))
 
@@ -147,10 +158,10 @@ class WorkerDraft:
         champion.n_calls += 1
         d_start, c_start = draft_cache.n_materialized, champion_cache.n_materialized
         lo, hi = _seed_words(seed)
-        raw = await self.bridge.speculativeRound(
+        raw = await _answer(self.bridge.speculativeRound(
             _js_ints(draft_cache.tokens[d_start:]), d_start, k, _policy_json(draft_policy),
             _js_ints(champion_cache.tokens[c_start:]), c_start, _js_ints(champion_cache.tokens[:champion_cache.n_committed]),
-            _policy_json(policy), lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy))
+            _policy_json(policy), lo, hi, round_id, _js_ints(sorted(stop_token_ids)), remaining, bool(greedy)))
         r = json.loads(raw)
         draft_ms, verify_ms = float(r["draft_ms"]), float(r["verify_ms"])
         tokens = [int(t) for t in r["tokens"]]
@@ -210,7 +221,8 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}
-    orch = Orchestrator(champion, draft, decode=decode, identities=identities, draft_error=draft_error or None)
+    orch = Orchestrator(champion, draft, decode=decode, identities=identities, draft_error=draft_error or None,
+                        stream_decoder=lambda: tok.streaming_decoder(skip_special_tokens=True))
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 

@@ -134,14 +134,14 @@ def _new_stats(k: int) -> dict:
 class _Run:
     """Mutable state of one request."""
 
-    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event, cancel=None):
+    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event, cancel=None, stream=None):
         self.config = config
         self.greedy = config.policy.temperature == 0
         self.draft_policy = config.draft_policy or config.policy
         self.stop_ids = frozenset(config.stop_token_ids)
         self.request_id, self.epoch, self.on_event, self.cancel = request_id, epoch, on_event, cancel
         self.token_ids: list[int] = []
-        self.text = TextAssembler(decode, config.stop_strings)
+        self.text = TextAssembler(decode, config.stop_strings, stream)
         self.finish: Optional[str] = None
         self.error: Optional[ExactSpecError] = None
         self.fallback_code: Optional[str] = None
@@ -169,8 +169,11 @@ class Orchestrator:
     """Runs requests over a champion backend and an optional draft backend (see backends.py)."""
 
     def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
-                 draft_error: Optional[str] = None):
+                 draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None):
+        """`decode(ids)` -> text; `stream_decoder()` (optional) -> a fresh streaming decoder for one
+        answer (push(id) -> final text, flush()), which makes text O(1) per token."""
         self.champion = champion
+        self.stream_decoder = stream_decoder
         self.draft = draft
         self.draft_error = draft_error      # why there is no draft (it failed to load), or None
         self.vocab_size = champion.vocab_size
@@ -213,7 +216,8 @@ class Orchestrator:
             epoch = cancel.epoch if cancel else 0
         elif cancel is not None:
             cancel.advance(epoch)
-        run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel)
+        run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
+                   self.stream_decoder() if self.stream_decoder is not None else None)
         decider = decider or RngDecider(config.seed)
         proposer = self.draft if run.mode == "draft" else self.lookup
         try:
@@ -243,7 +247,10 @@ class Orchestrator:
                         self._speculation_failed(run, _as_draft_lost(exc))
         run.timing["prefill"] += _ms(t0)
 
+        pause = getattr(self.champion, "pause", None)
         while run.finish is None:
+            if pause is not None:   # a backend whose rounds may not suspend lets its host run here
+                await resolve(pause())
             if run.cancelled:
                 self._finish(run, "cancelled")
                 break

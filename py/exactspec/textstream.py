@@ -3,6 +3,11 @@
 Text is released only once it can no longer be (a) the start of a stop string or (b) an
 incomplete UTF-8 character (the decoder's U+FFFD at the end). When a stop string appears, the
 text before it is final and the answer ends there. Pure Python (runs in Pyodide too).
+
+With a streaming decoder (`tokenizer.streaming_decoder()`: push(id) -> the text that is final,
+flush() -> the rest) each token costs O(1) instead of re-decoding every id so far (O(n) per token,
+O(n^2) per answer: ~1 ms a round at 90 tokens under Pyodide); without one, `decode(ids)` is called
+per token as before. Both release the same text.
 """
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ REPLACEMENT = "\ufffd"
 
 
 class TextAssembler:
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop_strings: Sequence[str] = ()):
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop_strings: Sequence[str] = (), stream=None):
         self.decode = decode
+        self.stream = stream       # a streaming decoder, or None: decode(ids) per token
+        self.streamed = ""         # stream mode: the text of every complete character so far
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.ids: list[int] = []
         self.released = 0          # characters of the decoded text already released
@@ -34,7 +41,11 @@ class TextAssembler:
         """Add one token; returns newly releasable text ("" if held back). Sets .stopped on a match."""
         assert not self.stopped
         self.ids.append(token_id)
-        text = self.decode(self.ids)
+        if self.stream is not None:
+            self.streamed += self.stream.push(token_id)
+            text = self.streamed
+        else:
+            text = self.decode(self.ids)
         search_from = max(0, self.released - max((len(s) for s in self.stop_strings), default=0))
         hits = [i for i in (text.find(s, search_from) for s in self.stop_strings) if i >= 0]
         if hits:
@@ -56,11 +67,17 @@ class TextAssembler:
         """End of generation (not by a stop string): release everything held back."""
         if self.stopped:
             return ""
-        text = self.decode(self.ids)
+        if self.stream is not None:
+            self.streamed += self.stream.flush()
+            text = self.streamed
+        else:
+            text = self.decode(self.ids)
         delta = text[self.released:]
         self.released = len(text)
         self.final_text = text
         return delta
 
     def text(self) -> str:
-        return self.final_text if self.final_text is not None else self.decode(self.ids)[:self.released]
+        if self.final_text is not None:
+            return self.final_text
+        return (self.streamed if self.stream is not None else self.decode(self.ids))[:self.released]

@@ -271,7 +271,10 @@ export class WasmChampion {
   }
 
   /** Run positions [startPos, startPos + n): K/V written; logits rows 0..n-1 kept in WASM memory. */
-  async forward(tokenIds, startPos) {
+  async forward(tokenIds, startPos) { return this.forwardNow(tokenIds, startPos); }
+
+  /** forward(), synchronously (the calling thread computes; helpers, if any, share the work). */
+  forwardNow(tokenIds, startPos) {
     this._alive();
     const n = tokenIds.length, V = this.vocabSize;
     if (!(n >= 1 && n <= this.maxBlock)) throw badArgument(`block of ${n} tokens outside [1, ${this.maxBlock}]`);
@@ -311,7 +314,10 @@ export class WasmChampion {
   }
 
   /** decide_round on the last forward's rows: web/gpu/accept.mjs's decide() arguments and result. */
-  async decide({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
+  async decide(args) { return this.decideNow(args); }
+
+  /** decide(), synchronously. */
+  decideNow({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
     this._alive();
     const V = this.vocabSize;
     const pol = checkedPolicy(policy, V);

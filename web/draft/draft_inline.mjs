@@ -46,6 +46,9 @@ export class InlineDraft {
   /** -> {tokens: Int32Array m, pDraft: Float32Array m*V, error_code} (Draft.propose) */
   async propose(args) { return this._live().propose(args); }
 
+  /** propose(), synchronously. */
+  proposeNow(args) { return this._live().propose(args); }
+
   /** Fault injection (tests): the next proposal's logits are NaN. */
   async injectNaN() { this._live().injectNaNOnce(); }
 

@@ -93,69 +93,117 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   }
   let nanPending = false;
 
-  /** Champion forward over feed (the pending token + m proposals) and the round's decision. */
-  async function verifyRound(feed, startPos, m, pDraft, contextIds, proposals, policyJson, seedLo, seedHi,
-                             roundId, stopIds, remaining, greedy) {
-    await hit("championRound", roundId);
+  const decideArgs = (m, pDraft, contextIds, proposals, policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy) => ({
+    nRows: m + 1, proposals, pDraft, contextIds, policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
+    roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
+  });
+  const checkFeed = (feed, m) => {
     if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
+  };
+
+  /** Champion forward over feed (the pending token + m proposals) and the round's decision. */
+  async function verifyRound(feed, startPos, m, ...rest) {
+    await hit("championRound", rest[6]);   // rest: pDraft, contextIds, proposals, policyJson, seedLo, seedHi, roundId, ...
+    checkFeed(feed, m);
     return onChampion(async (g) => {
       await g.forward(feed, startPos);
       if (nanPending) {                  // fault: the champion's rows come out NaN
         nanPending = false;
         g.injectNaN(m + 1);
       }
-      const r = await g.decide({
-        nRows: m + 1, proposals, pDraft, contextIds, policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
-        roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
-      });
+      const r = await g.decide(decideArgs(m, ...rest));
       if (champ.lost) throw codedError("E_DEVICE_LOST", "the champion's device was lost during verification");
       return r;
     });
   }
 
-  const prof = { inside: {}, gap: 0, n: {}, last: null };
-  const timed = (name, fn) => async (...a) => { const t = performance.now(); if (prof.last !== null) prof.gap += t - prof.last;
-    try { return await fn(...a); } finally { const e = performance.now(); prof.inside[name] = (prof.inside[name] ?? 0) + e - t; prof.n[name] = (prof.n[name] ?? 0) + 1; prof.last = e; } };
+  // A CPU champion's round (and an inline draft's proposal) is plain computation: run it
+  // synchronously and Python gets its answer without an event-loop hop (~0.5 ms a round under
+  // Pyodide). Only with no fault armed (a stall must wait) and a champion that has the twins.
+  const canRunNow = () => armed.length === 0 && typeof champ.forwardNow === "function" && !champ.lost;
+  let lastYield = performance.now();     // when this worker's event loop last ran other tasks
+  const PAUSE_EVERY_MS = 10;
+
+  function verifyNow(feed, startPos, m, ...rest) {
+    checkFeed(feed, m);
+    champ.forwardNow(feed, startPos);
+    if (nanPending) {
+      nanPending = false;
+      champ.injectNaN(m + 1);
+    }
+    return champ.decideNow(decideArgs(m, ...rest));
+  }
+  const yielded = (value) => { lastYield = performance.now(); return value; };
+
   const bridge = {
     async championForward(ids, startPos) {
       await hit("championForward", 0);
       await onChampion((g) => g.forward(ints(ids), startPos));
     },
-    async championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
-                        roundId, stopIds, remaining, greedy) {
-      return JSON.stringify(await verifyRound(ints(feed), startPos, m, pDraft ?? null, ints(committedIds), ints(proposals),
-        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy));
+    /** JSON of the round's decision: a string at once for a CPU champion (canRunNow), else a
+     *  promise of one. Python awaits only a promise. */
+    championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
+                  roundId, stopIds, remaining, greedy) {
+      const args = [ints(feed), startPos, m, pDraft ?? null, ints(committedIds), ints(proposals),
+        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy];
+      if (canRunNow()) return JSON.stringify(verifyNow(...args));
+      return verifyRound(...args).then((r) => yielded(JSON.stringify(r)));
     },
     /** A whole speculative round with the inline draft: propose from the draft's pending ids
      *  (draftFeed at draftStart), verify the champion's pending ids (champFeed at champStart) plus
      *  the proposals, decide. committedIds (both caches hold the same committed tokens) are the
      *  processors' context. JSON {draft_failure: null | {code, message}, tokens, draft_error_code,
-     *  decision: null (the champion did not run) | championRound's, draft_ms, verify_ms}. */
-    async speculativeRound(draftFeed, draftStart, k, draftPolicyJson, champFeed, champStart, committedIds, policyJson,
-                           seedLo, seedHi, roundId, stopIds, remaining, greedy) {
+     *  decision: null (the champion did not run) | championRound's, draft_ms, verify_ms}: a
+     *  string at once when everything can run synchronously, else a promise of one. */
+    speculativeRound(draftFeed, draftStart, k, draftPolicyJson, champFeed, champStart, committedIds, policyJson,
+                     seedLo, seedHi, roundId, stopIds, remaining, greedy) {
       const context = ints(committedIds);
+      const proposeArgs = { feed: ints(draftFeed), startPos: draftStart, k, policy: JSON.parse(draftPolicyJson),
+        seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: context };
+      const now = canRunNow() && typeof draft?.proposeNow === "function";
       const t0 = performance.now();
-      let r;
-      try {
-        await hit("draftPropose", roundId);
-        r = await liveDraft().propose({ feed: ints(draftFeed), startPos: draftStart, k, policy: JSON.parse(draftPolicyJson),
-          seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: context });
-      } catch (err) {
-        return JSON.stringify({ draft_failure: errorPayload(err, "E_DRAFT_LOST"), tokens: [], draft_error_code: "",
-          decision: null, draft_ms: performance.now() - t0, verify_ms: 0 });
+      const failed = (err) => JSON.stringify({ draft_failure: errorPayload(err, "E_DRAFT_LOST"), tokens: [],
+        draft_error_code: "", decision: null, draft_ms: performance.now() - t0, verify_ms: 0 });
+      const verify = (r) => {
+        const t1 = performance.now();
+        const out = { draft_failure: null, tokens: Array.from(r.tokens), draft_error_code: r.error_code || "",
+          decision: null, draft_ms: t1 - t0, verify_ms: 0 };
+        if (out.draft_error_code || !r.tokens.length) return JSON.stringify(out);
+        const pending = ints(champFeed);
+        const feed = new Int32Array(pending.length + r.tokens.length);
+        feed.set(pending);
+        feed.set(r.tokens, pending.length);
+        const args = [feed, champStart, r.tokens.length, greedy ? null : r.pDraft, context, r.tokens,
+          policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy];
+        const done = (decision) => JSON.stringify({ ...out, decision, verify_ms: performance.now() - t1 });
+        return now ? done(verifyNow(...args)) : verifyRound(...args).then(done);
+      };
+      if (now) {
+        let r;
+        try { r = liveDraft().proposeNow(proposeArgs); } catch (err) { return failed(err); }
+        return verify(r);
       }
-      const t1 = performance.now();
-      const out = { draft_failure: null, tokens: Array.from(r.tokens), draft_error_code: r.error_code || "",
-        decision: null, draft_ms: t1 - t0, verify_ms: 0 };
-      if (out.draft_error_code || !r.tokens.length) return JSON.stringify(out);
-      const pending = ints(champFeed);
-      const feed = new Int32Array(pending.length + r.tokens.length);
-      feed.set(pending);
-      feed.set(r.tokens, pending.length);
-      out.decision = await verifyRound(feed, champStart, r.tokens.length, greedy ? null : r.pDraft, context, r.tokens,
-        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy);
-      out.verify_ms = performance.now() - t1;
-      return JSON.stringify(out);
+      return (async () => {
+        let r;
+        try {
+          await hit("draftPropose", roundId);
+          r = await liveDraft().propose(proposeArgs);
+        } catch (err) {
+          return yielded(failed(err));
+        }
+        return yielded(await verify(r));
+      })();
+    },
+    /** null while this worker's event loop ran less than PAUSE_EVERY_MS ago; else a promise that
+     *  lets it run (queued messages such as a cancel are handled) and then resolves. Python
+     *  awaits it between rounds, so synchronous rounds never starve the worker. */
+    pause() {
+      if (performance.now() - lastYield < PAUSE_EVERY_MS) return null;
+      return new Promise((resolve) => {
+        const channel = new MessageChannel();
+        channel.port1.onmessage = () => { channel.port1.close(); resolve(yielded(null)); };
+        channel.port2.postMessage(0);
+      });
     },
     async championLogits(ids, startPos) {            // diagnostics and tests only
       return onChampion(async (g) => {
@@ -179,7 +227,6 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
       const now = cumulative();
       const out = Object.fromEntries(Object.entries(now).map(([k, v]) => [k, v - (taken[k] ?? 0)]));
       taken = now;
-      out.prof = JSON.parse(JSON.stringify(prof)); prof.inside = {}; prof.gap = 0; prof.n = {}; prof.last = null;
       return JSON.stringify(out);
     },
     /** JSON: receipt environment (coarse hardware class, versions, peak bytes by category). */
@@ -197,7 +244,6 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     },
   };
 
-  for (const name of ["championForward", "championRound", "draftForward", "draftPropose", "speculativeRound"]) bridge[name] = timed(name, bridge[name]);
   return {
     bridge,
     info: {

@@ -4,6 +4,7 @@
 // Both run the same q8 artifact and give decide() results of one shape:
 //   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
 //               forward(ids Int32Array, startPos), decide(args) -> {n_accepted, next_token, ...},
+//               wasm only: forwardNow / decideNow, the same synchronously,
 //               injectNaN(nRows), readLogits(n), loseDevice(), memory(), hardwareClass(), close() }
 // "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
 // navigator.gpu or no adapter at all gives the WASM champion.
@@ -113,12 +114,15 @@ async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = 
     kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
     maxContext: champion.maxContext, config: champion.config, lost: false,
     forward: (ids, startPos) => champion.forward(ids, startPos),
-    async decide(args) {
+    async decide(args) { return backend.decideNow(args); },
+    // synchronous twins (CPU work: nothing to wait for), which spare the orchestrator an event-loop hop
+    forwardNow: (ids, startPos) => champion.forwardNow(ids, startPos),
+    decideNow(args) {
       if (nanRows) {   // fault: decide on NaN rows (written where the logits live)
         nanRows = 0;
         champion.poisonLogits?.(args.nRows);
       }
-      return champion.decide(args);
+      return champion.decideNow(args);
     },
     injectNaN(nRows) { nanRows = nRows; },
     readLogits: (n) => champion.readLogits(n),
