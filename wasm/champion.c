@@ -42,6 +42,7 @@ typedef struct {
     float *mlp_norm;             /* (D,) post_attention_layernorm */
     void *w_qkv;                 /* (H*hd + 2 KV*hd, D) q8 values (int8 or f32); rows q | k | v */
     float *s_qkv;                /* (H*hd + 2 KV*hd,) per-row scales */
+    float *b_qkv;                /* (H*hd + 2 KV*hd,) q|k|v biases (Qwen2), or 0 */
     void *w_o;                   /* (D, H*hd) */
     float *s_o;                  /* (D,) */
     void *w_gate_up;             /* (2F, D); rows gate | up */
@@ -51,7 +52,10 @@ typedef struct {
 } LayerWeights;
 
 typedef struct {
-    float *embed;                /* (V, D) embed_tokens; also the tied LM head */
+    void *embed;                 /* (V, D) embed_tokens: f32, or q8 values (int8 or f32) when s_embed */
+    float *s_embed;              /* (V,) row scales of a q8 embedding, or 0 (f32) */
+    void *lm_head;               /* (V, D) q8 values of an untied head, or 0 (tied: the embedding) */
+    float *s_lm_head;            /* (V,) */
     float *final_norm;           /* (D,) model.norm */
     LayerWeights *layers;        /* (L,) */
 } Weights;
@@ -90,6 +94,7 @@ static int built;
 
 static float *alloc_floats(uint32_t n) { return (float *)arena_alloc(n * 4u); }
 static int weights_int8;         /* 1: q8 linears held as int8; 0: widened to f32 */
+static int has_qkv_bias, tied_head, embed_q8;   /* model features (champion_build_config) */
 static void *alloc_q8(uint32_t n) { return arena_alloc(weights_int8 ? n : n * 4u); }
 /* element `index` of a q8 linear, whichever way it is held */
 static void *q8_at(void *base, uint32_t index) { return (char *)base + (weights_int8 ? index : index * 4u); }
@@ -99,16 +104,24 @@ static inline int qkv_rows(void) { return (cfg.num_heads + 2 * cfg.num_kv_heads)
 static int build_weights(void) {
     uint32_t D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
     uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim), qkv = (uint32_t)qkv_rows();
-    weights.embed = alloc_floats((uint32_t)cfg.vocab_size * D);
+    uint32_t V = (uint32_t)cfg.vocab_size;
+    weights.embed = embed_q8 ? alloc_q8(V * D) : alloc_floats(V * D);
+    weights.s_embed = embed_q8 ? alloc_floats(V) : 0;
+    weights.lm_head = tied_head ? 0 : alloc_q8(V * D);
+    weights.s_lm_head = tied_head ? 0 : alloc_floats(V);
     weights.final_norm = alloc_floats(D);
     weights.layers = (LayerWeights *)arena_alloc((uint32_t)cfg.num_layers * sizeof(LayerWeights));
-    if (!weights.embed || !weights.final_norm || !weights.layers) return ERR_NO_MEMORY;
+    if (!weights.embed || (embed_q8 && !weights.s_embed) || (!tied_head && (!weights.lm_head || !weights.s_lm_head)) ||
+        !weights.final_norm || !weights.layers)
+        return ERR_NO_MEMORY;
     for (int l = 0; l < cfg.num_layers; l++) {
         LayerWeights *w = &weights.layers[l];
         w->attn_norm = alloc_floats(D);
         w->mlp_norm = alloc_floats(D);
         w->w_qkv = alloc_q8(qkv * D);
         w->s_qkv = alloc_floats(qkv);
+        w->b_qkv = has_qkv_bias ? alloc_floats(qkv) : 0;
+        if (has_qkv_bias && !w->b_qkv) return ERR_NO_MEMORY;
         w->w_o = alloc_q8(D * q_dim);
         w->s_o = alloc_floats(D);
         w->w_gate_up = alloc_q8(2 * F * D);
@@ -420,9 +433,17 @@ static void matmul(float *out, int out_stride, const void *w, const float *scale
 static void forward_block(const int32_t *tokens, int n, int start_pos) {
     const int D = cfg.hidden_size, F = cfg.intermediate_size, hd = cfg.head_dim, half = hd / 2;
     const int kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
-    for (int t = 0; t < n; t++) {
-        const float *emb = weights.embed + (uint32_t)tokens[t] * (uint32_t)D;
-        for (int i = 0; i < D; i++) st.x[t * D + i] = emb[i];
+    for (int t = 0; t < n; t++) {                            /* embedding rows (dequantised: q8 * scale) */
+        uint32_t row = (uint32_t)tokens[t] * (uint32_t)D;
+        float *x = st.x + t * D;
+        if (!weights.s_embed) {
+            const float *emb = (const float *)weights.embed + row;
+            for (int i = 0; i < D; i++) x[i] = emb[i];
+        } else {
+            float scale = weights.s_embed[tokens[t]];
+            if (weights_int8) for (int i = 0; i < D; i++) x[i] = (float)((const int8_t *)weights.embed)[row + i] * scale;
+            else for (int i = 0; i < D; i++) x[i] = ((const float *)weights.embed)[row + i] * scale;
+        }
     }
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];
@@ -430,6 +451,9 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
         float *v_layer = st.value_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
         for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->attn_norm, D, cfg.rms_norm_eps);
         matmul(st.qkv, QKV, w->w_qkv, w->s_qkv, st.xb, D, n, QKV, D, 0);
+        if (w->b_qkv)                                        /* Qwen2: q|k|v biases, before RoPE */
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < QKV; j++) st.qkv[t * QKV + j] += w->b_qkv[j];
         for (int t = 0; t < n; t++) {                        /* RoPE; K/V into the cache */
             int pos = start_pos + t;
             float *q = st.qkv + t * QKV, *k = q + q_dim, *v = k + kv_dim;
@@ -453,7 +477,10 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
         matmul(st.x, D, w->w_down, w->s_down, st.act, F, n, D, F, 1);
     }
     for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, weights.final_norm, D, cfg.rms_norm_eps);
-    matmul(st.logits, cfg.vocab_size, weights.embed, 0, st.xb, D, n, cfg.vocab_size, D, 0);
+    if (!tied_head)                                          /* untied q8 head */
+        matmul(st.logits, cfg.vocab_size, weights.lm_head, weights.s_lm_head, st.xb, D, n, cfg.vocab_size, D, 0);
+    else                                                     /* tied: the embedding, f32 or q8 */
+        matmul(st.logits, cfg.vocab_size, weights.embed, weights.s_embed, st.xb, D, n, cfg.vocab_size, D, 0);
 }
 
 static int forward(const int32_t *tokens, int n, int start_pos) {
@@ -591,14 +618,19 @@ enum {
     T_ATTN_NORM = 10, T_MLP_NORM = 11,
     T_WQ = 12, T_WK = 13, T_WV = 14, T_WO = 15, T_W_GATE = 16, T_W_UP = 17, T_W_DOWN = 18,
     T_SQ = 22, T_SK = 23, T_SV = 24, T_SO = 25, T_S_GATE = 26, T_S_UP = 27, T_S_DOWN = 28,
+    T_LM_HEAD = 2, T_S_LM_HEAD = 3, T_S_EMBED = 4, T_BQ = 32, T_BK = 33, T_BV = 34,
 };
 
 EXPORT("champion_build_config")
 int champion_build_config(int vocab_size, int hidden_size, int intermediate_size, int num_layers,
                           int num_heads, int num_kv_heads, int head_dim, int max_context,
-                          int block, double rms_norm_eps, double rope_theta, int q8_as_int8) {
+                          int block, double rms_norm_eps, double rope_theta, int q8_as_int8,
+                          int qkv_bias, int tied, int q8_embedding) {
     if (built || weights.layers) return ERR_MODEL;
     weights_int8 = q8_as_int8 != 0;
+    has_qkv_bias = qkv_bias != 0;
+    tied_head = tied != 0;
+    embed_q8 = q8_embedding != 0;
     if (block <= 0 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
                                  num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
         return ERR_MODEL;
@@ -614,6 +646,9 @@ int champion_build_config(int vocab_size, int hidden_size, int intermediate_size
 EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
     if (!weights.layers) return 0;
     if (kind == T_EMBED) return weights.embed;
+    if (kind == T_S_EMBED) return weights.s_embed;
+    if (kind == T_LM_HEAD) return weights.lm_head;
+    if (kind == T_S_LM_HEAD) return weights.s_lm_head;
     if (kind == T_FINAL_NORM) return weights.final_norm;
     if (layer < 0 || layer >= cfg.num_layers) return 0;
     LayerWeights *w = &weights.layers[layer];
@@ -636,8 +671,28 @@ EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
         case T_S_GATE: return w->s_gate_up;
         case T_S_UP: return w->s_gate_up + F;
         case T_S_DOWN: return w->s_down;
+        case T_BQ: return w->b_qkv;
+        case T_BK: return w->b_qkv ? w->b_qkv + q_dim : 0;
+        case T_BV: return w->b_qkv ? w->b_qkv + q_dim + kv_dim : 0;
         default: return 0;
     }
+}
+
+/* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
+ * exactspec.config.rope_inv_freq does); the default tables come from rope_theta at build time */
+EXPORT("champion_set_inv_freq") int champion_set_inv_freq(const double *inv_freq) {
+    if (!st.rope_cos || built) return ERR_MODEL;
+    int half = cfg.head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        if (!(inv_freq[i] > 0)) return ERR_MODEL;
+        for (int pos = 0; pos < cfg.max_context; pos++) {
+            double sn, cs;
+            sincos_f64((double)pos * inv_freq[i], &sn, &cs);
+            st.rope_cos[pos * half + i] = (float)cs;
+            st.rope_sin[pos * half + i] = (float)sn;
+        }
+    }
+    return OK;
 }
 
 EXPORT("champion_check") int champion_check(void) {

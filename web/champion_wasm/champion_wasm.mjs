@@ -28,7 +28,8 @@ const ENDED_BY = ["", "stop", "length"];
 const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
 
 // tensor kinds of champion_tensor_ptr (wasm/champion.c); [suffix, q8 kind, scale kind, shape]
-const T = { embed: 0, final_norm: 1, attn_norm: 10, mlp_norm: 11 };
+const T = { embed: 0, final_norm: 1, lm_head: 2, s_lm_head: 3, s_embed: 4, attn_norm: 10, mlp_norm: 11,
+  bias: { q_proj: 32, k_proj: 33, v_proj: 34 } };
 const LAYER_LINEARS = [
   ["self_attn.q_proj.weight", 12, 22, (c) => [c.num_heads * c.head_dim, c.hidden_size]],
   ["self_attn.k_proj.weight", 13, 23, (c) => [c.num_kv_heads * c.head_dim, c.hidden_size]],
@@ -72,7 +73,6 @@ export function parseChampionConfig(config) {
   } catch (err) {
     throw asCoded(err, "E_MODEL_LOAD");
   }
-  if (!c.tie_word_embeddings) throw codedError("E_MODEL_LOAD", "config.json: the WASM champion needs tie_word_embeddings=true");
   return c;
 }
 
@@ -170,8 +170,17 @@ export class WasmChampion {
     }
     const q8Bytes = [...tensors.values()].filter((t) => t.dtype === "I8").reduce((n, t) => n + t.bytes.byteLength, 0);
     this.weightStorage = weightStorage === "auto" ? (4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
+    // the model's features, from config.json and the artifact: an f32 or q8 embedding (convert
+    // --q8-embedding), a tied or untied (q8) head, q|k|v biases (Qwen2)
+    this.embedQ8 = tensors.has("model.embed_tokens.weight.q8");
     check(this.wasm.champion_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
-      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, this.weightStorage === "int8" ? 1 : 0), "build");
+      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, this.weightStorage === "int8" ? 1 : 0,
+      c.qkv_bias ? 1 : 0, c.tie_word_embeddings ? 1 : 0, this.embedQ8 ? 1 : 0), "build");
+    if (c.rope_inv_freq) {             // scaled RoPE (linear, llama3): tables from the inverse frequencies
+      const ptr = this._alloc(8 * c.rope_inv_freq.length);
+      this._view(Float64Array, ptr, c.rope_inv_freq.length).set(c.rope_inv_freq);
+      check(this.wasm.champion_set_inv_freq(ptr), "rope");
+    }
     try {
       this._placeAll(tensors, c);
     } catch (err) {
@@ -238,7 +247,17 @@ export class WasmChampion {
   _placeAll(tensors, c) {
     const label = "model.q8.safetensors";
     const H = c.hidden_size;
-    this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight", "F32", [c.vocab_size, H], label), false);
+    const V = c.vocab_size;
+    if (this.embedQ8) {
+      this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight.q8", "I8", [V, H], label), true);
+      this._place(T.s_embed, 0, expectTensor(tensors, "model.embed_tokens.weight.scale", "F32", [V], label), false);
+    } else {
+      this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label), false);
+    }
+    if (!c.tie_word_embeddings) {
+      this._place(T.lm_head, 0, expectTensor(tensors, "lm_head.weight.q8", "I8", [V, H], label), true);
+      this._place(T.s_lm_head, 0, expectTensor(tensors, "lm_head.weight.scale", "F32", [V], label), false);
+    }
     this._place(T.final_norm, 0, expectTensor(tensors, "model.norm.weight", "F32", [H], label), false);
     for (let l = 0; l < c.num_layers; l++) {
       const p = `model.layers.${l}.`;
@@ -248,6 +267,12 @@ export class WasmChampion {
         const s = shape(c);
         this._place(kindQ8, l, expectTensor(tensors, `${p}${suffix}.q8`, "I8", s, label), true);
         this._place(kindScale, l, expectTensor(tensors, `${p}${suffix}.scale`, "F32", [s[0]], label), false);
+      }
+      if (c.qkv_bias) {                // Qwen2: q|k|v biases, float32
+        for (const [proj, kind] of Object.entries(T.bias)) {
+          const rows = (proj === "q_proj" ? c.num_heads : c.num_kv_heads) * c.head_dim;
+          this._place(kind, l, expectTensor(tensors, `${p}self_attn.${proj}.bias`, "F32", [rows], label), false);
+        }
       }
     }
   }

@@ -41,25 +41,24 @@ function badArgument(message) { return new DraftError("E_BAD_ARGUMENT", message)
 // config.json -> the hyper-parameters the C side needs (the checks of reference_llama._parse_config)
 export function parseConfig(config) {
   const get = (key, fallback) => (config[key] === undefined || config[key] === null ? fallback : config[key]);
-  if (get("model_type", "llama") !== "llama") throw loadError(`model_type ${config.model_type} is not llama`);
+  const modelType = get("model_type", "llama");
+  if (modelType !== "llama" && modelType !== "qwen2") throw loadError(`model_type ${config.model_type} is not llama or qwen2`);
   if (get("hidden_act", "silu") !== "silu") throw loadError(`hidden_act ${config.hidden_act} is not silu`);
   if (config.attention_bias || config.mlp_bias) throw loadError("bias terms are not supported");
+  if (modelType === "qwen2" && config.use_sliding_window) throw loadError("use_sliding_window=true is not supported");
   for (const key of ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "max_position_embeddings"]) {
     if (!Number.isInteger(config[key]) || config[key] <= 0) throw loadError(`config field ${key} missing or invalid`);
   }
-  const params = config.rope_parameters;
-  let ropeTheta = get("rope_theta", 10000.0);
-  if (params && typeof params === "object") {
-    const type = params.rope_type ?? params.type ?? "default";
-    if (type !== "default") throw loadError(`rope_type ${type} is not supported`);
-    ropeTheta = params.rope_theta ?? ropeTheta;
+  // RoPE: rope_theta and rope_scaling, or (newer transformers) rope_parameters holding both
+  const params = config.rope_parameters && typeof config.rope_parameters === "object" ? config.rope_parameters : null;
+  const scaling = params ?? (config.rope_scaling && typeof config.rope_scaling === "object" ? config.rope_scaling : null);
+  if (config.rope_scaling !== undefined && config.rope_scaling !== null && typeof config.rope_scaling !== "object") {
+    throw loadError(`rope_scaling ${JSON.stringify(config.rope_scaling)} is not supported`);
   }
-  const scaling = config.rope_scaling;
-  if (scaling !== undefined && scaling !== null) {
-    const type = typeof scaling === "object" ? (scaling.rope_type ?? scaling.type) : scaling;
-    if (type !== "default") throw loadError(`rope_scaling ${JSON.stringify(scaling)} is not supported`);
-  }
+  const ropeType = scaling ? (scaling.rope_type ?? scaling.type ?? "default") : "default";
+  if (!["default", "linear", "llama3"].includes(ropeType)) throw loadError(`rope_type ${ropeType} is not supported`);
+  const ropeTheta = Number((params && params.rope_theta) ?? get("rope_theta", 10000.0));
   const numHeads = config.num_attention_heads;
   const c = {
     vocab_size: config.vocab_size,
@@ -71,9 +70,14 @@ export function parseConfig(config) {
     head_dim: get("head_dim", Math.floor(config.hidden_size / numHeads)),
     rms_norm_eps: get("rms_norm_eps", 1e-6),
     max_context: config.max_position_embeddings,
-    rope_theta: Number(ropeTheta),
+    rope_theta: ropeTheta,
     tie_word_embeddings: Boolean(get("tie_word_embeddings", false)),
+    qkv_bias: modelType === "qwen2",
+    rope_type: ropeType,
   };
+  // scaled RoPE: the inverse frequencies exactly as exactspec.config.rope_inv_freq (transformers'
+  // formulas) computes them; null for the default (the kernels build it from rope_theta)
+  c.rope_inv_freq = ropeType === "default" ? null : ropeInvFreq(c.head_dim, ropeTheta, ropeType, scaling);
   if (c.num_heads % c.num_kv_heads !== 0) throw loadError("num_attention_heads is not a multiple of num_key_value_heads");
   for (const key of ["head_dim", "hidden_size", "intermediate_size"]) {
     if (c[key] % 4 !== 0) throw loadError(`${key} ${c[key]} must be a multiple of 4 for the SIMD kernels`);
@@ -122,6 +126,31 @@ function policyNumbers(policy) {
   };
 }
 
+/** (head_dim / 2) float64 inverse frequencies of linear or llama3 RoPE scaling: the formulas of
+ *  py/exactspec/config.py rope_inv_freq, operation for operation. */
+export function ropeInvFreq(dim, theta, type, scaling) {
+  const num = (key) => {
+    const v = Number(scaling[key]);
+    if (!(Number.isFinite(v) && v > 0)) throw loadError(`rope scaling ${key} missing or invalid`);
+    return v;
+  };
+  const inv = [];
+  for (let i = 0; i < dim; i += 2) inv.push(1.0 / (theta ** (i / dim)));
+  const factor = num("factor");
+  if (type === "linear") return inv.map((f) => f / factor);
+  const low = num("low_freq_factor"), high = num("high_freq_factor"), old = num("original_max_position_embeddings");
+  const lowWavelen = old / low, highWavelen = old / high;
+  return inv.map((f) => {
+    const wavelen = 2 * Math.PI / f;
+    let scaled = wavelen > lowWavelen ? f / factor : f;
+    if (!(wavelen < highWavelen) && !(wavelen > lowWavelen)) {
+      const smooth = (old / wavelen - low) / (high - low);
+      scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+    }
+    return scaled;
+  });
+}
+
 /**
  * createDraft({wasmUrl, modelUrl}) in the browser, or
  * createDraft({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
@@ -158,6 +187,8 @@ export class Draft {
     this._u8().set(file, base);
     const dataStart = base + headerBytes;
 
+    if (c.qkv_bias) throw loadError("config.json: the WASM draft does not run q/k/v biases (model_type qwen2) yet");
+    if (c.rope_inv_freq) throw loadError(`config.json: the WASM draft does not run rope_type ${c.rope_type} yet`);
     check(this.wasm.draft_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
       c.num_heads, c.num_kv_heads, c.head_dim, c.max_context, c.rms_norm_eps, c.rope_theta), "build");
     const place = (name, kind, layer, shape) => {
