@@ -56,3 +56,26 @@ def test_wasm_champion_matches_the_reference_on_real_families(converted, shape, 
         n_argmax += int(clear.sum())
     assert n_argmax >= 30
     print(f"[err] wasm_champion_logits ({shape}, q8 embedding {q8_embedding}): max abs {worst:.3g}")
+
+
+DRAFTS = ("smollm2-draft", "qwen2.5-draft", "llama3.2-draft", "tinyllama-draft")
+
+
+@pytest.mark.parametrize("shape", DRAFTS)
+def test_wasm_draft_matches_the_reference_on_real_families(synth_models_dirs, tmp_path, shape):  # noqa: F811
+    """The WASM draft on `exactspec convert --role draft` folders (all-F32 model.safetensors):
+    Qwen2 biases, llama3 RoPE, the families' vocabularies; logits of single steps and a prompt
+    block against the reference within TOLERANCES["draft_logits"]."""
+    from test_wasm_draft import HARNESS as DRAFT_HARNESS, WASM as DRAFT_WASM, ensure_wasm, unb64
+    from node_harness import run_harness
+    convert(synth_models_dirs[shape], tmp_path, role="draft")
+    ref = LlamaReference.from_dir(tmp_path)
+    ids = np.random.default_rng(6).integers(0, ref.vocab_size, 20).tolist()
+    seq = [(ids[:12], 0)] + [([t], 12 + i) for i, t in enumerate(ids[12:18])] + [(ids[14:20], 14)]
+    ensure_wasm()
+    out = run_harness(DRAFT_HARNESS, {"wasm": str(DRAFT_WASM), "model_dir": str(tmp_path),
+                                      "forward": [[[i, s] for i, s in seq]]})
+    ref.reset()
+    for (block, start), row in zip(seq, out["forward"][0]):
+        got, want = unb64(row, "<f4"), ref.forward(block, start)[-1]
+        assert within(got, want, "draft_logits"), (shape, start, float(np.abs(got - want).max()))

@@ -29,6 +29,7 @@ typedef struct {
     const float *wq;             /* (H*hd, D) */
     const float *wk;             /* (KV*hd, D) */
     const float *wv;             /* (KV*hd, D) */
+    const float *bq, *bk, *bv;   /* (H*hd,), (KV*hd,), (KV*hd,) q/k/v biases (Qwen2), or 0 */
     const float *wo;             /* (D, H*hd) */
     const float *mlp_norm;       /* (D,) post_attention_layernorm */
     const float *w_gate;         /* (F, D) */
@@ -159,6 +160,10 @@ static void forward_token(int token, int pos, int want_logits) {
         matvec(st.q, w->wq, st.xb, q_dim, D);
         matvec(k_pos, w->wk, st.xb, kv_dim, D);               /* K/V written in place */
         matvec(v_pos, w->wv, st.xb, kv_dim, D);
+        if (w->bq) {                                          /* Qwen2: biases before RoPE */
+            for (int i = 0; i < q_dim; i++) st.q[i] += w->bq[i];
+            for (int i = 0; i < kv_dim; i++) { k_pos[i] += w->bk[i]; v_pos[i] += w->bv[i]; }
+        }
         for (int h = 0; h < c->num_heads; h++) rope(st.q + h * hd, cs, sn, half);
         for (int h = 0; h < c->num_kv_heads; h++) rope(k_pos + h * hd, cs, sn, half);
 
@@ -243,6 +248,7 @@ enum {
     T_EMBED = 0, T_FINAL_NORM = 1, T_LM_HEAD = 2,
     T_ATTN_NORM = 10, T_WQ = 11, T_WK = 12, T_WV = 13, T_WO = 14,
     T_MLP_NORM = 15, T_W_GATE = 16, T_W_UP = 17, T_W_DOWN = 18,
+    T_BQ = 20, T_BK = 21, T_BV = 22,
 };
 
 EXPORT("draft_build_config")
@@ -277,7 +283,27 @@ EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float
         case T_W_GATE: w->w_gate = ptr; break;
         case T_W_UP: w->w_up = ptr; break;
         case T_W_DOWN: w->w_down = ptr; break;
+        case T_BQ: w->bq = ptr; break;
+        case T_BK: w->bk = ptr; break;
+        case T_BV: w->bv = ptr; break;
         default: return ERR_MODEL;
+    }
+    return OK;
+}
+
+/* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
+ * exactspec.config.rope_inv_freq does); by default the tables come from rope_theta */
+EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
+    if (built || !st.rope_cos) return ERR_MODEL;
+    int half = cfg.head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        if (!(inv_freq[i] > 0)) return ERR_MODEL;
+        for (int pos = 0; pos < cfg.max_context; pos++) {
+            double sn, cs;
+            sincos_f64((double)pos * inv_freq[i], &sn, &cs);
+            st.rope_cos[pos * half + i] = (float)cs;
+            st.rope_sin[pos * half + i] = (float)sn;
+        }
     }
     return OK;
 }
@@ -289,7 +315,7 @@ EXPORT("draft_check") int draft_check(void) {
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];
         if (!w->attn_norm || !w->wq || !w->wk || !w->wv || !w->wo || !w->mlp_norm ||
-            !w->w_gate || !w->w_up || !w->w_down)
+            !w->w_gate || !w->w_up || !w->w_down || (!w->bq != !w->bk) || (!w->bq != !w->bv))
             return ERR_MODEL;
     }
     built = 1;

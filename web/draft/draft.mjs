@@ -14,7 +14,7 @@ const STATUS_CODES = {
 
 // tensor kinds of draft_set_tensor (wasm/draft.c)
 const T = { embed: 0, final_norm: 1, lm_head: 2, attn_norm: 10, wq: 11, wk: 12, wv: 13, wo: 14,
-  mlp_norm: 15, w_gate: 16, w_up: 17, w_down: 18 };
+  mlp_norm: 15, w_gate: 16, w_up: 17, w_down: 18, bq: 20, bk: 21, bv: 22 };
 const LAYER_TENSORS = [
   ["input_layernorm.weight", T.attn_norm, (c) => [c.hidden_size]],
   ["self_attn.q_proj.weight", T.wq, (c) => [c.num_heads * c.head_dim, c.hidden_size]],
@@ -187,8 +187,6 @@ export class Draft {
     this._u8().set(file, base);
     const dataStart = base + headerBytes;
 
-    if (c.qkv_bias) throw loadError("config.json: the WASM draft does not run q/k/v biases (model_type qwen2) yet");
-    if (c.rope_inv_freq) throw loadError(`config.json: the WASM draft does not run rope_type ${c.rope_type} yet`);
     check(this.wasm.draft_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
       c.num_heads, c.num_kv_heads, c.head_dim, c.max_context, c.rms_norm_eps, c.rope_theta), "build");
     const place = (name, kind, layer, shape) => {
@@ -205,6 +203,18 @@ export class Draft {
     if (!c.tie_word_embeddings) place("lm_head.weight", T.lm_head, 0, [c.vocab_size, c.hidden_size]);
     for (let l = 0; l < c.num_layers; l++) {
       for (const [suffix, kind, shape] of LAYER_TENSORS) place(`model.layers.${l}.${suffix}`, kind, l, shape(c));
+    }
+    if (c.qkv_bias) {                  // Qwen2: q/k/v biases
+      for (let l = 0; l < c.num_layers; l++) {
+        for (const [proj, kind, heads] of [["q_proj", T.bq, c.num_heads], ["k_proj", T.bk, c.num_kv_heads],
+          ["v_proj", T.bv, c.num_kv_heads]]) place(`model.layers.${l}.self_attn.${proj}.bias`, kind, l, [heads * c.head_dim]);
+      }
+    }
+    if (c.rope_inv_freq) {             // scaled RoPE (linear, llama3)
+      const ptr = this.wasm.draft_alloc(8 * c.rope_inv_freq.length);
+      if (!ptr) throw loadError("out of wasm memory for the RoPE frequencies");
+      this._f64(ptr, c.rope_inv_freq.length).set(c.rope_inv_freq);
+      check(this.wasm.draft_set_inv_freq(ptr), "rope");
     }
     check(this.wasm.draft_check(), "check");
     this._finalNorm = { ptr: dataStart + tensors["model.norm.weight"].begin, n: c.hidden_size };  // (H,) f32
