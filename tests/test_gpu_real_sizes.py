@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from browser_fixture import chromium_browser, http_server  # noqa: F401
-from test_gpu_champion import TEST_MODELS, forward_blocks, gpu_page, quantize_rows, split, url_of  # noqa: F401
+from exactspec import gpu_twins
+from test_gpu_champion import (TEST_MODELS, b64, forward_blocks, gpu_page, quantize_rows, run_kernel, split,  # noqa: F401
+                               unb64, url_of)
 from tolerances import TOLERANCES, max_error, within
 
 TINY_SPLIT = 16384                 # bytes per binding that force every big tensor into pieces
@@ -118,6 +120,31 @@ def load(page, model_dir: Path, max_context=0, **options):
 
 def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+# ----------------------------------------------------------------------------- new kernels
+def test_embed_gather_q8_and_bias_add_kernels(gpu_page):
+    """embed_gather_q8 equals the reference's float32 dequantisation exactly, per row piece;
+    bias_add_f32 is one float32 add."""
+    rng = np.random.default_rng(4)
+    V, H, n = 1001, 96, 9
+    q8, scale = quantize_rows(rng.standard_normal((V, H)).astype(np.float32))
+    ids = rng.integers(0, V, n).astype(np.uint32)
+    ids[:2] = [0, V - 1]
+    (x,) = run_kernel(gpu_page, "embed_gather_q8", {"n": n, "hidden": H, "vocab": V},
+                      [{"b64": b64(q8)}, {"b64": b64(scale)}, {"b64": b64(ids)}, {"bytes": n * H * 4}], [3])
+    want = gpu_twins.embed_gather_q8(q8, scale, ids).astype(np.float32)
+    assert np.array_equal(unb64(x, np.float32, n * H).reshape(n, H), want)
+    (x,) = run_kernel(gpu_page, "embed_gather_q8", {"n": n, "hidden": H, "vocab": V - 500, "row0": 500},
+                      [{"b64": b64(q8[500:])}, {"b64": b64(scale[500:])}, {"b64": b64(ids)}, {"bytes": n * H * 4}], [3])
+    x = unb64(x, np.float32, n * H).reshape(n, H)
+    mine = ids >= 500                                    # this piece copies only its own rows
+    assert np.array_equal(x[mine], want[mine]) and not x[~mine].any()
+    y = rng.standard_normal((n, 200)).astype(np.float32)
+    bias = rng.standard_normal(200).astype(np.float32)
+    (out,) = run_kernel(gpu_page, "bias_add_f32", {"n": n, "rows": 200}, [{"b64": b64(bias)}, {"b64": b64(y)}], [1])
+    assert np.array_equal(unb64(out, np.float32, n * 200).reshape(n, 200), (y + bias).astype(np.float32))
+    assert np.array_equal((y + bias).astype(np.float32), gpu_twins.bias_add_f32(y, bias).astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- whole model
