@@ -40,12 +40,14 @@ class AdaptiveK:
     R(0) (champion alone) and R(k) = alpha + beta k for k >= 1. It picks argmax E[G(k)] / R(k),
     k = 0 included (speculation off); after `probe_every` rounds in a row at k = 0 it proposes
     once more at the best k >= 1, so that a stratum can win speculation back. The first two
-    rounds use `k_start` and `k_second` (two points measure the cost's slope in k). Nothing but
+    rounds use `k_start` and `k_second` (two points measure the cost's slope in k); the first
+    round's time is not a round cost (a backend may run deferred prompt work in it: the WebGPU
+    champion's first verification carries the prompt's prefill). Nothing but
     these counters is read: no text, no token ids. Frozen during a run: every parameter is in
     describe().
     """
 
-    name, version = "adaptive-k", 2
+    name, version = "adaptive-k", 3
 
     def __init__(self, k_max: int, *, k_start: int = 1, k_second: int = 3, decay: float = 0.9, prior_accept: float = 0.5,
                  prior_weight: float = 2.0, slope_prior: float = 0.25, probe_every: int = 4, cost_window: int = 5):
@@ -146,6 +148,8 @@ class AdaptiveK:
             for i in range(1, min(proposed, accepted + 1) + 1):   # positions 1..accepted+1 were judged
                 self.reached[i] += 1
                 self.taken[i] += i <= accepted
+        if self.rounds == 1:    # the request's first round: not a cost sample (see the class doc)
+            return
         window = self.costs[min(proposed, self.k_max)]
         window.append(round_ms if round_ms is not None else draft_ms + verify_ms)
         del window[:-self.params["cost_window"]]
