@@ -151,6 +151,13 @@ else
     echo "$NPM_KEY" > "$NPM_STAMP"
 fi
 
+# ---------------------------------------------------------------- Pyodide wheels
+# jinja2 + a pure-Python markupsafe under build/wheels/, installed offline by the Pyodide boot
+# (web/orchestrator/wheels.mjs); the tool does nothing when they are there and intact.
+step "pyodide wheels (build/wheels: jinja2, markupsafe)"
+"$VENV/bin/python" tools/pyodide_wheels.py build/wheels 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
 # ---------------------------------------------------------------- WASM draft + champion
 step "wasm draft + champion (web/build/{draft,champion,champion_mt}.wasm)"
 if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] && [ -f web/build/champion_mt.wasm ] &&
