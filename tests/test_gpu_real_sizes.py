@@ -172,29 +172,31 @@ def test_family_vs_transformers_split_and_blocks(gpu_page, families, name):
     assert np.array_equal(bits(split_logits), bits(single)), f"{name}: split tensors change the bits"
 
 
-def test_rope_inv_freq_is_transformers(gpu_page, families):
-    """The scaled RoPE frequencies the page computes equal transformers' float32 inv_freq bit for bit."""
+def test_rope_inv_freq_is_the_references_and_transformers(gpu_page, families):
+    """The page's RoPE frequencies equal exactspec.config.rope_inv_freq (float64, what the reference
+    and the WASM champion use) to 1 ulp, and transformers' inv_freq (computed in float32, so a few
+    float32 ulps apart) within 5e-7 relative."""
+    import json
+
     import torch
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    for name in ("llama3_rope_tied_q8", "linear_rope_untied_q8"):
-        config = AutoConfig.from_pretrained(str(families[name]))
-        cfg_json = (families[name] / "config.json").read_text()
-        rope_type = config.rope_parameters["rope_type"]
-        want, _ = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-        got = np.array(gpu_page.evaluate("(c) => window.harness.ropeInvFreq(JSON.parse(c))", cfg_json), np.float64)
-        assert np.array_equal(got.astype(np.float32), want.numpy()) and np.array_equal(got, got.astype(np.float32)), \
-            (name, got, want.numpy())
-    # Llama 3.2's published parameters (head_dim 64, theta 500000, factor 32, original 8192)
+
+    from exactspec.config import rope_inv_freq, validate_config
     llama32 = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
                "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True,
                "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 8192}}
-    config = AutoConfig.for_model(**llama32)
-    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
-    got = np.array(gpu_page.evaluate("(c) => window.harness.ropeInvFreq(c)", llama32), np.float64)
-    assert np.array_equal(got.astype(np.float32), want.numpy())
+    configs = [json.loads((families[n] / "config.json").read_text()) for n in ("llama3_rope_tied_q8", "linear_rope_untied_q8")]
+    for cfg in configs + [llama32]:
+        got = np.array(gpu_page.evaluate("(c) => window.harness.ropeInvFreq(c)", cfg), np.float64)
+        ours = np.array(rope_inv_freq(validate_config(cfg)), np.float64)
+        assert np.allclose(got, ours, rtol=4e-16, atol=0), (cfg.get("rope_parameters") or cfg.get("rope_scaling"), got - ours)
+        config = AutoConfig.for_model(**cfg)
+        config.standardize_rope_params()
+        want, _ = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, torch.device("cpu"))
+        assert np.allclose(got, want.numpy().astype(np.float64), rtol=5e-7, atol=0), got / want.numpy() - 1
 
 
 # ----------------------------------------------------------------------------- plans at real sizes

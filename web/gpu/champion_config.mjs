@@ -73,30 +73,24 @@ export function resolveMaxContext(hp, maxContext) {
   return ctx;
 }
 
-/** RoPE inverse frequencies (hd/2) as numbers. Unscaled: float64 1 / theta^(2i/hd), as the
- *  reference has always computed them. linear / llama3: transformers' float32 recipe
- *  (modeling_rope_utils), every operation rounded to float32 as torch does it. */
+/** RoPE inverse frequencies (hd/2) in float64: transformers' formulas (default, linear, llama3 of
+ *  modeling_rope_utils, which runs them in float32) evaluated in float64 in the same order as
+ *  exactspec.config.rope_inv_freq, so the reference, the WASM champion and this one share them. */
 export function ropeInvFreq(hp) {
   const { headDim: dim, rope } = hp;
-  const half = dim / 2;
-  if (rope.type === "default") {
-    return Float64Array.from({ length: half }, (_, i) => 1.0 / Math.pow(rope.theta, (2 * i) / dim));
-  }
-  const f = Math.fround;
-  const base = f(rope.theta);
-  // torch: 1.0 / (base ** (arange(0, dim, 2).float() / dim)); scalar / tensor is reciprocal(t) * scalar
-  const inv = Array.from({ length: half }, (_, i) => f(1 / f(Math.pow(base, f(f(2 * i) / dim)))));
-  if (rope.type === "linear") return Float64Array.from(inv, (v) => f(v / f(rope.factor)));
-  const factor = f(rope.factor), lo = f(rope.low_freq_factor), span = f(rope.high_freq_factor - rope.low_freq_factor);
-  const old = rope.original_max_position_embeddings;
-  const lowWavelen = old / rope.low_freq_factor, highWavelen = old / rope.high_freq_factor;   // python floats
-  return Float64Array.from(inv, (v) => {
-    const wavelen = f(f(1 / v) * f(2 * Math.PI));
-    const scaled = wavelen > f(lowWavelen) ? f(v / factor) : v;
-    const smooth = f(f(f(f(1 / wavelen) * f(old)) - lo) / span);
-    const smoothed = f(f(f(f(1 - smooth) * scaled) / factor) + f(smooth * scaled));
-    const medium = !(wavelen < f(highWavelen)) && !(wavelen > f(lowWavelen));
-    return medium ? smoothed : scaled;
+  const inv = Float64Array.from({ length: dim / 2 }, (_, i) => 1.0 / Math.pow(rope.theta, (2 * i) / dim));
+  if (rope.type === "linear") return inv.map((f) => f / rope.factor);
+  if (rope.type !== "llama3") return inv;
+  const { factor, low_freq_factor: low, high_freq_factor: high, original_max_position_embeddings: old } = rope;
+  const lowFreqWavelen = old / low, highFreqWavelen = old / high;
+  return inv.map((f) => {
+    const wavelen = 2 * Math.PI / f;
+    let scaled = wavelen > lowFreqWavelen ? f / factor : f;
+    if (!(wavelen < highFreqWavelen) && !(wavelen > lowFreqWavelen)) {   // medium band
+      const smooth = (old / wavelen - low) / (high - low);
+      scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+    }
+    return scaled;
   });
 }
 
