@@ -1,24 +1,146 @@
-"""The page people open: loads offline from this origin, generates, streams, shows stats."""
-from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
+"""The page people open, driven as a user would (one page, loaded once, tests in order): load with
+progress, an answer in each mode with every token marked by its source, Stop ("cancelled", text
+kept), the receipt download (no text, no token ids), a local model folder, and an incompatible
+pair refused naming the field. Screenshots go to build/screenshots/ (ignored) for review."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
+from exactspec.receipts import ALLOWED_FIELDS
+
+SHOTS = REPO_ROOT / "build" / "screenshots"
+MODELS = REPO_ROOT / "web" / "models"
+SOURCES = {"accepted", "correction", "extra", "baseline"}
 
 
-def test_page_generates_offline_and_shows_stats(browser_page, http_server, tmp_path):
-    page = browser_page
+@pytest.fixture(scope="module")
+def app(chromium_browser, http_server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    context = chromium_browser.new_context(accept_downloads=True)
+    page = context.new_page()
+    page.console_log = forward_console(page)
     foreign = []
-    page.on("request", lambda req: None if req.url.startswith(http_server.url) or req.url.startswith("data:")
-            else foreign.append(req.url))
-    page.set_default_timeout(300_000)
+    page.on("request", lambda req: None if req.url.startswith((http_server.url, "data:", "blob:")) else foreign.append(req.url))
+    page.set_default_timeout(120_000)
+    page.foreign = foreign
     page.goto(http_server.url + "/")
-    page.wait_for_function("() => window.appReady === true")
-    page.fill("#prompt", "And God said")
-    page.fill("#max_new_tokens", "12")
+    yield page
+    context.close()
+
+
+def wait_stage(page, stage):
+    page.wait_for_function("(s) => window.appState && window.appState.stage === s", arg=stage)
+
+
+def answer(page, mode, max_tokens=24):
+    page.select_option("#speculate", mode)
+    page.fill("#max_new_tokens", str(max_tokens))
     page.click("#go")
-    page.wait_for_function("() => document.getElementById('status').textContent === 'done'")
-    assert len(page.text_content("#output")) > 0
-    stats = page.text_content("#stats")
-    assert "accepted / proposed" in stats and "tokens per round" in stats
-    receipt = page.text_content("#receipt")
-    assert "champion_artifact_hash" in receipt and "And God said" not in receipt
-    page.screenshot(path=str(tmp_path / "page.png"))
-    assert foreign == [], foreign
-    assert not [m for m in page.console_log if m[0] in ("error", "pageerror")], page.console_log
+    page.wait_for_function("() => window.appState.stage === 'ready' && !document.getElementById('go').disabled")
+    spans = page.eval_on_selector_all("#output span.tok", "els => els.map(e => [e.dataset.source, e.textContent])")
+    return page.text_content("#status"), page.evaluate("() => window.appState.lastResult"), spans
+
+
+def test_load_shows_progress(app):
+    app.wait_for_function("() => document.querySelector('#progress li.active')")   # a step in progress, shown
+    app.screenshot(path=str(SHOTS / "page-loading.png"))
+    app.wait_for_function("() => window.appReady === true")
+    rows = app.inner_text("#progress")
+    assert "Starting Python (Pyodide)" in rows and "Checking the model files" in rows
+    assert "champion/model.q8.safetensors" in rows and "9.0 of 9.0 MB" in rows, rows   # bytes counted
+    assert "draft/model.safetensors" in rows and "pyodide/pyodide.asm.wasm" in rows, rows
+    assert app.eval_on_selector_all("#progress li", "els => els.every(e => e.className === 'done')")
+    assert "models loaded" in app.text_content("#status")
+
+
+def test_each_mode_streams_marked_tokens(app):
+    texts = {}
+    for mode in ("draft", "lookup", "none"):
+        status, result, spans = answer(app, mode)
+        assert status == "done" and result["finish_reason"] == "length" and result["n"] == 24, (mode, status, result)
+        assert spans and {s for s, _ in spans} <= SOURCES, spans
+        texts[mode] = "".join(t for _, t in spans)
+        if mode == "none":
+            assert {s for s, _ in spans} == {"baseline"}
+        else:
+            assert "accepted" in {s for s, _ in spans}, (mode, spans)
+        if mode == "draft":                                         # every chart drawn (S_i needs proposals)
+            for chart in ("#survival_chart", "#rounds_chart", "#waterfall_chart", "#memory_chart"):
+                assert app.locator(f"{chart} svg rect, {chart} svg circle").count() > 0, chart
+        app.screenshot(path=str(SHOTS / f"page-answer-{mode}.png"), full_page=True)
+    assert texts["draft"] == texts["lookup"] == texts["none"] != ""   # greedy: the champion's answer in every mode
+    live = app.evaluate("() => window.appState.live")
+    assert live["tokens"] == 24 and live["ttftMs"] > 0 and live["tokensPerS"] > 0
+    legend = app.inner_text("#legend")
+    assert all(w in legend for w in ("accepted proposal", "correction", "extra token", "champion step"))
+
+
+def test_stop_says_cancelled_and_keeps_text(app):
+    app.select_option("#speculate", "none")
+    app.fill("#max_new_tokens", "400")
+    app.click("#go")
+    app.wait_for_function("() => (window.appState.tokenEvents || 0) >= 3 && window.appState.stage === 'generating'")
+    app.screenshot(path=str(SHOTS / "page-during-answer.png"), full_page=True)
+    app.click("#stop")
+    app.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'")
+    result = app.evaluate("() => window.appState.lastResult")
+    assert result["finish_reason"] == "cancelled" and 3 <= result["n"] < 400
+    assert len(app.text_content("#output")) > 0                      # what was emitted stays
+    app.screenshot(path=str(SHOTS / "page-after-stop.png"), full_page=True)
+
+
+def test_receipt_download_holds_no_text_or_ids(app, tmp_path):
+    status, result, spans = answer(app, "draft", max_tokens=16)
+    assert status == "done"
+    with app.expect_download() as info:
+        app.click("#download_receipt")
+    path = tmp_path / "receipt.json"
+    info.value.save_as(path)
+    receipt = json.loads(path.read_text())
+    assert tuple(receipt) == ALLOWED_FIELDS
+    text = path.read_text()
+    answer_text = "".join(t for _, t in spans)
+    assert answer_text.strip() and answer_text.strip() not in text and app.input_value("#prompt") not in text
+    ids = app.evaluate("() => window.appState.lastIds")
+    compact = json.dumps(receipt, separators=(",", ":"))
+    assert len(ids) == 16 and json.dumps(ids, separators=(",", ":"))[1:-1] not in compact
+    assert all(v != ids for v in receipt.values())
+
+
+def test_local_folder_champion_alone(app, tmp_path):
+    folder = tmp_path / "tiny_champion"
+    shutil.copytree(MODELS / "draft", folder)                       # the draft as a champion-only pair
+    app.set_input_files("#champion_folder", str(folder))
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_models")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
+    assert "local folders: champion tiny_champion, no draft" in app.text_content("#model_source")
+    assert "no draft" in app.text_content("#status")
+    assert app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")
+    status, result, spans = answer(app, "none", max_tokens=12)
+    assert status == "done" and result["n"] == 12 and {s for s, _ in spans} == {"baseline"}
+
+
+def test_incompatible_pair_refused_naming_the_field(app, tmp_path):
+    champion, draft = tmp_path / "champion", tmp_path / "draft"
+    shutil.copytree(MODELS / "champion", champion, ignore=shutil.ignore_patterns("model.safetensors"))
+    shutil.copytree(MODELS / "draft", draft)
+    gen = json.loads((draft / "generation_config.json").read_text())
+    gen["eos_token_id"] = [1]                                      # the draft stops on other ids than the champion
+    (draft / "generation_config.json").write_text(json.dumps(gen))
+    app.set_input_files("#champion_folder", str(champion))
+    app.set_input_files("#draft_folder", str(draft))
+    app.click("#load_models")
+    wait_stage(app, "failed")
+    status = app.text_content("#status")
+    assert "E_MANIFEST_MISMATCH" in status and "field 'stop_token_ids' differs" in status, status
+    app.screenshot(path=str(SHOTS / "page-refused-pair.png"), full_page=True)
+    app.click("#load_shipped")                                      # the shipped pair again: usable
+    wait_stage(app, "ready")
+    assert answer(app, "draft", max_tokens=8)[0] == "done"
+    assert app.foreign == [], app.foreign                           # nothing fetched from another origin
+    assert not [m for m in app.console_log if m[0] in ("error", "pageerror")], app.console_log

@@ -8,8 +8,9 @@ import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/ch
 
 const $ = (id) => document.getElementById(id);
 const MEMORY_POLL_MS = 1000;
-const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, source: { champion: undefined, draft: undefined } };
-window.appState = page;   // tests read appState.stage / lastResult
+const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, loads: 0,
+  source: { champion: undefined, draft: undefined } };
+window.appState = page;   // tests read appState.stage / loads / lastResult (this page's memory only)
 
 function setStatus(text, isError = false) {
   $("status").textContent = text;
@@ -69,6 +70,7 @@ async function loadModels() {
     setStatus(`could not load: ${coded(err)}`, true);
     $("go").textContent = "Unavailable";
     page.stage = "failed";
+    page.loads++;
     return;
   }
   renderProgress(finishRows(rows));
@@ -83,6 +85,7 @@ async function loadModels() {
   $("go").textContent = "Generate";
   $("go").disabled = false;
   page.stage = "ready";
+  page.loads++;
   window.appReady = true;
 }
 
@@ -200,6 +203,7 @@ async function run() {
       }
     });
     page.lastResult = { finish_reason: result.finish_reason, error: result.error, n: result.token_ids.length };
+    page.lastIds = result.token_ids;
     renderLive(live, result);
     showStats(result);
     if (result.finish_reason === "cancelled") setStatus("cancelled");

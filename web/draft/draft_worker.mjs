@@ -237,7 +237,10 @@ export class DraftWorkerClient {
   terminate() { this._die("E_TERMINATED", "draft worker terminated"); }
 }
 
-const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
+// Only the draft worker itself (DraftWorkerClient.create sets ?wasm=&model=): a worker that merely
+// imports this module (the orchestrator) must not load a second draft.
+const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope &&
+  new URL(self.location.href).searchParams.has("wasm");
 if (inWorker) {
   const params = new URL(self.location.href).searchParams;
   const post = (msg, transfer) => self.postMessage(msg, transfer);

@@ -1,0 +1,106 @@
+"""The embeddable module: nothing root-absolute in what ships, `npm pack` lists what a site needs,
+and web/examples/embed.html on a second origin generates through the public API with the engine
+served by `exactspec serve --allow-origin` (CORS and CORP only when asked)."""
+import functools
+import http.server
+import json
+import re
+import subprocess
+import threading
+import urllib.request
+
+import pytest
+
+from browser_fixture import REPO_ROOT, chromium_browser, forward_console  # noqa: F401
+from exactspec.server import StaticServer
+
+# quoted URLs that only work when the repository root is the web root
+ROOT_ABSOLUTE = re.compile(r"""["'`](/(?:web|py|node_modules|build|shaders)/)""")
+
+
+def shipped_web_files():
+    """The engine's and page's files (web/ minus the test harnesses and benchmark pages)."""
+    return sorted(p for p in (REPO_ROOT / "web").rglob("*") if p.suffix in (".mjs", ".html", ".js")
+                  and not {"tests", "bench", "build", "models"} & set(p.relative_to(REPO_ROOT / "web").parts[:1]))
+
+
+def root_absolute_urls(paths, root=REPO_ROOT):
+    return [f"{p.relative_to(root)}: {m.group(1)}" for p in paths for m in ROOT_ABSOLUTE.finditer(p.read_text())]
+
+
+def test_no_root_absolute_url_in_what_ships(tmp_path):
+    files = shipped_web_files()
+    assert any(p.name == "exactspec.mjs" for p in files) and any(p.name == "worker.mjs" for p in files)
+    assert root_absolute_urls(files) == []
+    planted = tmp_path / "bad.mjs"                                 # the check can fail
+    planted.write_text('import { x } from "/web/engine.mjs";\nfetch(`/py/exactspec/${f}`);\n')
+    assert root_absolute_urls([planted], tmp_path) == ["bad.mjs: /web/", "bad.mjs: /py/"]
+
+
+def test_npm_pack_lists_what_a_site_needs():
+    out = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {f["path"] for f in json.loads(out.stdout)[0]["files"]}
+    pkg = json.loads((REPO_ROOT / "package.json").read_text())
+    assert pkg["exports"]["."]["default"] == "./web/exactspec.mjs" and pkg["exports"]["."]["types"] == "./web/exactspec.d.ts"
+    py_files = json.loads((REPO_ROOT / "web/orchestrator/py_files.json").read_text())
+    need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
+            "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/champion.wasm", "web/build/draft.wasm",
+            "web/models/manifest.json", "web/models/champion/model.q8.safetensors", "web/models/draft/model.safetensors",
+            "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/protocol.json",
+            *(f"py/exactspec/{f}" for f in py_files), *(f"shaders/{p.name}" for p in (REPO_ROOT / "shaders").glob("*.wgsl"))}
+    assert need - listed == set()
+    assert not [p for p in listed if p.startswith(("web/tests/", "tests/", "node_modules/")) or p == "web/models/champion/model.safetensors"]
+
+
+def test_server_sends_cors_and_corp_only_when_asked():
+    site = "http://127.0.0.1:9"
+    plain, open_ = StaticServer(), StaticServer(allow_origins=[site])
+    try:
+        def headers(server, origin):
+            req = urllib.request.Request(server.url + "/web/exactspec.mjs", headers={"Origin": origin})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.headers
+        h = headers(plain, site)
+        assert h["Cross-Origin-Resource-Policy"] == "same-origin" and "Access-Control-Allow-Origin" not in h
+        h = headers(open_, site)
+        assert h["Access-Control-Allow-Origin"] == site and h["Cross-Origin-Resource-Policy"] == "cross-origin"
+        assert "Access-Control-Allow-Origin" not in headers(open_, "http://127.0.0.1:10")   # another origin: no CORS
+    finally:
+        plain.close()
+        open_.close()
+
+
+@pytest.fixture
+def second_origin():
+    """The embedding site: web/examples/ served by a plain server on another port."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(REPO_ROOT / "web" / "examples"))
+    handler.log_message = lambda *a: None
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{site.server_address[1]}"
+    site.shutdown()
+    site.server_close()
+
+
+def test_embed_example_generates_from_a_second_origin(chromium_browser, second_origin):
+    engine_host = StaticServer(allow_origins=[second_origin])
+    context = chromium_browser.new_context()
+    try:
+        page = context.new_page()
+        log = forward_console(page)
+        page.set_default_timeout(120_000)
+        page.goto(f"{second_origin}/embed.html?engine={engine_host.url}/web/exactspec.mjs")
+        page.wait_for_function("() => window.embedReady === true || !!window.embedError")
+        assert page.evaluate("() => window.embedError || null") is None
+        assert page.evaluate("() => location.origin") != engine_host.url
+        page.click("#go")
+        page.wait_for_function("() => !!window.embedResult")
+        result = page.evaluate("() => window.embedResult")
+        assert result["finish_reason"] == "length" and result["n"] == 24 and result["text"].strip()
+        assert "champion_artifact_hash" in result["receipt_keys"]
+        assert result["text"] == page.text_content("#output")
+        assert not [m for m in log if m[0] in ("error", "pageerror")], log
+    finally:
+        context.close()
+        engine_host.close()
