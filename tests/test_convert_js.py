@@ -1,0 +1,82 @@
+"""web/convert/q8_artifact.mjs (the page's streaming converter) writes exactly the bytes of
+`exactspec convert` (py/exactspec/convert.py): bf16 shards with an index and f16 single files,
+embedding as float32 or q8. Runs the module in node over file-backed Blobs (fs.openAsBlob),
+the same Blob.slice reads the worker makes on picked File objects."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from exactspec.convert import convert
+from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAMPION = os.path.join(ROOT, "web", "models", "champion")
+SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+NODE_RUN = r"""
+import { openAsBlob } from "node:fs";
+import { writeFileSync, readdirSync } from "node:fs";
+import { writeQ8Artifact } from "%(module)s";
+const [dir, out, q8Embedding] = process.argv.slice(1);
+const files = {};
+for (const name of readdirSync(dir)) files[name] = await openAsBlob(`${dir}/${name}`);
+const chunks = [];
+let last = null;
+const res = await writeQ8Artifact(files, { q8Embedding: q8Embedding === "1", onChunk: (c) => chunks.push(Buffer.from(c)),
+                                           onProgress: (p) => { last = p; } });
+writeFileSync(out, Buffer.concat(chunks));
+console.log(JSON.stringify({ ...res, last }));
+"""
+
+
+def _to_half(values: np.ndarray, dtype: str) -> bytes:
+    if dtype == "F16":
+        return values.astype("<f2").tobytes()
+    bits = values.astype("<f4").view("<u4")
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()   # round to nearest even
+
+
+def _folder(tmp, dtype: str, shards: int) -> str:
+    """The shipped champion's weights in dtype, in `shards` files (an index when more than one)."""
+    d = str(tmp / f"{dtype}_{shards}")
+    os.makedirs(d)
+    for name in SMALL_FILES:
+        shutil.copy(os.path.join(CHAMPION, name), d)
+    tensors = {k: to_numpy(t) for k, t in load_safetensors(os.path.join(CHAMPION, "model.safetensors")).items()}
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        file = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(os.path.join(d, file), {n: (dtype, tensors[n].shape, _to_half(tensors[n], dtype)) for n in part},
+                          {"format": "pt", "shard": str(s)} if shards > 1 else {"format": "pt"})
+        weight_map.update({n: file for n in part})
+    if shards > 1:
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return d
+
+
+@pytest.mark.parametrize("dtype,shards,q8_embedding", [("BF16", 2, False), ("F16", 1, True)])
+def test_js_converter_gives_the_bytes_of_exactspec_convert(tmp_path, dtype, shards, q8_embedding):
+    src = _folder(tmp_path, dtype, shards)
+    convert(src, str(tmp_path / "py_out"), q8_embedding=q8_embedding)
+    with open(tmp_path / "py_out" / "model.q8.safetensors", "rb") as f:
+        want = f.read()
+    out = str(tmp_path / "js.safetensors")
+    module = "file://" + os.path.join(ROOT, "web", "convert", "q8_artifact.mjs")
+    r = subprocess.run(["node", "--input-type=module", "-e", NODE_RUN % {"module": module}, src, out,
+                        "1" if q8_embedding else "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    with open(out, "rb") as f:
+        got = f.read()
+    assert len(got) == len(want) == report["bytes"]
+    assert got == want
+    assert report["last"]["tensors_done"] == report["last"]["tensors"]
+    assert report["peak_block_bytes"] <= 3 * 4 * (1 << 20)         # one block of rows, never a tensor
