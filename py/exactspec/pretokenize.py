@@ -228,8 +228,15 @@ def _class_ranges(kind: str) -> str:
     if not _RANGES:
         spans: dict[str, list] = {SPACE: [], LETTER: [], NUMBER: []}
         prev_kind, start = None, 0
+        # planes 4..16 hold no letter, number or space (unassigned, tags, private use): only
+        # the first four planes are scanned (a quarter of the work; the tests check them all)
         for cp in range(0x110000):
-            k = OTHER if 0xD800 <= cp <= 0xDFFF else _class_of(chr(cp))
+            if cp >= 0x40000:
+                k = OTHER
+                if prev_kind == OTHER:
+                    break
+            else:
+                k = OTHER if 0xD800 <= cp <= 0xDFFF else _class_of(chr(cp))
             if k != prev_kind:
                 if prev_kind in spans:
                     spans[prev_kind].append((start, cp - 1))
