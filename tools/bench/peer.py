@@ -3,7 +3,10 @@ export of the champion, and our engine with each champion backend in every mode,
 prompts, in one headless Chromium page, interleaved over rounds so machine noise hits all alike.
 
     python tools/bench/peer.py [--rounds 3] [--prompts 3] [--max-new-tokens 40] [--k 4]
-                               [--backends webgpu,wasm] [--no-doc]
+                               [--backends webgpu,wasm] [--modes none,draft,lookup] [--no-doc]
+
+Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
+adaptive scheduler, k <= 8 chosen per round).
 
 The GGUF is exported from model.q8.safetensors dequantised (export_gguf --weights q8): the function
 our browser champion computes, so greedy tokens can be compared one for one. Prints a table,
@@ -34,6 +37,20 @@ BENCH_CSP = static_server.CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "
 PROMPTS = ["In the beginning God created", "To be, or not to be,", "And the LORD said unto Moses,",
            "What light through yonder window breaks?", "Blessed are the poor in spirit:"]
 MODES = ("none", "draft", "lookup")
+ADAPTIVE_K_MAX = 8
+
+
+def mode_config(mode: str, k: int) -> dict:
+    """'draft', 'draft@3', 'draft-adaptive', 'none', ... -> the engine config fields it sets."""
+    name, _, at = mode.partition("@")
+    adaptive = name.endswith("-adaptive")
+    name = name.removesuffix("-adaptive")
+    if name not in MODES:
+        raise SystemExit(f"peer.py: unknown mode {mode!r}")
+    cfg = {"speculate": name, "k": int(at) if at else (ADAPTIVE_K_MAX if adaptive else k)}
+    if adaptive:
+        cfg["scheduler"] = "adaptive"
+    return cfg
 MODELS = {"champion": "/web/models/champion/", "draft": "/web/models/draft/"}
 GGUF_PATH = os.path.join("build", "gguf", "champion.q8src.f32.gguf")
 DOC_PATH = os.path.join("docs", "performance.md")
@@ -166,9 +183,11 @@ def run(args) -> dict:
             out.setdefault("ready", {})[backend] = {k: r["ready"].get(k) for k in ("timing_ms", "champion_backend")}
         print("load ms:", json.dumps({k: round(v) for k, v in out["load_ms"].items()}), flush=True)
 
+        modes = args.modes.split(",")
+
         def ours_request(backend, mode, temperature, prompt, seed):
-            cfg = {"max_new_tokens": args.max_new_tokens, "temperature": temperature, "speculate": mode,
-                   "k": args.k, "seed": seed}
+            cfg = {"max_new_tokens": args.max_new_tokens, "temperature": temperature, "seed": seed,
+                   **mode_config(mode, args.k)}
             r = call("engineGenerate", f"ours-{backend}", {"prompt": prompt, "config": cfg})
             if "refused" in r:
                 raise RuntimeError(f"ours-{backend} {mode}: {r['refused']['code']}: {r['refused']['message']}")
@@ -179,7 +198,7 @@ def run(args) -> dict:
             w = call("wllamaGenerate", prompt, {"maxTokens": args.max_new_tokens, "temperature": 0, "withIds": True})
             entry = {"prompt": prompt, "wllama": w["token_ids"], "ours": {}}
             for backend in ours:
-                for mode in MODES:
+                for mode in modes:
                     ids = ours_request(backend, mode, 0, prompt, 0)["result"]["token_ids"]
                     entry["ours"][f"{backend}:{mode}"] = {"token_ids": ids, "first_divergence": first_divergence(ids, w["token_ids"])}
             out["agreement"].append(entry)
@@ -200,7 +219,7 @@ def run(args) -> dict:
                                            "tokens_per_round": 1.0, "llama_timings": w["timings"],
                                            "own_ms_per_token": (w["timings"] or {}).get("predicted_per_token_ms")})
                     for backend in ours:
-                        for mode in MODES:
+                        for mode in modes:
                             r = ours_request(backend, mode, temperature, prompt, seed)
                             res = r["result"]
                             n = len(res["token_ids"])
@@ -252,7 +271,7 @@ def doc_section(out: dict) -> str:
              f"{m['chromium']}, load average (1/5/15 min) {' / '.join(map(str, m['load_1_5_15']))} before and "
              f"{' / '.join(map(str, m['load_after']))} after; llama.cpp `{out.get('libllama')}` (wllama 3.13.0). "
              f"`python tools/bench/peer.py --rounds {out['args']['rounds']} --prompts {out['args']['prompts']} "
-             f"--max-new-tokens {out['args']['max_new_tokens']} --k {out['args']['k']}`: medians over "
+             f"--max-new-tokens {out['args']['max_new_tokens']} --k {out['args']['k']} --modes {out['args']['modes']}`: medians over "
              f"{len(out['prompts'])} prompts x {out['args']['rounds']} rounds.", "", markdown_table(out["rows"]), ""]
     agree = [(e["prompt"], k, v["first_divergence"]) for e in out["agreement"] for k, v in e["ours"].items()]
     same = sum(d is None for _, _, d in agree)
@@ -276,6 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--backends", default="webgpu,wasm")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--modes", default="none,draft,lookup", help="none|draft|lookup[@K] or NAME-adaptive, comma-separated")
     ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/performance.md")
     args = ap.parse_args(argv)
     out = run(args)

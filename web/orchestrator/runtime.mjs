@@ -62,11 +62,11 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
   async function boot(assets) {
     if (py) return { pyodide: 0, install: 0 };
-    const { pyodide, timing_ms } = await bootPython({ ...defaultAssets(), ...assets });
+    const { pyodide, timing_ms, snapshot } = await bootPython({ ...defaultAssets(), ...assets });
     const backend = pyodide.pyimport("exactspec.browser_backend");
     const sys = pyodide.pyimport("sys");
     const vi = sys.version_info;
-    py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}` };
+    py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}`, snapshot };
     vi.destroy();
     sys.destroy();
     return timing_ms;
@@ -112,7 +112,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       throw err;
     }
     return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
-      info: { ...built.info, manifest: checked.summary } };
+      info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot } };
   }
 
   return {
