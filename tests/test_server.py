@@ -257,3 +257,10 @@ def test_connections_beyond_the_bound_get_503_and_no_thread():
             pytest.fail("slots never came back")
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("origin", ["127.0.0.1:9000", "http://127.0.0.1:9000/", "http://x/path", "HTTP://X", "*", ""])
+def test_allow_origin_must_be_an_origin(origin):
+    with pytest.raises(ExactSpecError) as e:
+        StaticServer(allow_origins=[origin])
+    assert e.value.code == E_BAD_ARGUMENT and "--allow-origin" in e.value.message
