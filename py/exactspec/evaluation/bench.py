@@ -35,9 +35,8 @@ def cmd_bench(args) -> int:
             doc = f.read()
         plots_dir = os.path.join(REPO_ROOT, "docs", "evaluation", args.run)
         os.makedirs(plots_dir, exist_ok=True)
-        for png, svg in res.get("plots", {}).values():
-            for src in (png, svg):
-                shutil.copyfile(src, os.path.join(plots_dir, os.path.basename(src)))
+        for png, _svg in res.get("plots", {}).values():   # the SVGs stay in build/eval/<run>/plots
+            shutil.copyfile(png, os.path.join(plots_dir, os.path.basename(png)))
         section = report_markdown(res, plots_rel=f"evaluation/{args.run}").replace("# Evaluation run", "## Latest run", 1)
         with open(path, "w") as f:
             f.write(with_section(doc, section))
