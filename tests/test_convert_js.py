@@ -11,6 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 
 from exactspec.convert import convert
 from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
@@ -80,3 +81,40 @@ def test_js_converter_gives_the_bytes_of_exactspec_convert(tmp_path, dtype, shar
     assert got == want
     assert report["last"]["tensors_done"] == report["last"]["tensors"]
     assert report["peak_block_bytes"] <= 3 * 4 * (1 << 20)         # one block of rows, never a tensor
+
+
+def test_page_worker_converts_picked_files_to_the_same_bytes(tmp_path, browser_page, http_server):
+    # Files as the page gets them from a folder picker (File objects), converted in the module
+    # worker with progress messages; the blob's sha256 equals exactspec convert's file.
+    served = os.path.join(ROOT, "build", "test_models", f"convert_js_{os.getpid()}")
+    shutil.rmtree(served, ignore_errors=True)
+    os.makedirs(os.path.dirname(served), exist_ok=True)
+    shutil.copytree(_folder(tmp_path, "BF16", 2), served)
+    try:
+        convert(served, str(tmp_path / "py_out"))
+        import hashlib
+        with open(tmp_path / "py_out" / "model.q8.safetensors", "rb") as f:
+            want = f.read()
+        names = sorted(os.listdir(served))
+        base = f"/build/test_models/{os.path.basename(served)}/"
+        page = browser_page
+        page.goto(http_server.url + "/web/tests/pyodide_harness.html")
+        res = page.evaluate("""async ([base, names]) => {
+          const files = {};
+          for (const n of names) files[n] = new File([await (await fetch(base + n)).blob()], n);
+          const worker = new Worker("/web/convert/convert_worker.mjs", { type: "module" });
+          const progress = [];
+          return await new Promise((resolve) => {
+            worker.onmessage = (ev) => {
+              if (ev.data.type === "progress") { progress.push(ev.data.tensors_done); return; }
+              worker.terminate();
+              resolve({ ...ev.data, blob: undefined, blobSize: ev.data.blob?.size, progress });
+            };
+            worker.postMessage({ files });
+          });
+        }""", [base, names])
+        assert res["type"] == "done", res
+        assert res["sha256"] == hashlib.sha256(want).hexdigest() and res["blobSize"] == len(want)
+        assert res["progress"] == list(range(1, len(res["progress"]) + 1)) and len(res["progress"]) > 10
+    finally:
+        shutil.rmtree(served, ignore_errors=True)
