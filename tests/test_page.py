@@ -3,6 +3,7 @@ progress, an answer in each mode with every token marked by its source, Stop ("c
 kept), the receipt download (no text, no token ids), a local model folder, and an incompatible
 pair refused naming the field. Screenshots go to build/screenshots/ (ignored) for review."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -123,6 +124,20 @@ def test_local_folder_champion_alone(app, tmp_path):
     assert app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")
     status, result, spans = answer(app, "none", max_tokens=12)
     assert status == "done" and result["n"] == 12 and {s for s, _ in spans} == {"baseline"}
+
+
+def test_hugging_face_champion_folder_converted_in_the_page(app, tmp_path):
+    folder = tmp_path / "hf_champion"                              # a checkpoint, no q8 artifact
+    shutil.copytree(MODELS / "champion", folder, ignore=shutil.ignore_patterns("model.q8.safetensors"))
+    app.set_input_files("#champion_folder", str(folder))
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_models")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
+    rows = app.inner_text("#progress")
+    assert re.search(r"model\.q8\.safetensors \(converting here\)\n(\d+\.\d) of \1 MB", rows), rows   # its bytes, all done
+    status, result, spans = answer(app, "none", max_tokens=12)
+    assert status == "done" and result["n"] == 12
 
 
 def test_incompatible_pair_refused_naming_the_field(app, tmp_path):

@@ -36,7 +36,7 @@ export function engineAssets(baseUrl = new URL("./", import.meta.url).href, over
 
 /** A module worker for `url`; from another origin (an embedding page), through a same-origin blob
  *  that imports it (a worker script itself must be same-origin; its imports may be CORS). */
-function startModuleWorker(url) {
+export function startModuleWorker(url) {
   const here = globalThis.location?.origin;
   if (!here || new URL(url).origin === here) return new Worker(url, { type: "module" });
   const shim = URL.createObjectURL(new Blob([`import ${JSON.stringify(url)};\n`], { type: "text/javascript" }));

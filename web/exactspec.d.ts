@@ -11,7 +11,7 @@ export type ModelSource = string | FileList | File[] | null;
 export type LoadProgress =
   | { stage: "prepare"; what: string; done: boolean }
   | { stage: "python" | "check" | "models" }
-  | { stage: "fetch"; url: string; name: string; loaded: number; total: number; done: boolean };
+  | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean };
 
 export interface EngineOptions {
   champion?: ModelSource;               // default: the shipped champion (models/champion/ under baseUrl)
@@ -92,7 +92,11 @@ export interface ExactSpecEngine {
 }
 
 export function createEngine(options?: EngineOptions): Promise<ExactSpecEngine>;
-export function folderFiles(role: "champion" | "draft", files: FileList | File[]): Record<string, File>;
+export function folderFiles(role: "champion" | "draft", files: FileList | File[], converted?: Blob | null): Record<string, File | Blob>;
+/** A champion folder holding a Hugging Face checkpoint but no model.q8.safetensors. */
+export function needsConversion(role: "champion" | "draft", files: FileList | File[]): boolean;
+/** Convert such a folder to model.q8.safetensors in a worker (as `exactspec convert` does). */
+export function convertChampion(files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
 export function requestPayload(prompt: string | number[], options?: GenerateOptions): object;
 export function codedError(code: ErrorCode, message: string): CodedError;
 export const GENERATION_OPTIONS: string[];

@@ -6,7 +6,7 @@
 //                                        (ev) => ev.kind === "tokens" && show(ev.payload));
 //   engine.cancel();  await engine.terminate();
 // Types: exactspec.d.ts. Full reference: docs/browser.md ("The embeddable module").
-import { Engine, engineAssets } from "./engine.mjs";
+import { Engine, engineAssets, startModuleWorker } from "./engine.mjs";
 import { codedError } from "./protocol.mjs";
 import { localModelUrl } from "./fetch_progress.mjs";
 
@@ -22,20 +22,59 @@ export const FOLDER_FILES = {
   draft: ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"],
 };
 
-/** A picked folder (the FileList of <input type=file webkitdirectory>, or an array of File) as
- *  {"role/name": File} for the top-level files `role` needs; throws E_MODEL_LOAD naming a missing
- *  one. Nothing is read or uploaded here: the engine's worker reads the files at load. */
-export function folderFiles(role, fileList) {
+/** The top-level files of a picked folder (FileList of <input webkitdirectory>, or File[]) by name. */
+function filesByName(fileList) {
   const byName = new Map();
   for (const f of Array.from(fileList ?? [])) {
     const rel = (f.webkitRelativePath || f.name).split("/");
     const name = rel.length > 1 ? rel.slice(1).join("/") : rel[0];   // drop the folder's own name
     if (!name.includes("/")) byName.set(name, f);
   }
+  return byName;
+}
+
+/** A champion folder without model.q8.safetensors but with a Hugging Face checkpoint
+ *  (model.safetensors or sharded with model.safetensors.index.json): it can be converted here. */
+export function needsConversion(role, fileList) {
+  const byName = filesByName(fileList);
+  return role === "champion" && !byName.has("model.q8.safetensors") &&
+    (byName.has("model.safetensors") || byName.has("model.safetensors.index.json"));
+}
+
+/** Convert a Hugging Face champion folder to model.q8.safetensors in a worker
+ *  (web/convert/convert_worker.mjs, byte-identical to `exactspec convert`); -> Blob. */
+export function convertChampion(fileList, { onProgress = null, workerUrl } = {}) {
+  const files = Object.fromEntries(filesByName(fileList));
+  const worker = startModuleWorker(workerUrl ?? new URL("./convert/convert_worker.mjs", import.meta.url).href);
+  return new Promise((resolve, reject) => {
+    worker.onmessage = ({ data }) => {
+      if (data.type === "progress") {
+        onProgress?.({ stage: "convert", url: "convert:champion", name: "champion/model.q8.safetensors (converting here)",
+          loaded: data.bytes_done, total: data.bytes_total, done: false });
+        return;
+      }
+      worker.terminate();
+      if (data.type === "done") {
+        onProgress?.({ stage: "convert", url: "convert:champion", name: "champion/model.q8.safetensors (converting here)",
+          loaded: data.bytes, total: data.bytes, done: true });
+        resolve(data.blob);
+      } else reject(codedError(data.code ?? "E_MODEL_LOAD", `champion folder conversion: ${data.message}`));
+    };
+    worker.onerror = (ev) => { worker.terminate(); reject(codedError("E_MODEL_LOAD", `the converter failed: ${ev.message || "error"}`)); };
+    worker.postMessage({ files });
+  });
+}
+
+/** A picked folder as {"role/name": File} for the top-level files `role` needs; throws
+ *  E_MODEL_LOAD naming a missing one. Nothing is read or uploaded here: the engine's worker reads
+ *  the files at load. `converted`: the champion's q8 artifact made by convertChampion. */
+export function folderFiles(role, fileList, converted = null) {
+  const byName = filesByName(fileList);
+  if (converted) byName.set("model.q8.safetensors", converted);
   const missing = FOLDER_FILES[role].filter((n) => !byName.has(n));
   if (missing.length) {
     const more = role === "champion" && missing.includes("model.q8.safetensors")
-      ? " (a champion folder must hold the q8 artifact that `exactspec convert` writes)" : "";
+      ? " (a champion folder must hold the q8 artifact that `exactspec convert` writes, or a Hugging Face model.safetensors to convert)" : "";
     throw codedError("E_MODEL_LOAD", `${role} folder lacks ${missing.join(", ")}${more}`);
   }
   const out = {};
@@ -44,13 +83,16 @@ export function folderFiles(role, fileList) {
 }
 
 /** models for Engine.load from {champion, draft} where each is a URL string or a picked folder
- *  (FileList / File[]); folders become virtual URLs answered from the files in the worker. */
-export function resolveModels({ champion, draft, manifest }, defaults) {
+ *  (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
+ *  champion folder with only a Hugging Face checkpoint is converted to q8 here first. */
+export async function resolveModels({ champion, draft, manifest }, defaults, onProgress = null) {
+  const converted = champion && typeof champion !== "string" && needsConversion("champion", champion)
+    ? await convertChampion(champion, { onProgress }) : null;
   const models = {}, files = {};
   for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
     if (value === null || value === undefined || value === "") continue;
     if (typeof value === "string") { models[role] = value; continue; }
-    Object.assign(files, folderFiles(role, value));
+    Object.assign(files, folderFiles(role, value, role === "champion" ? converted : null));
     models[role] = localModelUrl(role);
   }
   if (Object.keys(files).length) {
@@ -92,8 +134,8 @@ class ExactSpecEngine {
   memory() { return this.engine.memory(); }
 
   /** Load another pair in place (same options as createEngine's models and onProgress). */
-  load(models, options = {}) {
-    return this.engine.load(resolveModels(models, this.defaults), options);
+  async load(models, options = {}) {
+    return this.engine.load(await resolveModels(models, this.defaults, options.onProgress), options);
   }
 
   /** Free everything; later calls are refused E_TERMINATED. */
@@ -108,7 +150,7 @@ export async function createEngine(options = {}) {
     draftPlacement = "auto", whenBusy = "queue", timeoutMs } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
-  const models = resolveModels({ champion, draft, manifest }, defaults);
+  const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress);
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, draftPlacement, whenBusy,
     onProgress, ...(timeoutMs ? { timeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);

@@ -10,7 +10,7 @@ const STAGES = {
 
 /** rows: Map key -> {label, loaded, total, done}. Returns the same map. */
 export function applyProgress(rows, p) {
-  if (p.stage === "fetch") {
+  if (p.stage === "fetch" || p.stage === "convert") {   // bytes fetched, or converted in the page
     const key = `fetch:${p.url}`;
     rows.set(key, { label: p.name, loaded: p.loaded, total: p.total, done: p.done, bytes: true });
     return rows;
