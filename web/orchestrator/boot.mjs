@@ -1,7 +1,6 @@
 // Boot Pyodide offline from the engine's own origin and install the exactspec Python sources
 // into it. Every URL comes from `assets` (resolved by the page from the engine module's URL or
 // its baseUrl option): nothing here is root-absolute, so the engine runs from any path or origin.
-import { installWheels } from "./wheels.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { FORGET, IMPORTS, PY_HOME, sourcesKey } from "./py_sources.mjs";
 import { installWheels } from "./wheels.mjs";
@@ -60,7 +59,6 @@ export async function bootPython(assets = defaultAssets()) {
   }
   pyodide ??= await loadPyodide({ indexURL: assets.pyodide });
   const t1 = performance.now();
-  await installWheels(pyodide, assets.wheels);   // jinja2 for chat templates (build/wheels/)
   await installWheels(pyodide, assets.wheels);   // jinja2 for chat templates (build/wheels/)
   const files = await fetchOk(assets.pyFiles, "json");
   pyodide.FS.mkdirTree(`${PY_HOME}/exactspec`);
