@@ -481,19 +481,34 @@ static void attend_head(float *out, const float *qh, const float *k_layer, const
 
 /* HF default RoPE tables (T_max, hd/2): inv_freq[i] = theta^(-2i/hd); angle = pos * inv_freq[i]
  * in float64, stored as float32 */
+/* column i of the (max_context, half) RoPE tables: cos and sin of pos * inv_freq, in float64 */
+static void rope_column(float *rope_cos, float *rope_sin, int max_context, int half, int i, double inv_freq) {
+    for (int pos = 0; pos < max_context; pos++) {
+        double sn, cs;
+        sincos_f64((double)pos * inv_freq, &sn, &cs);
+        rope_cos[pos * half + i] = (float)cs;
+        rope_sin[pos * half + i] = (float)sn;
+    }
+}
+
 static void build_rope_tables(float *rope_cos, float *rope_sin, int max_context, int head_dim,
                               double rope_theta) {
     int half = head_dim / 2;
     double log_theta = plog(rope_theta);
-    for (int i = 0; i < half; i++) {
-        double inv_freq = exp_f64(-((double)(2 * i) / (double)head_dim) * log_theta);
-        for (int pos = 0; pos < max_context; pos++) {
-            double sn, cs;
-            sincos_f64((double)pos * inv_freq, &sn, &cs);
-            rope_cos[pos * half + i] = (float)cs;
-            rope_sin[pos * half + i] = (float)sn;
-        }
-    }
+    for (int i = 0; i < half; i++)
+        rope_column(rope_cos, rope_sin, max_context, half, i,
+                    exp_f64(-((double)(2 * i) / (double)head_dim) * log_theta));
+}
+
+/* the tables from explicit inverse frequencies (scaled RoPE: linear, llama3), computed by JS as
+ * exactspec.config.rope_inv_freq does; ERR_MODEL if one is not positive */
+static int rope_tables_from_inv_freq(float *rope_cos, float *rope_sin, int max_context, int head_dim,
+                                     const double *inv_freq) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++)
+        if (!(inv_freq[i] > 0)) return ERR_MODEL;
+    for (int i = 0; i < half; i++) rope_column(rope_cos, rope_sin, max_context, half, i, inv_freq[i]);
+    return OK;
 }
 
 /* ============================================================================================

@@ -295,17 +295,7 @@ EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float
  * exactspec.config.rope_inv_freq does); by default the tables come from rope_theta */
 EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
     if (built || !st.rope_cos) return ERR_MODEL;
-    int half = cfg.head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        if (!(inv_freq[i] > 0)) return ERR_MODEL;
-        for (int pos = 0; pos < cfg.max_context; pos++) {
-            double sn, cs;
-            sincos_f64((double)pos * inv_freq[i], &sn, &cs);
-            st.rope_cos[pos * half + i] = (float)cs;
-            st.rope_sin[pos * half + i] = (float)sn;
-        }
-    }
-    return OK;
+    return rope_tables_from_inv_freq(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, inv_freq);
 }
 
 /* every tensor present? (the LM head defaults to the embedding: tied) */
