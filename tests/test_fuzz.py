@@ -164,8 +164,13 @@ def test_fuzz_config_fields(replaced, removed):
     assert c.num_attention_heads % c.num_key_value_heads == 0 and c.head_dim % 2 == 0
     assert math.isfinite(c.rms_norm_eps) and 0 < c.rms_norm_eps < 1 and math.isfinite(c.rope_theta)
     assert type(c.tie_word_embeddings) is bool
-    # the same config through its JSON bytes gives the same answer (when json can write it)
-    raw = json.dumps(cfg, allow_nan=True).encode()
+    # the same config through its JSON bytes gives the same answer, when JSON can carry it (a
+    # non-finite number in a field the validator ignores has no JSON form: the loader refuses
+    # Infinity/NaN literals, so no config.json can hold one)
+    try:
+        raw = json.dumps(cfg, allow_nan=False).encode()
+    except ValueError:
+        return
     assert coded_or_value(lambda: validate_config(load_json_bounded(raw))) == c
 
 

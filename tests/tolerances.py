@@ -38,9 +38,6 @@ TOLERANCES = {
     "widened_logprobs": Tol(2e-5, 0.0, measured=1.35e-6),      # log-softmax, champion 384-wide
     # --- Hugging Face folders: float64 reference vs transformers float32 (test_hf_models.py) ------
     # mid-size synthetic shapes, bf16 on disk, initializer_range 0.2 (logits to ~9), 96 positions
-    "hf_reference_vs_transformers_f32": Tol(5e-4, 0.0, measured=6.5e-5),
-    # --- Hugging Face folders: float64 reference vs transformers float32 (test_hf_models.py) ------
-    # mid-size synthetic shapes, bf16 on disk, initializer_range 0.2 (logits to ~9), 96 positions
     "hf_reference_vs_transformers_f32": Tol(5e-4, 0.0, measured=3.9e-5),
     # --- processors / acceptance on WebGPU vs processors.py / acceptance.py (test_gpu_accept.py) --
     "processed_probs": Tol(1.5e-5, 0.0, measured=1.09e-6),
