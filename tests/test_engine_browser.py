@@ -77,6 +77,41 @@ def test_the_intact_copy_loads_with_its_manifest_and_answers_like_the_shipped_pa
     assert alone["error"] is None and answer(rt, "draft")["result"]["token_ids"] == alone["token_ids"]
 
 
+LATE = {"championBackend": "wasm", "draftInBackground": True, "faults": True, "draftDelayMs": 2500}
+LATE_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
+
+
+def test_the_champion_answers_before_the_draft_arrives_then_speculation_switches_on(pair):
+    """draftInBackground: ready with the champion alone (info.draft_loading); speculate="draft" is
+    refused E_DRAFT_LOST until the draft has loaded (held back 2.5 s here), then it runs and
+    gives the champion's greedy answer."""
+    rt, _ = pair
+    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [WITH_MANIFEST, LATE])["ready"]
+    assert ready["info"]["draft_loading"] is True and ready["info"]["draft"] is None
+    alone = answer(rt, "none")["result"]
+    refused = answer(rt, "draft")["refused"]
+    assert refused["code"] == "E_DRAFT_LOST" and "still loading" in refused["message"]
+    rt.page.wait_for_function(LATE_DONE, timeout=60000)
+    info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+    assert info["draft"]["placement"] == "inline" and info["draft_error"] is None
+    spec = answer(rt, "draft")["result"]
+    assert spec["error"] is None and spec["token_ids"] == alone["token_ids"] and spec["stats"]["rounds"] > 0
+
+
+def test_a_late_draft_that_fails_the_pair_check_is_refused_naming_the_field(pair):
+    rt, root = pair
+    with Damage(root / "draft" / "generation_config.json", edit_json(lambda g: g.update(eos_token_id=[7]))):
+        ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [{**MOUNTED, "manifest": None}, LATE])["ready"]
+        assert ready["info"]["draft_loading"] is True
+        rt.page.wait_for_function(LATE_DONE, timeout=60000)
+        info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+        assert info["draft"] is None and info["draft_error"]["code"] == "E_MANIFEST_MISMATCH"
+        assert "stop_token_ids" in info["draft_error"]["message"]
+        refused = answer(rt, "draft")["refused"]   # before output, saying why there is no draft
+        assert refused["code"] == "E_DRAFT_LOST" and "stop_token_ids" in refused["message"], refused
+        assert answer(rt, "none")["result"]["error"] is None
+
+
 def test_a_draft_tokenizer_with_one_merge_removed_is_refused(pair):
     rt, root = pair
     drop = edit_json(lambda t: t["model"]["merges"].pop())

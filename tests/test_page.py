@@ -37,6 +37,8 @@ def wait_stage(page, stage):
 
 
 def answer(page, mode, max_tokens=24):
+    if mode == "draft":            # the page is usable before the draft arrives; speculation waits for it
+        page.wait_for_function("() => window.appDraftReady === true")
     page.select_option("#speculate", mode)
     page.fill("#max_new_tokens", str(max_tokens))
     page.click("#go")
@@ -48,13 +50,14 @@ def answer(page, mode, max_tokens=24):
 def test_load_shows_progress(app):
     app.wait_for_function("() => document.querySelector('#progress li.active')")   # a step in progress, shown
     app.screenshot(path=str(SHOTS / "page-loading.png"))
-    app.wait_for_function("() => window.appReady === true")
+    app.wait_for_function("() => window.appReady === true")          # usable: the champion is in
+    app.wait_for_function("() => window.appDraftReady === true")     # the draft arrived behind it
     rows = app.inner_text("#progress")
     assert "Starting Python (Pyodide)" in rows and "Checking the model files" in rows
     assert "champion/model.q8.safetensors" in rows and "9.0 of 9.0 MB" in rows, rows   # bytes counted
     assert "draft/model.safetensors" in rows and "pyodide/pyodide.asm.wasm" in rows, rows
     assert app.eval_on_selector_all("#progress li", "els => els.every(e => e.className === 'done')")
-    assert "models loaded" in app.text_content("#status")
+    assert "draft ready" in app.text_content("#status")
 
 
 def test_each_mode_streams_marked_tokens(app):
@@ -150,9 +153,11 @@ def test_incompatible_pair_refused_naming_the_field(app, tmp_path):
     app.set_input_files("#champion_folder", str(champion))
     app.set_input_files("#draft_folder", str(draft))
     app.click("#load_models")
-    wait_stage(app, "failed")
+    wait_stage(app, "ready")                                        # the champion alone is usable at once
+    app.wait_for_function("() => window.appDraftReady === true")   # the draft, once in, fails the pair check
     status = app.text_content("#status")
     assert "E_MANIFEST_MISMATCH" in status and "field 'stop_token_ids' differs" in status, status
+    assert app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")
     app.screenshot(path=str(SHOTS / "page-refused-pair.png"), full_page=True)
     app.click("#load_shipped")                                      # the shipped pair again: usable
     wait_stage(app, "ready")

@@ -45,17 +45,25 @@ function setModes(info) {
   const draftOk = !!info.draft && !info.draft_error;
   const opt = [...$("speculate").options].find((o) => o.value === "draft");
   opt.disabled = !draftOk;
-  opt.textContent = draftOk ? "speculative (draft model)" : "speculative (draft model) — no draft loaded";
+  opt.textContent = draftOk ? "speculative (draft model)"
+    : info.draft_loading ? "speculative (draft model) — the draft is loading…" : "speculative (draft model) — no draft loaded";
   if (!draftOk && $("speculate").value === "draft") $("speculate").value = "lookup";
 }
 
 async function loadModels() {
   page.stage = "loading";
+  window.appDraftReady = false;   // true once this load's draft has arrived (or failed): draftArrived
   $("go").disabled = true;
   $("go").textContent = "Loading models…";
   const rows = new Map();
-  const onProgress = (p) => { applyProgress(rows, p); renderProgress(rows); };
-  const options = { championBackend: $("champion_backend").value, onProgress };
+  // the page is usable once the champion is ready; the draft loads behind it and switches
+  // speculation on when it arrives ("draft_ready")
+  const onProgress = (p) => {
+    if (p.stage === "draft_ready") return draftArrived(p);
+    applyProgress(rows, p);
+    renderProgress(rows);
+  };
+  const options = { championBackend: $("champion_backend").value, onProgress, draftInBackground: true };
   const t0 = performance.now();
   setStatus("loading…");
   try {
@@ -78,7 +86,8 @@ async function loadModels() {
   page.loadTiming = timing_ms;
   const champ = info.champion;
   const draftNote = info.draft_error ? ` — the draft could not load (${info.draft_error.code}: ${info.draft_error.message}); champion alone and prompt lookup work`
-    : info.draft ? ` — draft ${info.draft.placement}, speculation on` : " — no draft: champion alone and prompt lookup";
+    : info.draft ? ` — draft ${info.draft.placement}, speculation on`
+    : info.draft_loading ? " — the draft is loading; champion alone and prompt lookup work now" : " — no draft: champion alone and prompt lookup";
   setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})${draftNote}`,
     !!info.draft_error);
   setModes(info);
@@ -87,6 +96,15 @@ async function loadModels() {
   page.stage = "ready";
   page.loads++;
   window.appReady = true;
+}
+
+function draftArrived(p) {
+  if (!page.engine?.engine?.ready) return;
+  const info = page.engine.engine.ready.info;
+  setModes(info);
+  setStatus(p.draft_error ? `the draft could not load (${p.draft_error.code}: ${p.draft_error.message}); champion alone and prompt lookup work`
+    : `draft ready (${info.draft.placement}, ${(p.draft_load_ms / 1000).toFixed(1)} s): speculation on`, !!p.draft_error);
+  window.appDraftReady = true;
 }
 
 function pickFolders() {

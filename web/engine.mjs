@@ -88,16 +88,22 @@ export class Engine {
    *  {champion, draft?, manifest?, files?} (URLs relative to the page; `files` maps
    *  "role/name" -> File for local folders, web/exactspec.mjs builds it). onProgress(p) sees the
    *  worker's load progress: {stage: "prepare"|"python"|"check"|"models"} and
-   *  {stage: "fetch", url, name, loaded, total, done} per artifact. */
+   *  {stage: "fetch", url, name, loaded, total, done} per artifact.
+   *  draftInBackground: ready as soon as the champion is (ready.info.draft_loading true; until
+   *  then speculate "draft" is refused with E_DRAFT_LOST); when the draft has loaded (or failed)
+   *  onProgress sees {stage: "draft_ready", draft, draft_error} and ready.info is updated.
+   *  draftDelayMs (tests, with faults) holds the draft back. */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
-    draftPlacement = "auto", onProgress = null } = {}) {
+    draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0 } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
     if (!this.worker) this._startWorker();
     const { worker, ...assets } = this.assets;
+    this._onDraftReady = onProgress;
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
-      champion_backend: championBackend, threads, draft_placement: draftPlacement, assets } }, timeoutMs, onProgress);
+      champion_backend: championBackend, threads, draft_placement: draftPlacement, assets,
+      draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs } }, timeoutMs, onProgress);
     return this.ready;
   }
 
@@ -116,6 +122,7 @@ export class Engine {
   _control(kind, payload, timeoutMs = 0, onProgress = null) {
     if (this.terminated || !this.worker) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
     const id = this._newId(kind);
+    if (kind === "load") this._loadRequestId = id;   // its progress may go on after ready (a late draft)
     return new Promise((resolve, reject) => {
       const entry = { resolve, reject, timer: null, onProgress };
       if (timeoutMs) {
@@ -205,6 +212,13 @@ export class Engine {
       clearTimeout(c.timer);
       if (env.kind === "error") c.reject(codedError(env.payload.code, env.payload.message));
       else c.resolve(env.payload);
+      return;
+    }
+    if (env.kind === "progress" && env.request_id === this._loadRequestId && this.ready) {   // a late draft (draftInBackground):
+      if (env.payload.stage === "draft_ready") {                                            // its bytes, then its arrival
+        Object.assign(this.ready.info, { draft: env.payload.draft, draft_error: env.payload.draft_error, draft_loading: false });
+      }
+      try { this._onDraftReady?.(env.payload); } catch (err) { console.error("onProgress threw:", err); }
       return;
     }
     const r = this.running;

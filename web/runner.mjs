@@ -53,6 +53,8 @@ window.exactspecRunner = {
   async generateAll(items) {
     return Promise.all(items.map(({ payload, options }) => run(payload, options)));
   },
+  /** The engine's current ready object ({timing_ms, info}: info changes when a late draft arrives). */
+  info: () => engine?.ready ?? null,
   cancel: () => engine.cancel(),
   epoch: () => engine.epoch,
   fault: (spec) => engine.fault(spec),

@@ -203,6 +203,24 @@ class Session:
         """The worker's cancel message: the running request (an older epoch) ends at its next round."""
         self.cancel.advance(epoch)
 
+    def attach_draft(self, draft_info_json: str) -> None:
+        """A draft that finished loading after the engine was ready (draftInBackground): requests
+        from now on may speculate with it; a running one keeps the proposer it started with."""
+        orch = self.orchestrator
+        orch.draft = _worker_draft(orch.champion, json.loads(draft_info_json))
+        orch.draft_error = None
+
+    def set_draft_error(self, message: str) -> None:
+        """The late draft failed to load or was refused: speculate="draft" is refused saying why."""
+        self.orchestrator.draft = None
+        self.orchestrator.draft_error = message
+
+
+def _worker_draft(champion: BrowserChampion, d: dict) -> WorkerDraft:
+    """The draft adapter for the bridge's draft info; inline next to the champion, rounds fuse."""
+    return WorkerDraft(champion.bridge, d["vocab_size"], d["max_context"], d["identity"],
+                       fused_with=champion if d.get("placement") == "inline" else None)
+
 
 def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, generation_config_json: str,
                  champion_info_json: str, draft_info_json: str, draft_error: str = "") -> Session:
@@ -213,11 +231,7 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     champion_info = json.loads(champion_info_json)
     champion = BrowserChampion(bridge, champion_info["vocab_size"], champion_info["max_context"],
                                champion_info["identity"], champion_info["max_block"])
-    draft = None
-    if draft_info_json:
-        d = json.loads(draft_info_json)
-        draft = WorkerDraft(bridge, d["vocab_size"], d["max_context"], d["identity"],
-                            fused_with=champion if d.get("placement") == "inline" else None)
+    draft = _worker_draft(champion, json.loads(draft_info_json)) if draft_info_json else None
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}

@@ -33,23 +33,37 @@ export function chooseDraftPlacement(placement, championKind) {
  */
 export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/champion.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
-  counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {} }) {
+  counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
+  draftInBackground = false, draftDelayMs = 0 }) {
   const t0 = performance.now();
   choice ??= await chooseChampionBackend(championBackend);
   const openOpts = { championUrl, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   const t1 = performance.now();
-  let draft = null, draftError = null, draftRespawns = 0;
+  let draft = null, draftError = null, draftRespawns = 0, closed = false;
+  let epoch = 0;
   const placement = chooseDraftPlacement(draftPlacement, choice.kind);
   const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
+  // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
+  // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
+  // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.
+  let draftLoading = null, backgroundDraft = null;
+  const timing = { champion_load: t1 - t0, draft_load: 0 };
   if (draftUrl) {
-    try {
-      draft = await spawnDraft();
-    } catch (err) {   // the champion alone still works; speculate="draft" is refused before output
+    const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
+    const attempt = (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
+      if (closed) { d.terminate(); return; }
+      draft = d;
+      draft.setEpoch(epoch);
+    }, (err) => {   // the champion alone still works; speculate="draft" is refused before output
       draftError = errorPayload(err, "E_DRAFT_LOST");
-    }
+    }).finally(() => {
+      timing.draft_load = performance.now() - t1;
+      draftLoading = null;
+    });
+    if (draftInBackground) draftLoading = backgroundDraft = attempt;
+    else await attempt;
   }
-  const t2 = performance.now();
   const ints = (a) => Int32Array.from(a ?? []);
   const armed = [];                    // fault specs waiting for their point
   const NO_DRAFT_COUNTS = { draft_client: 0, draft_worker: 0 };
@@ -57,14 +71,15 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
   let retired = NO_DRAFT_COUNTS;       // stale counts of draft clients since replaced
   let taken = {};
   const cumulative = () => ({ ...counters(), ...addCounts(retired, draft ? draft.staleCounts : NO_DRAFT_COUNTS) });
-  let epoch = 0;
 
   const liveChampion = () => {
     if (champ.lost) throw codedError("E_DEVICE_LOST", `${champ.kind} champion lost (device destroyed)`);
     return champ;
   };
   const liveDraft = () => {
-    if (!draft) throw codedError("E_DRAFT_LOST", draftError ? draftError.message : "no draft model loaded");
+    if (!draft) {
+      throw codedError("E_DRAFT_LOST", draftError ? draftError.message : draftLoading ? "the draft is still loading" : "no draft model loaded");
+    }
     return draft;
   };
   // GPU work on a lost device fails with whatever the browser says; report it as device loss.
@@ -244,17 +259,28 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
     },
   };
 
+  const draftInfo = () => (draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity,
+    artifact_bytes: draft.artifactBytes, placement } : null);
   return {
     bridge,
     info: {
-      champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.config.max_position_embeddings,
+      champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings,
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
         backend: champ.kind, backend_why: choice.why },
-      draft: draft ? { vocab_size: draft.vocabSize, max_context: draft.maxContext, identity: draft.identity,
-        artifact_bytes: draft.artifactBytes, placement } : null,
+      draft: draftInfo(),
       draft_error: draftError,
+      draft_loading: draftLoading !== null,
     },
-    timing_ms: { champion_load: t1 - t0, draft_load: t2 - t1 },
+    timing_ms: timing,
+    /** null, or (draftInBackground) a promise of {draft: info | null, draft_error: {code, message} | null}
+     *  settled when the draft has loaded or failed. */
+    whenDraft: () => backgroundDraft && backgroundDraft.then(() => ({ draft: draftInfo(), draft_error: draftError })),
+    /** The late draft failed the load-time checks: drop it and remember why. */
+    refuseDraft(err) {
+      draft?.terminate();
+      draft = null;
+      draftError = errorPayload(err, "E_MANIFEST_MISMATCH");
+    },
     /** Before each request: adopt its epoch; rebuild a lost GPU, respawn a dead draft worker. */
     async beginRequest(requestEpoch) {
       epoch = Math.max(epoch, requestEpoch);
@@ -297,6 +323,7 @@ export async function createBridge({ championUrl, draftUrl, maxContext, draftWas
         wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: champ.lost };
     },
     close() {
+      closed = true;
       draft?.terminate();
       draft = null;
       champ.close();

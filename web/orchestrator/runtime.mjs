@@ -9,7 +9,7 @@ import { bootPython, defaultAssets, fetchOk } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
-import { codedError } from "../protocol.mjs";
+import { codedError, errorPayload } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
  *  unless `keep`. */
@@ -39,6 +39,7 @@ function placementFor(models, requested) {
 export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   let py = null;              // { pyodide, timing_ms, backend }
   let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
+  let lateDraft = null;       // the draft loading behind a ready champion (draftInBackground), or null
   let current = null;         // the running generate envelope (bridge notices go to its caller)
   const notifyRequest = (payload) => {
     if (current) post({ kind: "progress", request_id: current.request_id, seq: 0, epoch: current.epoch, payload });
@@ -99,17 +100,41 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
+      draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
     });
+    let session;
     try {
       checked.verifyRunArtifacts(built.info);
-      const session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
+      session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
         checked.generation_config_json, JSON.stringify(built.info.champion),
         built.info.draft ? JSON.stringify(built.info.draft) : "",
-        built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}` : ""], true);
+        built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}`
+          : built.info.draft_loading ? "E_DRAFT_LOST: the draft is still loading" : ""], true);
       loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
     } catch (err) {
       built.close();
       throw err;
+    }
+    const late = built.whenDraft();
+    lateDraft = late;
+    if (late) {                                 // the draft arrives after ready: check it, attach it, say so
+      late.then(async ({ draft, draft_error: failed }) => {
+        await new Promise((r) => setTimeout(r, 0));       // after the load's "ready" reply, whatever the timing
+        if (loaded?.session !== session) return;          // unloaded or replaced meanwhile
+        let error = failed;
+        if (draft) {
+          try {
+            checked.verifyRunArtifacts({ ...built.info, draft });
+            callPy(session, "attach_draft", [JSON.stringify(draft)]);
+          } catch (err) {
+            built.refuseDraft(err);
+            error = errorPayload(err, "E_MANIFEST_MISMATCH");
+          }
+        }
+        if (error) callPy(session, "set_draft_error", [`${error.code}: ${error.message}`]);
+        notify({ stage: "draft_ready", draft: error ? null : draft, draft_error: error ?? null,
+          draft_load_ms: built.timing_ms.draft_load });
+      });
     }
     return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
       info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot } };
@@ -121,8 +146,10 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       fetchHooks?.setLocalFiles(models.files);
       try {
         return await loadPair(models, options, notify);
-      } finally {
-        fetchHooks?.setListener(null);
+      } finally {   // a draft still loading in the background keeps reporting its bytes until it is in
+        const late = lateDraft;
+        if (late) late.finally(() => { if (lateDraft === late) fetchHooks?.setListener(null); });
+        else fetchHooks?.setListener(null);
       }
     },
 
