@@ -11,7 +11,10 @@ export type ModelSource = string | FileList | File[] | null;
 export type LoadProgress =
   | { stage: "prepare"; what: string; done: boolean }
   | { stage: "python" | "check" | "models" }
-  | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean };
+  | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean }
+  /** draftInBackground: the draft arrived after ready (draft null and draft_error set if it failed). */
+  | { stage: "draft_ready"; draft: Record<string, unknown> | null; draft_error: { code: ErrorCode; message: string } | null;
+      draft_load_ms: number };
 
 export interface EngineOptions {
   champion?: ModelSource;               // default: the shipped champion (models/champion/ under baseUrl)
@@ -20,9 +23,11 @@ export interface EngineOptions {
   championBackend?: "auto" | "webgpu" | "wasm";
   threads?: "auto" | number;            // WASM champion threads
   draftPlacement?: "auto" | "inline" | "worker";
+  /** Ready as soon as the champion is; the draft follows ("draft_ready" progress). Default false. */
+  draftInBackground?: boolean;
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
-  assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models", string>>;
+  assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
   timeoutMs?: number;
   onProgress?: (progress: LoadProgress) => void;
 }
@@ -79,6 +84,8 @@ export interface ReadyInfo {
     champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number };
     draft: { identity: string; placement: "inline" | "worker" } | null;
     draft_error: { code: ErrorCode; message: string } | null;
+    draft_loading: boolean;             // draftInBackground: true until "draft_ready"
+    pyodide_snapshot: string;           // "used", or why Pyodide booted the ordinary way
   };
 }
 
