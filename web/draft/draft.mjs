@@ -2,6 +2,7 @@
 // model.safetensors (f32) into the module's memory and exposes forward / propose with the
 // semantics of exactspec.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
+import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const STATUS_CODES = {
@@ -50,15 +51,7 @@ export function parseConfig(config) {
     "num_attention_heads", "max_position_embeddings"]) {
     if (!Number.isInteger(config[key]) || config[key] <= 0) throw loadError(`config field ${key} missing or invalid`);
   }
-  // RoPE: rope_theta and rope_scaling, or (newer transformers) rope_parameters holding both
-  const params = config.rope_parameters && typeof config.rope_parameters === "object" ? config.rope_parameters : null;
-  const scaling = params ?? (config.rope_scaling && typeof config.rope_scaling === "object" ? config.rope_scaling : null);
-  if (config.rope_scaling !== undefined && config.rope_scaling !== null && typeof config.rope_scaling !== "object") {
-    throw loadError(`rope_scaling ${JSON.stringify(config.rope_scaling)} is not supported`);
-  }
-  const ropeType = scaling ? (scaling.rope_type ?? scaling.type ?? "default") : "default";
-  if (!["default", "linear", "llama3"].includes(ropeType)) throw loadError(`rope_type ${ropeType} is not supported`);
-  const ropeTheta = Number((params && params.rope_theta) ?? get("rope_theta", 10000.0));
+  const rope = ropeOf(config);   // RoPE: rope_theta + rope_scaling, or rope_parameters; refusals by field
   const numHeads = config.num_attention_heads;
   const c = {
     vocab_size: config.vocab_size,
@@ -70,14 +63,14 @@ export function parseConfig(config) {
     head_dim: get("head_dim", Math.floor(config.hidden_size / numHeads)),
     rms_norm_eps: get("rms_norm_eps", 1e-6),
     max_context: config.max_position_embeddings,
-    rope_theta: ropeTheta,
+    rope_theta: Number(rope.theta),
     tie_word_embeddings: Boolean(get("tie_word_embeddings", false)),
     qkv_bias: modelType === "qwen2",
-    rope_type: ropeType,
+    rope_type: rope.type,
   };
   // scaled RoPE: the inverse frequencies exactly as exactspec.config.rope_inv_freq (transformers'
   // formulas) computes them; null for the default (the kernels build it from rope_theta)
-  c.rope_inv_freq = ropeType === "default" ? null : ropeInvFreq(c.head_dim, ropeTheta, ropeType, scaling);
+  c.rope_inv_freq = rope.type === "default" ? null : Array.from(ropeInvFreq({ headDim: c.head_dim, rope }));
   if (c.num_heads % c.num_kv_heads !== 0) throw loadError("num_attention_heads is not a multiple of num_key_value_heads");
   for (const key of ["head_dim", "hidden_size", "intermediate_size"]) {
     if (c[key] % 4 !== 0) throw loadError(`${key} ${c[key]} must be a multiple of 4 for the SIMD kernels`);
@@ -124,31 +117,6 @@ function policyNumbers(policy) {
     suppress: p.suppress_token_ids ?? [],
     allowed: p.allowed_token_ids ?? null,
   };
-}
-
-/** (head_dim / 2) float64 inverse frequencies of linear or llama3 RoPE scaling: the formulas of
- *  py/exactspec/config.py rope_inv_freq, operation for operation. */
-export function ropeInvFreq(dim, theta, type, scaling) {
-  const num = (key) => {
-    const v = Number(scaling[key]);
-    if (!(Number.isFinite(v) && v > 0)) throw loadError(`rope scaling ${key} missing or invalid`);
-    return v;
-  };
-  const inv = [];
-  for (let i = 0; i < dim; i += 2) inv.push(1.0 / (theta ** (i / dim)));
-  const factor = num("factor");
-  if (type === "linear") return inv.map((f) => f / factor);
-  const low = num("low_freq_factor"), high = num("high_freq_factor"), old = num("original_max_position_embeddings");
-  const lowWavelen = old / low, highWavelen = old / high;
-  return inv.map((f) => {
-    const wavelen = 2 * Math.PI / f;
-    let scaled = wavelen > lowWavelen ? f / factor : f;
-    if (!(wavelen < highWavelen) && !(wavelen > lowWavelen)) {
-      const smooth = (old / wavelen - low) / (high - low);
-      scaled = (1 - smooth) * scaled / factor + smooth * scaled;
-    }
-    return scaled;
-  });
 }
 
 /**

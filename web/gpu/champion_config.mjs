@@ -5,8 +5,13 @@ export const DEFAULT_MAX_CONTEXT = 4096;   // KV positions when the caller asks 
 const ROPE_TYPES = ["default", "linear", "llama3"];
 
 /** The RoPE fields of either config form: `rope_parameters` (transformers >= 5) or
- *  `rope_theta` + `rope_scaling` (the published configs). Returns {type, theta, ...scaling}. */
-function ropeOf(cfg) {
+ *  `rope_theta` + `rope_scaling` (the published configs). Returns {type, theta, ...scaling}.
+ *  Shared with the WASM draft (web/draft/draft.mjs). */
+export function ropeOf(cfg) {
+  for (const field of ["rope_parameters", "rope_scaling"]) {
+    const v = cfg[field];
+    if (v !== undefined && v !== null && (typeof v !== "object" || Array.isArray(v))) refuse(`${field} ${JSON.stringify(v)} is not supported`);
+  }
   const params = cfg.rope_parameters && typeof cfg.rope_parameters === "object" ? cfg.rope_parameters : null;
   const scaling = cfg.rope_scaling && typeof cfg.rope_scaling === "object" ? cfg.rope_scaling : null;
   const field = params ? "rope_parameters" : "rope_scaling";
