@@ -264,3 +264,46 @@ def test_allow_origin_must_be_an_origin(origin):
     with pytest.raises(ExactSpecError) as e:
         StaticServer(allow_origins=[origin])
     assert e.value.code == E_BAD_ARGUMENT and "--allow-origin" in e.value.message
+
+
+def _trickle(port: int, stop: threading.Event, closed: list) -> None:
+    """One client sending its request head a byte at a time, 0.2 s apart (each byte well within
+    the read timeout), until the server closes it or `stop` is set."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        for byte in b"GET /web/index.html HTTP/1.0\r\nX-Slow: " + b"a" * 1000:
+            if stop.wait(0.2):
+                return
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+        s.settimeout(10)
+        try:
+            closed.append(s.recv(1) == b"")
+        except OSError:
+            closed.append(True)
+
+
+def test_trickled_request_heads_hold_no_slot_past_the_deadline():
+    """Every slot taken by clients that trickle their head a byte at a time: they are cut off at the
+    head's deadline (1 s here), and a normal client is served within seconds, not after them."""
+    s = StaticServer(max_connections=4, read_timeout_s=5.0, head_deadline_s=1.0)
+    stop, closed = threading.Event(), []
+    tricklers = [threading.Thread(target=_trickle, args=(s.port, stop, closed), daemon=True) for _ in range(4)]
+    try:
+        for t in tricklers:
+            t.start()
+        threading.Event().wait(0.3)
+        assert request(s, "GET", "/web/index.html")[0] == 503   # every slot is a trickler's
+        waited, status = 0.0, 503
+        while status != 200 and waited < 4.0:
+            threading.Event().wait(0.1)
+            waited += 0.1
+            status = request(s, "GET", "/web/index.html")[0]
+        assert status == 200, f"still {status} after {waited:.1f} s of trickling"
+        for t in tricklers:
+            t.join(timeout=5)
+        assert closed == [True] * 4   # the server closed every trickler (they did not give up)
+    finally:
+        stop.set()
+        s.close()

@@ -1,6 +1,6 @@
 """Static server for the browser runtime: 127.0.0.1 only, loopback Host names only, an allowlist
-of folders, regular files only, COOP/COEP/CORP + CSP + nosniff on every response, read timeout
-and a bounded number of connection threads.
+of folders, regular files only, COOP/COEP/CORP + CSP + nosniff on every response, a read timeout,
+a total deadline for the request head and a bounded number of connection threads.
 
 Serves the repository's web/, shaders/, py/exactspec/ (the orchestrator's Python source, loaded
 into Pyodide), node_modules/pyodide/ (Pyodide itself, offline) and build/ (compiled WASM and
@@ -12,11 +12,13 @@ origins may load the engine from here: CORS for that origin and CORP cross-origi
 from __future__ import annotations
 
 import http.server
+import io
 import os
 import re
 import stat
 import sys
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -28,6 +30,7 @@ MOUNT_PREFIX = re.compile(r"/models/[a-z][a-z0-9_-]*/\Z")   # the only shape a m
 LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?\Z")
 MAX_PATH_CHARS = 1024          # longer request paths are refused before any decoding
 READ_TIMEOUT_S = 20.0          # a connection that sends nothing (or reads nothing) this long is closed
+HEAD_DEADLINE_S = 10.0         # the whole request head must arrive within this (a trickle holds no slot)
 MAX_CONNECTIONS = 32           # handler threads at once; beyond that a connection gets 503
 MIME_TYPES = {
     ".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
@@ -149,6 +152,32 @@ def check_mounts(mounts: dict) -> dict:
 
 # ---- HTTP ----
 
+class _HeadDeadlineReader(io.RawIOBase):
+    """The connection's reads. While `deadline` (time.monotonic()) is set, each read waits at most
+    until it, so a client that trickles its request head byte by byte (each byte within the read
+    timeout) is cut off at the deadline; the socket's own timeout is restored after every read,
+    so writes keep the plain read/write timeout."""
+
+    def __init__(self, sock, timeout_s):
+        self.sock, self.timeout_s, self.deadline = sock, timeout_s, None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        timeout = self.timeout_s
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request head not complete before its deadline")
+            timeout = left if timeout is None else min(timeout, left)
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(self.timeout_s)
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     """GET and HEAD of allowlisted regular files; everything else is a short plain-text refusal."""
 
@@ -156,12 +185,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
     mounts: dict = {}   # URL prefix ("/models/x/") -> real directory, for models outside web/
     allow_origins: tuple = ()   # origins that may load the engine from here (CORS + CORP cross-origin)
     timeout = READ_TIMEOUT_S   # socket timeout of every read and write of this connection
+    head_deadline_s = HEAD_DEADLINE_S   # total time for the request line and headers
     server_version = "exactspec"
     sys_version = ""
     default_request_version = "HTTP/1.0"   # never answer HTTP/0.9-style (no status line, no headers)
 
     def version_string(self):
         return self.server_version   # no Python version in the Server header
+
+    def setup(self):
+        super().setup()
+        self._reader = _HeadDeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self):
+        """The base class's, with the head's deadline armed from here until it is parsed (a
+        TimeoutError there closes the connection without a reply, as a silent client's does)."""
+        self._reader.deadline = time.monotonic() + self.head_deadline_s
+        super().handle_one_request()
+
+    def parse_request(self):
+        try:
+            return super().parse_request()
+        finally:
+            self._reader.deadline = None   # the head is in (the server reads no request bodies)
 
     def end_headers(self):
         origin = self.headers.get("Origin") if getattr(self, "headers", None) is not None else None
@@ -275,14 +322,15 @@ class StaticServer:
     """
 
     def __init__(self, root: Path | str = REPO_ROOT, host: str = "127.0.0.1", port: int = 0, mounts=None,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS, allow_origins=()):
+                 read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS, allow_origins=(),
+                 head_deadline_s: float = HEAD_DEADLINE_S):
         if host != "127.0.0.1":
             raise ExactSpecError(E_BAD_ARGUMENT, f"host {host!r}: the server listens on 127.0.0.1 only")
         check_port(port)
         self.root = Path(root)
         handler_class = type("MountedHandler", (Handler,), {
             "root": str(self.root), "mounts": check_mounts(dict(mounts or {})), "timeout": read_timeout_s,
-            "allow_origins": check_origins(allow_origins)})
+            "head_deadline_s": head_deadline_s, "allow_origins": check_origins(allow_origins)})
         try:
             self.httpd = _BoundedServer((host, port), handler_class, max_connections)
         except OSError as exc:
