@@ -9,16 +9,14 @@ import os
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 
+from hostile_folders import hf_folder
+
 from exactspec.convert import convert
-from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAMPION = os.path.join(ROOT, "web", "models", "champion")
-SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 NODE_RUN = r"""
 import { openAsBlob } from "node:fs";
 import { writeFileSync, readdirSync } from "node:fs";
@@ -35,32 +33,8 @@ console.log(JSON.stringify({ ...res, last }));
 """
 
 
-def _to_half(values: np.ndarray, dtype: str) -> bytes:
-    if dtype == "F16":
-        return values.astype("<f2").tobytes()
-    bits = values.astype("<f4").view("<u4")
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()   # round to nearest even
-
-
 def _folder(tmp, dtype: str, shards: int) -> str:
-    """The shipped champion's weights in dtype, in `shards` files (an index when more than one)."""
-    d = str(tmp / f"{dtype}_{shards}")
-    os.makedirs(d)
-    for name in SMALL_FILES:
-        shutil.copy(os.path.join(CHAMPION, name), d)
-    tensors = {k: to_numpy(t) for k, t in load_safetensors(os.path.join(CHAMPION, "model.safetensors")).items()}
-    names = sorted(tensors)
-    weight_map = {}
-    for s in range(shards):
-        part = names[s::shards]
-        file = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        write_safetensors(os.path.join(d, file), {n: (dtype, tensors[n].shape, _to_half(tensors[n], dtype)) for n in part},
-                          {"format": "pt", "shard": str(s)} if shards > 1 else {"format": "pt"})
-        weight_map.update({n: file for n in part})
-    if shards > 1:
-        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {}, "weight_map": weight_map}, f)
-    return d
+    return hf_folder(str(tmp / f"{dtype}_{shards}"), dtype, shards)
 
 
 @pytest.mark.parametrize("dtype,shards,q8_embedding", [("BF16", 2, False), ("F16", 1, True)])

@@ -3,15 +3,25 @@
 //   in:  {files: {name: File}, q8Embedding?: bool}
 //   out: {type: "progress", tensors_done, tensors, bytes_done, bytes_total, peak_block_bytes}
 //        {type: "done", blob (model.q8.safetensors), bytes, sha256, peak_block_bytes, ms}
-//        {type: "error", code, message}
+//        {type: "error", code, message}: the folder's refusal (E_MODEL_LOAD naming the file), a
+//        file the browser could not read (E_IO), or a bug (E_INTERNAL naming the exception)
 import { writeQ8Artifact } from "./q8_artifact.mjs";
 import { sha256Hex } from "../sha256.mjs";
+
+const UNREADABLE = ["NotReadableError", "NotFoundError", "SecurityError"];   // a picked file gone or changed
+
+function errorMessage(err) {
+  const m = /^(E_[A-Z_]+): (.*)$/s.exec(String(err?.message ?? err));
+  if (err?.code && m) return { type: "error", code: m[1], message: m[2] };
+  if (UNREADABLE.includes(err?.name)) return { type: "error", code: "E_IO", message: `a picked file cannot be read (${err.message})` };
+  return { type: "error", code: "E_INTERNAL", message: `the converter failed: ${err?.name ?? "Error"}: ${err?.message ?? err}` };
+}
 
 self.onmessage = async (ev) => {
   const t0 = performance.now();
   try {
     const chunks = [];
-    const out = await writeQ8Artifact(ev.data.files, {
+    const out = await writeQ8Artifact(new Map(Object.entries(ev.data.files ?? {})), {
       q8Embedding: Boolean(ev.data.q8Embedding),
       onChunk: (c) => chunks.push(c),
       onProgress: (p) => self.postMessage({ type: "progress", ...p }),
@@ -21,7 +31,6 @@ self.onmessage = async (ev) => {
     const sha256 = await sha256Hex(new Uint8Array(await blob.arrayBuffer()));
     self.postMessage({ type: "done", blob, sha256, ...out, ms: performance.now() - t0 });
   } catch (err) {
-    const m = /^(E_[A-Z_]+): (.*)$/s.exec(String(err.message ?? err));
-    self.postMessage({ type: "error", code: m ? m[1] : "E_MODEL_LOAD", message: m ? m[2] : String(err) });
+    self.postMessage(errorMessage(err));
   }
 };

@@ -8,6 +8,14 @@
 // scale = f32(amax / 127), q = clip(rint(f32(w / scale)), -127, 127), ties to even).
 // Peak working memory: one block of rows (CHUNK_VALUES values as float32 plus their source bytes
 // and int8 copy) and the per-row scales of one tensor; never a tensor, never the model.
+// Before a weight byte is read, the folder passes the checks of `exactspec convert`
+// (web/model_checks.mjs: config, index, headers against file sizes, shapes against the config);
+// a row holding inf or NaN is refused while converting, named, as the CLI refuses it.
+
+import {
+  INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, WEIGHTS_FILE, checkTensorsAgainstConfig, modelLoadError, parseJsonBounded,
+  readBlobSafetensorsHeader, readSmallBlob, shardFiles, validateConfig,
+} from "../model_checks.mjs";
 
 export const CHUNK_VALUES = 1 << 20;
 export const EMBEDDING = "model.embed_tokens.weight";
@@ -16,64 +24,78 @@ const IGNORED_SUFFIXES = [".rotary_emb.inv_freq"];
 const ELEMENT_BYTES = { F32: 4, F16: 2, BF16: 2, I8: 1 };
 const F32_TINY = Math.fround(1e-12);
 
-function fail(message) {
-  return new Error(`E_MODEL_LOAD: ${message}`);
+const fail = modelLoadError;
+
+/** The picked files as a Map name -> File/Blob (a plain object's own entries, or a Map). */
+function filesMap(files) {
+  return files instanceof Map ? files : new Map(Object.entries(files ?? {}));
 }
 
-/** {tensors: name -> {dtype, shape, begin, end, file}, metadata} of one safetensors File. */
-export async function readSafetensorsHeader(file) {
-  const head = new DataView(await file.slice(0, 8).arrayBuffer());
-  if (head.byteLength < 8) throw fail(`${file.name}: shorter than a safetensors header`);
-  const n = Number(head.getBigUint64(0, true));
-  if (n > 100 * 1024 * 1024 || 8 + n > file.size) throw fail(`${file.name}: header length ${n} does not fit the file`);
-  const header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(await file.slice(8, 8 + n).arrayBuffer()));
-  const tensors = {};
-  let metadata = {};
-  for (const [name, info] of Object.entries(header)) {
-    if (name === "__metadata__") { metadata = info ?? {}; continue; }
-    const [b, e] = info.data_offsets;
-    tensors[name] = { dtype: info.dtype, shape: info.shape, begin: 8 + n + b, end: 8 + n + e, file };
-  }
-  return { tensors, metadata };
-}
-
-/** The checkpoint of a folder given as {name -> File}: model.safetensors or the shards of
- *  model.safetensors.index.json. -> {tensors, metadata (merged; a key differing between shards
- *  dropped), config} */
+/** The checkpoint of a folder given as {name -> File} (or a Map), checked as `exactspec convert`
+ *  checks it before a weight byte is read (web/model_checks.mjs): config.json validated first;
+ *  then model.safetensors if present (transformers' first choice), else the shards of
+ *  model.safetensors.index.json, each shard holding exactly the tensors the index maps to it;
+ *  every header against its file's size; a tensor in two files refused; names, dtypes and shapes
+ *  against the config. -> {tensors: Map name -> {dtype, shape, begin, end, file, path},
+ *  metadata (merged; a key differing between shards dropped), config (validated)} */
 export async function openFolder(files) {
-  const config = JSON.parse(await files["config.json"].text());
-  let names = ["model.safetensors"];
-  if (files["model.safetensors.index.json"]) {
-    const index = JSON.parse(await files["model.safetensors.index.json"].text());
-    names = [...new Set(Object.values(index.weight_map))].sort();
+  files = filesMap(files);
+  const configFile = files.get("config.json");
+  if (!configFile) throw fail("config.json: file not found");
+  const config = validateConfig(parseJsonBounded(await readSmallBlob(configFile, MAX_CONFIG_BYTES, "config.json"),
+    { source: "config.json" }), "config.json");
+  let names = [WEIGHTS_FILE], namesPerFile = null, where = WEIGHTS_FILE;
+  if (!files.has(WEIGHTS_FILE)) {
+    const indexFile = files.get(INDEX_FILE);
+    if (!indexFile) throw fail(`folder: has neither ${WEIGHTS_FILE} nor ${INDEX_FILE}`);
+    const index = parseJsonBounded(await readSmallBlob(indexFile, MAX_INDEX_BYTES, INDEX_FILE),
+      { maxBytes: MAX_INDEX_BYTES, source: INDEX_FILE });
+    namesPerFile = new Map();
+    for (const [name, shard] of shardFiles(index, INDEX_FILE)) {
+      if (!namesPerFile.has(shard)) namesPerFile.set(shard, new Set());
+      namesPerFile.get(shard).add(name);
+    }
+    names = [...namesPerFile.keys()].sort();
+    where = INDEX_FILE;
   }
-  const tensors = {};
-  const merged = {};
+  const tensors = new Map();
+  const merged = new Map();
   const conflicting = new Set();
-  for (const name of names) {
-    if (!files[name]) throw fail(`${name}: missing from the folder`);
-    const h = await readSafetensorsHeader(files[name]);
-    Object.assign(tensors, h.tensors);
+  for (const path of names) {
+    const file = files.get(path);
+    if (!file) throw fail(`${path}: file not found`);
+    const h = await readBlobSafetensorsHeader(file, path);
+    if (namesPerFile) {
+      const want = namesPerFile.get(path);
+      const extra = [...h.entries.keys()].filter((n) => !want.has(n)).sort();
+      const missing = [...want].filter((n) => !h.entries.has(n)).sort();
+      if (extra.length) throw fail(`${path}: holds '${extra[0]}', which ${INDEX_FILE} does not map to it`);
+      if (missing.length) throw fail(`${path}: lacks '${missing[0]}', which ${INDEX_FILE} maps to it`);
+    }
+    for (const [name, e] of h.entries) {
+      if (tensors.has(name)) throw fail(`${path}: tensor '${name}' is also in ${tensors.get(name).path}`);
+      tensors.set(name, { dtype: e.dtype, shape: e.shape, begin: h.dataStart + e.begin, end: h.dataStart + e.end, file, path });
+    }
     for (const [k, v] of Object.entries(h.metadata)) {
-      if (k in merged && merged[k] !== v) conflicting.add(k);
-      if (!(k in merged)) merged[k] = v;
+      if (merged.has(k) && merged.get(k) !== v) conflicting.add(k);
+      if (!merged.has(k)) merged.set(k, v);
     }
   }
-  const metadata = {};
-  for (const [k, v] of Object.entries(merged)) if (!conflicting.has(k)) metadata[k] = v;
+  checkTensorsAgainstConfig(tensors, config, where, false);
+  const metadata = new Map([...merged].filter(([k]) => !conflicting.has(k)));
   return { tensors, metadata, config };
 }
 
 /** Output name -> [dtype, shape, source, kind ("f32" | "q8" | "scale")], as convert.plan_outputs. */
 export function planOutputs(tensors, tied, q8Embedding = false) {
-  const plan = {};
-  for (const [name, t] of Object.entries(tensors)) {
+  const plan = new Map();
+  for (const [name, t] of tensors) {
     if (IGNORED_SUFFIXES.some((s) => name.endsWith(s)) || (tied && name === "lm_head.weight")) continue;
     if (t.shape.length === 2 && (name !== EMBEDDING || q8Embedding)) {
-      plan[`${name}.q8`] = ["I8", t.shape, name, "q8"];
-      plan[`${name}.scale`] = ["F32", t.shape.slice(0, 1), name, "scale"];
+      plan.set(`${name}.q8`, ["I8", t.shape, name, "q8"]);
+      plan.set(`${name}.scale`, ["F32", t.shape.slice(0, 1), name, "scale"]);
     } else {
-      plan[name] = ["F32", t.shape, name, "f32"];
+      plan.set(name, ["F32", t.shape, name, "f32"]);
     }
   }
   return plan;
@@ -81,19 +103,24 @@ export function planOutputs(tensors, tied, q8Embedding = false) {
 
 const byCodePoints = (a, b) => (a < b ? -1 : a > b ? 1 : 0);   // ASCII names: code point order
 
-/** [prefix bytes, [[name, nbytes], ...] in data order], as safetensors.safetensors_layout. */
+/** JSON of [key, value] pairs as an object, in their order (a JS object would put integer-like
+ *  keys first; Python's json.dumps keeps the order given). */
+const jsonObject = (pairs) => `{${pairs.map(([k, v]) => `${JSON.stringify(k)}:${v}`).join(",")}}`;
+
+/** [prefix bytes, [[name, nbytes], ...] in data order], as safetensors.safetensors_layout.
+ *  plan: Map as planOutputs; metadata: Map key -> string, in the order to write. */
 export function layout(plan, metadata) {
-  const order = Object.entries(plan).map(([name, [dtype, shape]]) =>
+  const order = [...plan].map(([name, [dtype, shape]]) =>
     [name, dtype, shape, shape.reduce((a, b) => a * b, 1) * ELEMENT_BYTES[dtype]]);
   order.sort((x, y) => (ELEMENT_BYTES[y[1]] - ELEMENT_BYTES[x[1]]) || byCodePoints(x[0], y[0]));
-  const header = {};
-  if (Object.keys(metadata).length) header.__metadata__ = metadata;
+  const pairs = [];
+  if (metadata.size) pairs.push(["__metadata__", jsonObject([...metadata].map(([k, v]) => [k, JSON.stringify(v)]))]);
   let offset = 0;
   for (const [name, dtype, shape, nbytes] of order) {
-    header[name] = { dtype, shape, data_offsets: [offset, offset + nbytes] };
+    pairs.push([name, JSON.stringify({ dtype, shape, data_offsets: [offset, offset + nbytes] })]);
     offset += nbytes;
   }
-  let raw = new TextEncoder().encode(JSON.stringify(header));
+  let raw = new TextEncoder().encode(jsonObject(pairs));
   const padded = new Uint8Array(raw.length + ((8 - (raw.length % 8)) % 8)).fill(0x20);
   padded.set(raw);
   raw = padded;
@@ -133,6 +160,19 @@ function rintEven(x) {
   return r - x === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
+/** Where the first inf or NaN of a block of a tensor (values: rows begin.. of shape) lies, as
+ *  convert.check_finite says it ("element 9", "row 5, column 7", "its value") and the value, or
+ *  null when every value is finite. */
+export function firstNonFinite(values, shape, begin) {
+  const i = values.findIndex((v) => !Number.isFinite(v));
+  if (i < 0) return null;
+  const cols = shape.slice(1).reduce((a, b) => a * b, 1);
+  const where = shape.length === 0 ? "its value" : shape.length === 1 ? `element ${begin + i}`
+    : `row ${begin + Math.floor(i / cols)}` + (shape.length === 2 ? `, column ${i % cols}` : "");
+  const value = Number.isNaN(values[i]) ? "nan" : values[i] > 0 ? "inf" : "-inf";
+  return `${where} is ${value}`;
+}
+
 /** Per-row scales (Float32Array) of rows (Float32Array, rows x cols). */
 export function rowScales(values, rows, cols) {
   const scales = new Float32Array(rows);
@@ -158,22 +198,21 @@ export function quantiseRows(values, rows, cols, scales) {
  *  bytes_done, bytes_total, peak_block_bytes}). Returns {bytes, peak_block_bytes}. */
 export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onProgress = () => {} } = {}) {
   const { tensors, metadata, config } = await openFolder(files);
-  const meta = { ...metadata };
-  delete meta.quantization;
-  meta.quantization = QUANTIZATION;
-  const sortedMeta = Object.fromEntries(Object.keys(meta).sort(byCodePoints).map((k) => [k, meta[k]]));
-  const plan = planOutputs(tensors, config.tie_word_embeddings === true, q8Embedding);
+  const meta = new Map(metadata);
+  meta.set("quantization", QUANTIZATION);
+  const sortedMeta = new Map([...meta].sort((a, b) => byCodePoints(a[0], b[0])));
+  const plan = planOutputs(tensors, config.tie_word_embeddings, q8Embedding);
   const [prefix, order] = layout(plan, sortedMeta);
   const total = prefix.length + order.reduce((a, [, n]) => a + n, 0);
   let done = 0;
   let peak = 0;
   const emit = (chunk) => { onChunk(chunk); done += chunk.byteLength; };
   emit(prefix);
-  const scales = {};
+  const scales = new Map();
   for (let i = 0; i < order.length; i++) {
     const [name] = order[i];
-    const [, , source, kind] = plan[name];
-    const t = tensors[source];
+    const [, , source, kind] = plan.get(name);
+    const t = tensors.get(source);
     const rows = t.shape.length ? t.shape[0] : 1;
     const cols = t.shape.length ? t.shape.slice(1).reduce((a, b) => a * b, 1) : 1;
     const rowBytes = cols * ELEMENT_BYTES[t.dtype];
@@ -182,7 +221,12 @@ export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onP
     for (let begin = 0; begin < rows; begin += per) {
       const end = Math.min(rows, begin + per);
       const raw = new Uint8Array(await t.file.slice(t.begin + begin * rowBytes, t.begin + end * rowBytes).arrayBuffer());
+      if (raw.byteLength !== (end - begin) * rowBytes) {   // the header was checked against the size: the file changed since
+        throw fail(`${t.path}: ended after ${raw.byteLength} of ${(end - begin) * rowBytes} expected bytes (changed while read?)`);
+      }
       const values = decodeFloat32(t.dtype, raw);
+      const bad = kind === "q8" ? null : firstNonFinite(values, t.shape, begin);   // a .q8's rows were checked with its .scale
+      if (bad) throw fail(`${source}: ${bad} (convert needs finite weights)`);
       peak = Math.max(peak, raw.byteLength + values.byteLength * (kind === "f32" ? 1 : 1.25));
       if (kind === "f32") {
         emit(new Uint8Array(values.buffer));
@@ -191,7 +235,7 @@ export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onP
         parts.push(s);
         emit(new Uint8Array(s.buffer));
       } else {
-        const s = scales[source].subarray(begin, end);
+        const s = scales.get(source).subarray(begin, end);
         emit(new Uint8Array(quantiseRows(values, end - begin, cols, s).buffer));
       }
     }
@@ -199,7 +243,7 @@ export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onP
       const all = new Float32Array(rows);
       let at = 0;
       for (const p of parts) { all.set(p, at); at += p.length; }
-      scales[source] = all;
+      scales.set(source, all);
     }
     onProgress({ tensors_done: i + 1, tensors: order.length, bytes_done: done, bytes_total: total, peak_block_bytes: peak });
   }
