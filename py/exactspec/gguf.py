@@ -196,6 +196,8 @@ class GGUFFile:
         self.metadata, self.value_types = {}, {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}", MAX_KEY_BYTES)
+            if not key:
+                raise refuse(path, f"metadata key #{i}", "is empty")
             if key in self.metadata:
                 raise refuse(path, f"metadata[{key[:80]!r}]", "the key appears twice")
             vtype = cur.unpack("I", f"metadata[{key[:80]!r}]")

@@ -7,6 +7,8 @@ config (every tensor known, none missing, every shape right) before any weight i
 float32; for llama, q/k rows are put back from llama.cpp's RoPE order (convert_hf_to_gguf.py's
 `permute`: within each head, HF row j and j + head_dim/2 become rows 2j and 2j+1) to HF's
 rotate-half order. qwen2 files are stored unpermuted (llama.cpp runs them with NEOX RoPE).
+FLOAT32 metadata (rms_norm_eps, rope_theta) is read back as the shortest decimal that rounds to
+the same float32, the value config.json held (1e-05, not 9.999999747378752e-06).
 `load_reference(path)` is the NumPy reference model (reference_llama.LlamaReference) on the
 file's dequantised weights, its identity the file's sha256. Refusals: `E_MODEL_LOAD: <file>:
 <field>: what is wrong`, the field being the GGUF metadata key or tensor name.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 
 from .config import ARCHITECTURES, validate_config
 from .errors import ExactSpecError
@@ -37,6 +40,17 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                "ffn_down": "mlp.down_proj"}
 _LAYER_TENSOR = re.compile(r"blk\.(0|[1-9][0-9]{0,5})\.([a-z_]+)\.(weight|bias)")
+
+
+def shortest_float32_decimal(value: float) -> float:
+    """The shortest decimal that rounds to the same float32 (1e-05 for the float32 nearest 1e-5):
+    the value config.json held before the converter narrowed it, as a float64."""
+    bits = struct.pack("<f", value)
+    for digits in range(1, 10):
+        candidate = float(f"{value:.{digits}g}")
+        if struct.pack("<f", candidate) == bits:
+            return candidate
+    return value
 
 
 def hf_name(gguf_name: str):
@@ -85,6 +99,7 @@ class GGUFModel:
             self.architecture = self._architecture()
             self.config = self._config()
             self.llama_config = self._validated(self.config)
+            self._check_head_sizes()
             self.names = self._check_tensors()
         except BaseException:
             self.file.close()
@@ -111,6 +126,8 @@ class GGUFModel:
         value = md[key]
         if isinstance(value, float) and not math.isfinite(value):
             raise refuse(self.path, f"metadata[{key!r}]", f"{value} is not finite")
+        if self.file.value_types[key] == "FLOAT32":
+            value = shortest_float32_decimal(value)
         return value
 
     def _config(self) -> dict:
@@ -128,11 +145,6 @@ class GGUFModel:
             raise refuse(self.path, f"metadata[{a + 'vocab_size'!r}]", f"{integer('vocab_size')} disagrees with "
                          f"the {vocab} rows of tensor 'token_embd.weight'")
         head_dim = integer("head_dim", hidden // heads if heads else 0)
-        for key in ("attention.value_length", "rope.dimension_count"):
-            value = self._metadata(a + key, INTEGER_TYPES, head_dim)
-            if value != head_dim:
-                raise refuse(self.path, f"metadata[{a + key!r}]", f"{value} differs from the head size {head_dim} "
-                             "(partial rotary or unequal key/value sizes are not supported)")
         cfg = {"architectures": [ARCHITECTURES[self.architecture]], "model_type": self.architecture,
                "hidden_act": "silu", "torch_dtype": "float32", "vocab_size": vocab, "hidden_size": hidden,
                "intermediate_size": integer("intermediate_size"), "num_hidden_layers": integer("num_hidden_layers"),
@@ -146,6 +158,16 @@ class GGUFModel:
             if key in self.file.metadata:
                 cfg[field] = self._metadata(key, INTEGER_TYPES)
         return cfg
+
+    def _check_head_sizes(self) -> None:
+        """Value heads and the rotary part as wide as the key heads (all the reference computes)."""
+        head_dim = self.llama_config.head_dim
+        for key in ("attention.value_length", "rope.dimension_count"):
+            key = f"{self.architecture}.{key}"
+            value = self._metadata(key, INTEGER_TYPES, head_dim)
+            if value != head_dim:
+                raise refuse(self.path, f"metadata[{key!r}]", f"{value} differs from the head size {head_dim} "
+                             "(partial rotary or unequal key/value sizes are not supported)")
 
     def _rope_scaling(self, a: str) -> dict:
         kind = self._metadata(a + "rope.scaling.type", ("STRING",), "none")
