@@ -4,14 +4,19 @@ The shipped champion converts to its own model.q8.safetensors byte for byte (up 
 the metadata keys, which the safetensors library writes in hash order); a synthetic bf16 folder
 converts to the same numbers as export_hf's torch quantiser; a sharded folder converts to the
 same bytes as one file; memory stays at a block of rows, not a tensor; the CLI reports progress
-on stderr and fails with coded lines.
+on stderr and fails with coded lines. Hostile and unlucky destinations (issue 16): convert never
+writes through a link (planted in SRC, in DST, or DST itself), refuses inf/NaN weights naming the
+tensor and row, and a convert that fails or is stopped by SIGTERM leaves DST exactly as it was.
 """
 import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -24,7 +29,8 @@ from exactspec.hf import open_checkpoint
 from exactspec.manifest import MUST_MATCH, load_model_identity
 from exactspec.models import default_models_dir
 from exactspec.reference_llama import LlamaReference
-from exactspec.safetensors import load_safetensors, read_header, serialize_safetensors
+from exactspec.safetensors import (load_safetensors, read_header, safetensors_layout, serialize_safetensors,
+                                   write_safetensors)
 from hf_synth import ROOT, synth_models_dirs  # noqa: F401  (a fixture)
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
@@ -167,3 +173,173 @@ def test_draft_role_writes_f32_weights_and_the_pair_runs(synth_models_dirs, tmp_
     shutil.copytree(synth_models_dirs["tinyllama-draft"], src_copy)
     assert cli_main(["convert", "--role", "draft", str(src_copy), str(src_copy)]) == 2
     assert "E_BAD_ARGUMENT" in capsys.readouterr().err
+
+
+# ---- hostile and unlucky destinations (issue 16) ----
+
+VICTIM = b"the victim's own line\n"
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    return victim
+
+
+def _folder_bytes(folder) -> dict:
+    """Every entry of a folder, hidden ones included: name -> bytes (or the link's target)."""
+    return {name: os.readlink(folder / name) if (folder / name).is_symlink() else (folder / name).read_bytes()
+            for name in sorted(os.listdir(folder))}
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_in_place_convert_never_writes_through_a_planted_tmp_link(synth_models_dirs, tmp_path, capsys):
+    """The reported case: SRC holds model.q8.safetensors.tmp -> ../victim.txt, converted in place."""
+    folder = tmp_path / "folder"
+    shutil.copytree(synth_models_dirs["tinyllama-mid"], folder)
+    victim = _victim(tmp_path)
+    os.symlink("../victim.txt", folder / (Q8 + ".tmp"))
+    assert cli_main(["convert", str(folder), str(folder)]) == 0
+    capsys.readouterr()
+    assert victim.read_bytes() == VICTIM
+    assert (folder / Q8).is_file() and not (folder / Q8).is_symlink()
+    assert not [n for n in os.listdir(folder) if n.startswith(".exactspec-convert-")]
+
+
+@pytest.mark.parametrize("planted, target", [
+    ("config.json", "../victim.txt"), ("tokenizer.json", "../victim.txt"), (MODEL_FILE, "../victim.txt"),
+    (Q8, "../victim.txt"), ("tokenizer_config.json", "../created_outside.txt"),   # a dangling link too
+])
+def test_a_link_planted_in_dst_is_refused_and_never_written_through(synth_models_dirs, tmp_path, capsys,
+                                                                    planted, target):
+    victim, dst = _victim(tmp_path), tmp_path / "dst"
+    dst.mkdir()
+    os.symlink(target, dst / planted)
+    assert cli_main(["convert", synth_models_dirs["tinyllama-mid"], str(dst)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"exactspec: E_IO: {dst / planted}: is a symbolic link"), line
+    assert victim.read_bytes() == VICTIM and not (tmp_path / "created_outside.txt").exists()
+    assert os.listdir(dst) == [planted]   # nothing else written, no staging left
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_a_dst_that_is_itself_a_link_is_refused(synth_models_dirs, tmp_path, capsys, slash):
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "dst")
+    assert cli_main(["convert", synth_models_dirs["tinyllama-mid"], str(tmp_path / "dst") + slash]) == 1
+    assert _one_line(capsys.readouterr().err).startswith(f"exactspec: E_IO: {tmp_path / 'dst'}: is a symbolic link")
+    assert os.listdir(real) == []
+
+
+def test_in_place_convert_of_a_hub_style_folder_keeps_its_links(synth_models_dirs, tmp_path, capsys):
+    """A Hugging Face cache snapshot links every file to a blob: converting it in place is allowed
+    (its own small files are not rewritten, so nothing is written through them)."""
+    src, blobs, snapshot = synth_models_dirs["tinyllama-mid"], tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), blobs / name)
+        os.symlink(f"../blobs/{name}", snapshot / name)
+    before = _folder_bytes(blobs)
+    assert cli_main(["convert", str(snapshot), str(snapshot)]) == 0
+    capsys.readouterr()
+    assert _folder_bytes(blobs) == before
+    assert all((snapshot / name).is_symlink() for name in os.listdir(src))
+    assert (snapshot / Q8).is_file() and not (snapshot / Q8).is_symlink()
+
+
+def _bf16_bits(value: float) -> bytes:
+    return (np.array([value], np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def _with_value(src, dst, tensor: str, index: tuple, value: float):
+    """A copy of folder src whose BF16 `tensor` holds `value` at `index`."""
+    shutil.copytree(src, dst)
+    tensors, metadata = load_safetensors(os.path.join(src, "model.safetensors"), with_metadata=True)
+    out = {n: (t.dtype, t.shape, bytearray(t.data)) for n, t in tensors.items()}
+    dtype, shape, data = out[tensor]
+    at = 2 * int(np.ravel_multi_index(index, shape))
+    data[at:at + 2] = _bf16_bits(value)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out, metadata)
+    return dst
+
+
+@pytest.mark.parametrize("tensor, index, value, where", [
+    ("model.layers.1.mlp.down_proj.weight", (3, 7), np.inf, "row 3, column 7 is inf"),
+    ("model.layers.1.mlp.down_proj.weight", (63, 159), np.nan, "row 63, column 159 is nan"),
+    ("model.embed_tokens.weight", (40000, 1), -np.inf, "row 40000, column 1 is -inf"),   # kept as F32
+    ("model.norm.weight", (5,), np.nan, "element 5 is nan"),
+])
+def test_inf_or_nan_is_refused_and_a_failed_reconvert_leaves_dst_as_it_was(synth_models_dirs, tmp_path, capsys,
+                                                                           tensor, index, value, where):
+    """convert A DST, then convert B DST with B failing part-way (a non-finite weight): DST is A's,
+    byte for byte (not B's small files beside A's artifact); no NumPy warning on the way."""
+    dst = tmp_path / "dst"
+    assert cli_main(["convert", synth_models_dirs["tinyllama-mid"], str(dst)]) == 0
+    before = _folder_bytes(dst)
+    bad = _with_value(synth_models_dirs["smollm2-mid"], tmp_path / "bad", tensor, index, value)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a NumPy RuntimeWarning would fail the test
+        assert cli_main(["convert", str(bad), str(dst)]) == 1
+        assert cli_main(["convert", str(bad), str(tmp_path / "fresh")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"exactspec: E_MODEL_LOAD: {tensor}: {where} (convert needs finite weights)"
+    assert err[-1] in err[:-1] and "Traceback" not in "".join(err)
+    assert _folder_bytes(dst) == before
+    assert not (tmp_path / "fresh").exists()   # a folder convert created is not left behind
+
+
+def _big_sparse_folder(folder, tokenizer_from: str, layers: int = 8):
+    """A Llama folder of ~420 MB of F32 zeros, stored sparse (made at once, converted in seconds)."""
+    folder.mkdir()
+    config = json.loads(open(os.path.join(tokenizer_from, "config.json")).read())
+    config.update(hidden_size=512, intermediate_size=8192, num_hidden_layers=layers, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+    vocab, hidden, inter, kv = config["vocab_size"], 512, 8192, 2 * 64
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                       p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                       p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter)})
+    prefix, order = safetensors_layout({n: ("F32", s) for n, s in shapes.items()}, None)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(prefix)
+        f.truncate(len(prefix) + sum(nbytes for *_, nbytes in order))
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(tokenizer_from, name), folder / name)
+    return folder
+
+
+def test_sigterm_during_convert_is_one_coded_line_and_leaves_dst_as_it_was(synth_models_dirs, tmp_path):
+    """A real `exactspec convert` process, sent SIGTERM once its first progress line is out: it
+    exits 143 with one E_CANCELLED line, its staging folder removed, DST still the earlier convert."""
+    dst = tmp_path / "dst"
+    convert(synth_models_dirs["tinyllama-mid"], dst)
+    before = _folder_bytes(dst)
+    big = _big_sparse_folder(tmp_path / "big", synth_models_dirs["tinyllama-mid"])
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "py"))
+    env.pop("EXACTSPEC_DEBUG", None)
+    p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "convert", str(big), str(dst)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = p.stderr.readline()
+        assert first.startswith("exactspec convert: "), first   # the weights are being written
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 143
+        rest = p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+    assert _one_line(rest) == "exactspec: E_CANCELLED: terminated (SIGTERM)"
+    assert _folder_bytes(dst) == before

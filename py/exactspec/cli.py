@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 
-from .errors import E_BAD_ARGUMENT, E_CANCELLED, E_INTERNAL, E_IO, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_CANCELLED, E_INTERNAL, E_IO, ExactSpecError, message_without_code
 
-EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 70, 130
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 70, 130, 143
 CHAMPION_WEIGHTS = ("q8", "f32")   # q8: model.q8.safetensors, the artifact the browser page runs
 
 
@@ -260,7 +262,7 @@ def _say_error(code: str, message: str) -> None:
     if sys.stderr is None:
         return
     try:
-        print(f"exactspec: {code}: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+        print(f"exactspec: {code}: {' '.join(message_without_code(code, message).split())}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
 
@@ -303,14 +305,37 @@ def _dispatch(args) -> int:
     return {"generate": cmd_generate, "sample": cmd_sample}[args.command](args)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: the command's cleanup runs, then one coded line."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    def raise_terminated(signum, frame):
+        raise _Terminated()
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+    except ValueError:   # not the main thread (main() called from a test's thread): leave it be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
     try:
-        rc = _dispatch(build_parser().parse_args(argv))
+        with _sigterm_as_interrupt():
+            rc = _dispatch(build_parser().parse_args(argv))
         sys.stdout.flush()   # a pipe closed by the reader fails here, not at interpreter exit
         return rc
     except ExactSpecError as err:
         _say_error(err.code, err.message)
         return EXIT_USAGE if err.code == E_BAD_ARGUMENT else EXIT_ERROR
+    except _Terminated:
+        _say_error(E_CANCELLED, "terminated (SIGTERM)")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         _say_error(E_CANCELLED, "interrupted")
         return EXIT_INTERRUPTED

@@ -16,12 +16,21 @@ and never the model. Quantisation is exactly tools/train/export_hf.py's torch co
 amax = max|row| in float32, clamped to float32(1e-12); scale = float32(amax / 127);
 q = clip(rint(w / scale), -127, 127) (float32 division, ties to even). The result is the
 shipped champion's model.q8.safetensors byte for byte, up to the order of its metadata keys.
+A weight that is inf or NaN is refused (E_MODEL_LOAD naming the tensor and row).
+
+Writing (the rules: docs/hostile_input.md, "Files the command line writes"): DST, and every DST
+entry convert would write, must not be a symbolic link (E_IO naming it); all outputs are built in
+a fresh staging folder inside DST and renamed into place together at the end (exactspec.safe_files),
+so a convert that fails or is interrupted leaves DST as it was, never a mix of two models.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -32,6 +41,7 @@ from .hf import CONFIG_FILE, load_config, open_checkpoint
 from .manifest import (FILES, CHAT_TEMPLATE_FILE, MAX_MODEL_JSON_BYTES, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,
                        WEIGHTS_FILE, model_identity_from_files, run_weights_scheme)
 from .reference_llama import _check_header, _parse_config
+from .safe_files import move_into_place, refuse_link, replacing, write_file
 from .safetensors import safetensors_layout
 
 CHUNK_VALUES = 1 << 20                 # float32 values per block of rows (4 MiB)
@@ -76,25 +86,47 @@ def _row_blocks(shape: tuple):
 
 
 class _HashingWriter:
-    def __init__(self, f):
-        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+    def __init__(self, f, path: str):
+        self.f, self.path, self.sha, self.bytes = f, path, hashlib.sha256(), 0
 
     def write(self, data) -> None:
         data = memoryview(data).cast("B")
-        self.f.write(data)
+        try:
+            self.f.write(data)
+        except OSError as e:
+            raise ExactSpecError(E_IO, f"{self.path}: cannot write ({e.strerror or e})") from None
         self.sha.update(data)
         self.bytes += len(data)
+
+
+def check_finite(source: str, values, first_row: int = 0) -> None:
+    """E_MODEL_LOAD naming the tensor and the row of the first inf or NaN among `values` (rows
+    first_row.. of tensor `source`): such an artifact would only fail at run time."""
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    at = tuple(int(i) for i in np.argwhere(~finite)[0])
+    if not at:
+        where = "its value"
+    elif len(at) == 1:
+        where = f"element {first_row + at[0]}"
+    else:
+        where = f"row {first_row + at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
+    raise ExactSpecError(E_MODEL_LOAD, f"{source}: {where} is {float(values[at])} (convert needs finite weights)")
 
 
 def _produce(ckpt, writer, kind: str, source: str, scales: dict) -> None:
     """Write one output tensor block by block."""
     dtype, shape = ckpt.entry(source)
     if not shape:   # a scalar
-        writer.write(ckpt.read_float32(source).astype("<f4").tobytes())
+        value = ckpt.read_float32(source)
+        check_finite(source, value)
+        writer.write(value.astype("<f4").tobytes())
         return
     scale_parts = []
     for begin, end in _row_blocks(shape):
         rows = ckpt.read_rows_float32(source, begin, end)
+        check_finite(source, rows, begin)
         if kind == "f32":
             writer.write(np.ascontiguousarray(rows, dtype="<f4"))
         elif kind == "scale":
@@ -107,37 +139,30 @@ def _produce(ckpt, writer, kind: str, source: str, scales: dict) -> None:
 
 
 def write_artifact(ckpt, path: str, plan: dict, metadata: dict, progress=None) -> tuple[str, int]:
-    """Stream the planned artifact to path (via path + '.tmp', renamed at the end): (sha256, bytes)."""
+    """Stream the planned artifact to path (a fresh file renamed over it when complete):
+    (sha256, bytes)."""
     prefix, order = safetensors_layout({n: (d, s) for n, (d, s, _, _) in plan.items()}, metadata)
     # every .scale (F32) precedes its .q8 (I8) in the layout; scales are kept (4 bytes a row)
     scales: dict = {}
     total = len(prefix) + sum(nbytes for *_, nbytes in order)
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            writer.write(prefix)
-            for i, (name, _, _, nbytes) in enumerate(order):
-                _, _, source, kind = plan[name]
-                before = writer.bytes
-                _produce(ckpt, writer, kind, source, scales)
-                if writer.bytes - before != nbytes:
-                    raise ExactSpecError(E_MODEL_LOAD, f"{name}: wrote {writer.bytes - before} bytes, "
-                                         f"the header declares {nbytes}")
-                if progress:
-                    progress(i + 1, len(order), writer.bytes, total)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise ExactSpecError(E_IO, f"{path}: cannot write ({e.strerror or e})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with replacing(path, "wb") as f:
+        writer = _HashingWriter(f, path)
+        writer.write(prefix)
+        for i, (name, _, _, nbytes) in enumerate(order):
+            _, _, source, kind = plan[name]
+            before = writer.bytes
+            _produce(ckpt, writer, kind, source, scales)
+            if writer.bytes - before != nbytes:
+                raise ExactSpecError(E_MODEL_LOAD, f"{name}: wrote {writer.bytes - before} bytes, "
+                                     f"the header declares {nbytes}")
+            if progress:
+                progress(i + 1, len(order), writer.bytes, total)
     return writer.sha.hexdigest(), writer.bytes
 
 
-def _copy_small_files(src: str, dst: str) -> dict:
-    """Copy the identity files (required) and the optional ones; name -> bytes."""
-    copied = {}
+def _read_small_files(src: str) -> dict:
+    """The identity files (required) and the optional ones present: name -> bytes."""
+    files = {}
     for name in (*FILES, *OPTIONAL_FILES):
         path = os.path.join(src, name)
         if name not in FILES and not os.path.exists(path):
@@ -145,15 +170,21 @@ def _copy_small_files(src: str, dst: str) -> dict:
         data = read_regular_file(path, max_bytes=MAX_MODEL_JSON_BYTES) if os.path.exists(path) else None
         if data is None:
             raise ExactSpecError(E_MODEL_LOAD, f"{path}: file not found (convert needs {', '.join(FILES)})")
-        out = os.path.join(dst, name)
-        if not (os.path.exists(out) and os.path.samefile(path, out)):
-            try:
-                with open(out, "wb") as f:
-                    f.write(data)
-            except OSError as e:
-                raise ExactSpecError(E_IO, f"{out}: cannot write ({e.strerror or e})") from None
-        copied[name] = data
-    return copied
+        files[name] = data
+    return files
+
+
+def _is_source_itself(src: str, dst: str, name: str) -> bool:
+    """DST/name is SRC/name (convert in place, or a link to the source): left as it is."""
+    out, path = os.path.join(dst, name), os.path.join(src, name)
+    return os.path.exists(out) and os.path.exists(path) and os.path.samefile(path, out)
+
+
+def _make_staging(dst: str) -> str:
+    try:
+        return tempfile.mkdtemp(prefix=".exactspec-convert-", dir=dst)
+    except OSError as e:
+        raise ExactSpecError(E_IO, f"{dst}: cannot write ({e.strerror or e})") from None
 
 
 ROLES = {"champion": Q8_WEIGHTS_FILE, "draft": WEIGHTS_FILE}   # the artifact each role runs in the browser
@@ -179,24 +210,57 @@ def convert(src, dst, progress=None, role: str = "champion", q8_embedding: bool 
                              f"{WEIGHTS_FILE} it reads; give another DST")
     config, _ = load_config(src)
     hp = _parse_config(config, os.path.join(src, CONFIG_FILE))
+    refuse_link(dst)
+    created = not os.path.lexists(dst)
     try:
         os.makedirs(dst, exist_ok=True)
     except OSError as e:
         raise ExactSpecError(E_IO, f"{dst}: cannot create the folder ({e.strerror or e})") from None
+    try:
+        return _convert_into(src, dst, artifact, hp, progress, role, q8_embedding, started)
+    except BaseException:
+        if created:   # leave no empty folder behind a failed convert
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)
+        raise
+
+
+def _convert_into(src: str, dst: str, artifact: str, hp: dict, progress, role: str, q8_embedding: bool,
+                  started: float) -> dict:
+    """Everything is written to a staging folder in DST, then renamed into DST at the end."""
     with open_checkpoint(src) as ckpt:
         header = ckpt.header()
         _check_header(header, hp, ckpt.index_path or ckpt.files[0], quantised=False)
-        files = _copy_small_files(src, dst)   # tokenizer etc. checked below, before the long write
+        files = _read_small_files(src)
         # the identity (tokenizer parsed, ids resolved) before the long write; its run_weights_*
         # fields are filled in once the artifact's digest is known
         identity = model_identity_from_files(files, {artifact: ("0" * 64, 0)}, source=src, run_weights=artifact)
+        to_copy = [name for name in files if not _is_source_itself(src, dst, name)]
+        for name in (*to_copy, artifact, MODEL_FILE):   # before the long write: never write through a link
+            refuse_link(os.path.join(dst, name))
         metadata = dict(ckpt.metadata)
         metadata.pop("quantization", None)
         if RUN_WEIGHTS_SCHEMES[artifact][1] is not None:
             metadata["quantization"] = RUN_WEIGHTS_SCHEMES[artifact][1]
         plan = plan_outputs(header, hp["tie_word_embeddings"], quantise=role == "champion",
                             q8_embedding=q8_embedding)
-        sha, nbytes = write_artifact(ckpt, os.path.join(dst, artifact), plan, dict(sorted(metadata.items())), progress)
+        staging = _make_staging(dst)
+        try:
+            for name in to_copy:
+                write_file(os.path.join(staging, name), files[name])
+            sha, nbytes = write_artifact(ckpt, os.path.join(staging, artifact), plan,
+                                         dict(sorted(metadata.items())), progress)
+            entry = _model_entry(files, identity, hp, dst, artifact, sha, nbytes)
+            write_file(os.path.join(staging, MODEL_FILE), json.dumps(entry, indent=2) + "\n")
+            move_into_place(staging, dst, (*to_copy, artifact, MODEL_FILE))   # the model file last
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    entry["seconds"] = round(time.perf_counter() - started, 3)   # not in the file: it stays deterministic
+    return entry
+
+
+def _model_entry(files: dict, identity: dict, hp: dict, dst: str, artifact: str, sha: str, nbytes: int) -> dict:
+    """The exactspec_model.json object."""
     identity.update(run_weights_sha256=sha, run_weights_bytes=nbytes)
     if artifact == WEIGHTS_FILE:
         identity.update(weights_sha256=sha, weights_bytes=nbytes)
@@ -210,11 +274,4 @@ def convert(src, dst, progress=None, role: str = "champion", q8_embedding: bool 
                                    "quantization": run_weights_scheme(artifact)}},
         "identity": identity,
     }
-    try:
-        with open(os.path.join(dst, MODEL_FILE), "w", encoding="utf-8") as f:
-            json.dump(entry, f, indent=2)
-            f.write("\n")
-    except OSError as e:
-        raise ExactSpecError(E_IO, f"{os.path.join(dst, MODEL_FILE)}: cannot write ({e.strerror or e})") from None
-    entry["seconds"] = round(time.perf_counter() - started, 3)   # not in the file: it stays deterministic
     return entry

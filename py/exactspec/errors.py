@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 with open(os.path.join(os.path.dirname(__file__), "protocol.json"), encoding="utf-8") as _f:
     CODE_TABLE: dict = json.load(_f)["errors"]   # code -> one-line description
@@ -40,12 +41,28 @@ if ALL_CODES != frozenset(CODE_TABLE):   # the names above and the one table mus
     raise ImportError(f"errors.py and protocol.json disagree: {sorted(ALL_CODES ^ frozenset(CODE_TABLE))}")
 
 
+_WRAPPER = re.compile(r"(?:(?:Uncaught )?(?:Error|JsException|PythonError|RuntimeError): )+")
+
+
+def message_without_code(code: str, message) -> str:
+    """The sentence of a coded message: leading copies of `code` (each perhaps behind an "Error: "
+    a JS or Pyodide boundary put in front) removed, so that code and sentence print once; the
+    code's one-line description when nothing else is left."""
+    text = str(message).lstrip()
+    head = re.compile(rf"(?:{_WRAPPER.pattern})?{code}(?::\s*|\Z)")
+    while m := head.match(text):
+        text = text[m.end():]
+    return text or CODE_TABLE[code]
+
+
 class ExactSpecError(Exception):
-    """An error with a stable `code` (one of ALL_CODES) and a one-line human message."""
+    """An error with a stable `code` (one of ALL_CODES) and a one-line human message (a leading
+    copy of the code in `message` is dropped: see message_without_code)."""
 
     def __init__(self, code: str, message: str, **detail):
         if code not in ALL_CODES:
             raise ValueError(f"unknown error code {code!r}")
+        message = message_without_code(code, message)
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
@@ -69,9 +86,7 @@ def coded_error(exc: BaseException, default_code: str, context: str = "") -> Exa
         if text.startswith(prefix):
             text = text[len(prefix):]
     head, sep, rest = text.partition(": ")
-    if sep and head in ALL_CODES:
-        return ExactSpecError(head, rest or head)
-    if head in ALL_CODES and not sep:
-        return ExactSpecError(head, head)
+    if head in ALL_CODES:
+        return ExactSpecError(head, rest)   # rest empty: the code's description
     where = f"{context}: " if context else ""
     return ExactSpecError(default_code, f"{where}{type(exc).__name__}: {text or 'no message'}")
