@@ -137,3 +137,44 @@ def test_sentencepiece_vocabulary_equals_transformers(tmp_path):
         want = theirs(text)["input_ids"]
         assert ours.encode(text) == want, text
         assert ours.decode(want) == theirs.decode(want), text
+
+
+# ---- byte-level families: the GGUF llama.cpp writes for each, against its tokenizer.json -----
+
+@pytest.fixture(scope="module")
+def byte_level_base():
+    return families.byte_level_base()
+
+
+@pytest.mark.parametrize("family, pre", [("smollm2", "smollm"), ("qwen2", "qwen2"), ("llama3", "llama-bpe")])
+def test_byte_level_family_equals_its_tokenizer_json(tmp_path, byte_level_base, family, pre):
+    """The family's tokenizer.json layout (tests/tokenizer_families.py) run by `tokenizers`, against
+    our tokenizer rebuilt from a GGUF holding what llama.cpp's converter stores for it: tokens
+    by id, merges, CONTROL for special added tokens, USER_DEFINED for the others, the pre name."""
+    import tokenizers
+    spec = getattr(families, family)(byte_level_base)
+    theirs = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    by_id = {i: t for t, i in spec["model"]["vocab"].items()}
+    by_id.update({a["id"]: a["content"] for a in spec["added_tokens"]})
+    kinds = {a["id"]: 3 if a["special"] else 4 for a in spec["added_tokens"]}
+    assert sorted(by_id) == list(range(len(by_id)))
+    path = str(tmp_path / f"{family}.gguf")
+    w = GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list([by_id[i] for i in range(len(by_id))])
+    w.add_token_types([kinds.get(i, 1) for i in range(len(by_id))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    if family == "llama3":
+        w.add_bos_token_id(128000)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(path) as f:
+        ours = load_tokenizer(f)
+    for text in HOSTILE + families.corpus()[:100]:
+        for add_special in (True, False):
+            want = theirs.encode(text, add_special_tokens=add_special).ids
+            assert ours.encode(text, add_special_tokens=add_special) == want, (family, text)
+        assert ours.decode(want) == theirs.decode(want, skip_special_tokens=False), (family, text)
