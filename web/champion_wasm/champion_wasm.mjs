@@ -10,7 +10,7 @@
 //                           stopTokenIds, remaining, greedy })
 //     -> { n_accepted, next_token, rejected_at, ended_by, error_code }   (+ diag, not in the contract)
 import { parseConfig } from "../draft/draft.mjs";
-import { expectTensor, parseSafetensors } from "../gpu/safetensors.mjs";
+import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
@@ -120,7 +120,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => {
       try { return JSON.parse(new TextDecoder().decode(b)); } catch (err) { throw codedError("E_MODEL_LOAD", `config.json: ${err.message}`); }
     }),
-    weightsBytes ?? fetchBytes(fetchFn, base + "model.q8.safetensors"),
+    weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
   ]);
   const config = typeof configRaw === "string" ? JSON.parse(configRaw) : configRaw;
   const c = parseChampionConfig(config);

@@ -3,6 +3,8 @@
 // semantics of exactspec.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
 import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
+import { fetchSafetensors } from "../gpu/safetensors.mjs";
+import { checkSafetensorsHeader, headerLength } from "../model_checks.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const STATUS_CODES = {
@@ -78,27 +80,19 @@ export function parseConfig(config) {
   return c;
 }
 
-// safetensors bytes -> {headerBytes (8 + n), tensors: {name: {dtype, shape, begin, end}}}
+// safetensors bytes -> {headerBytes (8 + n), tensors: {name: {dtype, shape, begin, end}}}, the
+// header checked as the CLI checks it (web/model_checks.mjs): bounds, dtypes, byte sizes against
+// shapes, offsets tiling the data exactly (no gaps, overlaps or trailing bytes)
 export function parseSafetensorsHeader(bytes) {
-  if (bytes.byteLength < 8) throw loadError("model.safetensors is shorter than its 8-byte header length");
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const n = Number(view.getBigUint64(0, true));
-  if (8 + n > bytes.byteLength) throw loadError("model.safetensors header runs past the end of the file");
-  let header;
   try {
-    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n)));
+    const n = headerLength(bytes.subarray(0, 8), bytes.byteLength, "model.safetensors");
+    const { entries } = checkSafetensorsHeader(bytes.subarray(8, 8 + n), bytes.byteLength - 8 - n, "model.safetensors");
+    const tensors = Object.create(null);
+    for (const [name, { dtype, shape, begin, end }] of entries) tensors[name] = { dtype, shape, begin, end };
+    return { headerBytes: 8 + n, tensors };
   } catch (err) {
-    throw loadError(`model.safetensors header is not JSON (${err.message})`);
+    throw err.code === "E_MODEL_LOAD" ? loadError(err.detail) : err;
   }
-  const tensors = {};
-  const dataBytes = bytes.byteLength - 8 - n;
-  for (const [name, entry] of Object.entries(header)) {
-    if (name === "__metadata__") continue;
-    const [begin, end] = entry.data_offsets;
-    if (!(begin >= 0 && begin <= end && end <= dataBytes)) throw loadError(`tensor ${name} lies outside the file`);
-    tensors[name] = { dtype: entry.dtype, shape: entry.shape, begin, end };
-  }
-  return { headerBytes: 8 + n, tensors };
 }
 
 async function fetchBytes(fetchFn, url) {
@@ -129,7 +123,7 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
   const [wasm, config, file] = await Promise.all([
     wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
     configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => JSON.parse(new TextDecoder().decode(b))),
-    weightsBytes ?? fetchBytes(fetchFn, base + "model.safetensors"),
+    weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
   ]);
   const { instance } = await WebAssembly.instantiate(wasm, {});
   const draft = new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);

@@ -2,7 +2,7 @@
 import {
   bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
-import { expectTensor, parseSafetensors } from "./safetensors.mjs";
+import { expectTensor, fetchSafetensors, parseSafetensors } from "./safetensors.mjs";
 import { parseConfig, resolveMaxContext, ropeTable } from "./champion_config.mjs";
 import { bindingLimit, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
@@ -132,9 +132,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   // refuse before the download what cannot fit even in the smallest forms (q8 embedding and head)
   planChampion(hp, { embed: "q8", head: hp.tied ? "tied" : "q8" }, planOptions);
   const weightsUrl = new URL("model.q8.safetensors", base);
-  const res = await fetch(weightsUrl);
-  if (!res.ok) throw new Error(`E_MODEL_LOAD: GET ${weightsUrl} -> ${res.status}`);
-  const fileBytes = await res.arrayBuffer();
+  const fileBytes = await fetchSafetensors(fetch, weightsUrl, weightsUrl.pathname);   // header checked before the data
   const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
   const plan = planChampion(hp, tensorForms(tensors, hp), planOptions);

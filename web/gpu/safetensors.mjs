@@ -1,66 +1,81 @@
-// safetensors reader for the browser: validates the header and every tensor's bounds, no copies.
+// safetensors readers for the engine's loaders: a whole file in memory (parseSafetensors, views,
+// no copies) and a fetched one read header first (readSafetensorsResponse). The header rules are
+// the CLI's, in one place: web/model_checks.mjs (safetensors.header_length, parse_header_json).
+import { checkSafetensorsHeader, headerLength, modelLoadError } from "../model_checks.mjs";
 
-const MAX_HEADER_BYTES = 100_000_000;
-const DTYPE_BYTES = {
-  BOOL: 1, U8: 1, I8: 1, F8_E4M3: 1, F8_E5M2: 1, I16: 2, U16: 2, F16: 2, BF16: 2,
-  I32: 4, U32: 4, F32: 4, I64: 8, U64: 8, F64: 8,
-};
+const fail = (label, problem) => { throw modelLoadError(`safetensors file ${label}: ${problem}`); };
 
-function fail(label, problem) {
-  throw new Error(`E_MODEL_LOAD: safetensors ${label}: ${problem}`);
-}
-
-/** Parse a whole safetensors file.
+/** Parse a whole safetensors file (an ArrayBuffer).
  *  Returns {tensors: Map(name -> {dtype, shape, bytes: Uint8Array view}), metadata}.
  *  Refuses a short file, an absurd or non-JSON header, unknown dtypes, bad shapes, offsets out of
  *  bounds or reversed, byte lengths that disagree with the shape, and overlaps/gaps/trailing bytes. */
 export function parseSafetensors(arrayBuffer, label = "<buffer>") {
   const total = arrayBuffer.byteLength;
-  if (total < 8) fail(label, `file is ${total} bytes, shorter than the 8-byte header length`);
-  const view = new DataView(arrayBuffer);
-  const lo = view.getUint32(0, true), hi = view.getUint32(4, true);
-  const headerLen = hi * 2 ** 32 + lo;
-  if (headerLen > MAX_HEADER_BYTES) fail(label, `header length ${headerLen} exceeds ${MAX_HEADER_BYTES}`);
-  if (8 + headerLen > total) fail(label, `header length ${headerLen} runs past the end of the file (${total} bytes)`);
-  let header;
-  try {
-    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(new Uint8Array(arrayBuffer, 8, headerLen)));
-  } catch (e) {
-    fail(label, `header is not UTF-8 JSON (${e.message})`);
-  }
-  if (header === null || typeof header !== "object" || Array.isArray(header)) fail(label, "header is not a JSON object");
-  const bodyStart = 8 + headerLen, bodyLen = total - bodyStart;
+  const n = headerLength(new Uint8Array(arrayBuffer, 0, Math.min(8, total)), total, label);
+  const { entries, metadata } = checkSafetensorsHeader(new Uint8Array(arrayBuffer, 8, n), total - 8 - n, label);
   const tensors = new Map();
-  const spans = [];
-  let metadata = {};
-  for (const [name, e] of Object.entries(header)) {
-    if (name === "__metadata__") { metadata = e; continue; }
-    if (e === null || typeof e !== "object") fail(label, `entry ${name} is not an object`);
-    const size = DTYPE_BYTES[e.dtype];
-    if (!size) fail(label, `tensor ${name}: unknown dtype ${e.dtype}`);
-    if (!Array.isArray(e.shape) || !e.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
-      fail(label, `tensor ${name}: malformed shape ${JSON.stringify(e.shape)}`);
-    }
-    const off = e.data_offsets;
-    if (!Array.isArray(off) || off.length !== 2 || !off.every((d) => Number.isSafeInteger(d) && d >= 0)) {
-      fail(label, `tensor ${name}: malformed data_offsets ${JSON.stringify(off)}`);
-    }
-    const [begin, end] = off;
-    if (begin > end) fail(label, `tensor ${name}: data_offsets reversed [${begin}, ${end}]`);
-    if (end > bodyLen) fail(label, `tensor ${name}: data_offsets [${begin}, ${end}] past the data buffer (${bodyLen} bytes)`);
-    const want = e.shape.reduce((a, d) => a * d, 1) * size;
-    if (end - begin !== want) fail(label, `tensor ${name}: ${end - begin} bytes, shape ${JSON.stringify(e.shape)} ${e.dtype} needs ${want}`);
-    spans.push([begin, end, name]);
-    tensors.set(name, { dtype: e.dtype, shape: e.shape.slice(), bytes: new Uint8Array(arrayBuffer, bodyStart + begin, end - begin) });
+  for (const [name, { dtype, shape, begin, end }] of entries) {
+    tensors.set(name, { dtype, shape, bytes: new Uint8Array(arrayBuffer, 8 + n + begin, end - begin) });
   }
-  spans.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-  let cursor = 0;
-  for (const [begin, end, name] of spans) {
-    if (begin !== cursor) fail(label, `tensor ${name}: ${begin < cursor ? "overlaps the previous tensor" : "leaves a gap"} at byte ${begin}`);
-    cursor = end;
-  }
-  if (cursor !== bodyLen) fail(label, `${bodyLen - cursor} trailing bytes after the last tensor`);
   return { tensors, metadata };
+}
+
+/** The body of a fetched safetensors file as one ArrayBuffer, read in this order: the 8-byte
+ *  header length and the header, checked against Content-Length (when the response declares it,
+ *  uncompressed) before a data byte is read; then exactly the bytes the header covers into one
+ *  buffer of that size. A body longer than its header says (trailing bytes) is refused without
+ *  reading past one more chunk; a shorter one is refused when it ends. */
+export async function readSafetensorsResponse(response, label) {
+  const declared = response.headers.get("content-length");
+  const size = declared !== null && /^\d+$/.test(declared) && !response.headers.get("content-encoding") ? Number(declared) : null;
+  if (!response.body) fail(label, "the response has no body");
+  const reader = response.body.getReader();
+  let chunk = new Uint8Array(0), at = 0;                    // the unread part of the last chunk: chunk[at..]
+  const fill = async (target, offset, n) => {              // exactly n bytes into target[offset..]
+    while (n > 0) {
+      if (at === chunk.byteLength) {
+        const { done, value } = await reader.read();
+        if (done) fail(label, `the file ended early (${offset} bytes read, ${offset + n} expected at least)`);
+        chunk = value instanceof Uint8Array ? value : new Uint8Array(value);
+        at = 0;
+      }
+      const take = Math.min(n, chunk.byteLength - at);
+      target.set(chunk.subarray(at, at + take), offset);
+      at += take; offset += take; n -= take;
+    }
+  };
+  try {
+    const prefix = new Uint8Array(8);
+    await fill(prefix, 0, 8);
+    const n = headerLength(prefix, size, label);
+    const raw = new Uint8Array(n);
+    await fill(raw, 0, n);
+    const { dataLen } = checkSafetensorsHeader(raw, size === null ? null : size - 8 - n, label);
+    const whole = new Uint8Array(8 + n + dataLen);
+    whole.set(prefix, 0);
+    whole.set(raw, 8);
+    await fill(whole, 8 + n, dataLen);
+    while (at === chunk.byteLength) {                       // the end must come now: no trailing bytes
+      const { done, value } = await reader.read();
+      if (done) return whole.buffer;
+      chunk = value; at = 0;
+    }
+    fail(label, `trailing bytes after the ${8 + n + dataLen} bytes its header covers`);
+  } finally {
+    reader.cancel().catch(() => {});                        // stop the download: nothing more is read
+  }
+}
+
+/** fetch(url) through fetchFn, then readSafetensorsResponse; E_MODEL_LOAD naming the URL. */
+export async function fetchSafetensors(fetchFn, url, label = String(url)) {
+  let response;
+  try {
+    response = await fetchFn(url);
+  } catch (err) {
+    throw modelLoadError(`cannot fetch ${url}: ${err.message}`);
+  }
+  if (!response.ok) throw modelLoadError(`cannot fetch ${url}: HTTP ${response.status}`);
+  return readSafetensorsResponse(response, label);
 }
 
 /** One tensor, checked for dtype and shape; throws E_MODEL_LOAD naming what differs. */
