@@ -153,6 +153,8 @@ def test_byte_level_family_equals_its_tokenizer_json(tmp_path, byte_level_base, 
     by id, merges, CONTROL for special added tokens, USER_DEFINED for the others, the pre name."""
     import tokenizers
     spec = getattr(families, family)(byte_level_base)
+    vocab = spec["model"]["vocab"]   # a whole word no merge makes: one id where merges are ignored (Llama 3)
+    vocab["\u0120qzxvq"] = vocab.pop(max(vocab, key=vocab.get))
     theirs = tokenizers.Tokenizer.from_str(json.dumps(spec))
     by_id = {i: t for t, i in spec["model"]["vocab"].items()}
     by_id.update({a["id"]: a["content"] for a in spec["added_tokens"]})
@@ -173,7 +175,8 @@ def test_byte_level_family_equals_its_tokenizer_json(tmp_path, byte_level_base, 
     w.close()
     with GGUFFile(path) as f:
         ours = load_tokenizer(f)
-    for text in HOSTILE + families.corpus()[:100]:
+    assert (len(theirs.encode(" qzxvq", add_special_tokens=False).ids) == 1) == (family == "llama3")
+    for text in HOSTILE + families.corpus()[:100] + [" qzxvq", "a qzxvq b"]:
         for add_special in (True, False):
             want = theirs.encode(text, add_special_tokens=add_special).ids
             assert ours.encode(text, add_special_tokens=add_special) == want, (family, text)
