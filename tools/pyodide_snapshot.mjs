@@ -9,7 +9,9 @@
 // the slow way and says why); when the served exactspec sources differ from py_sources it drops
 // the snapshot's exactspec modules and imports the served ones. The file system is not part of
 // a memory snapshot: the worker writes the wheels' and exactspec's files again after a restore.
-import { createHash } from "node:crypto";
+// Each output is written to a fresh name beside it and renamed over it, never through a link (a link
+// at either output is refused before any work: docs/hostile_input.md, "Files the command line writes").
+import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -17,6 +19,24 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const out = path.resolve(process.argv[2] ?? path.join(root, "build", "pyodide_snapshot"));
 const pyodideDir = path.join(root, "node_modules", "pyodide");
+const outputs = { snapshot: path.join(out, "snapshot.bin"), index: path.join(out, "index.json") };
+for (const file of [out, ...Object.values(outputs)]) {
+  if (fs.lstatSync(file, { throwIfNoEntry: false })?.isSymbolicLink()) {
+    console.error(`pyodide snapshot: E_IO: ${file}: is a symbolic link; exactspec never writes through a link`);
+    process.exit(1);
+  }
+}
+
+/** data to `file` through a fresh name ("wx": created new, no link followed), renamed over it. */
+function writeFresh(file, data) {
+  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${randomBytes(6).toString("hex")}.tmp`);
+  try {
+    fs.writeFileSync(tmp, data, { flag: "wx" });
+    fs.renameSync(tmp, file);
+  } finally {
+    fs.rmSync(tmp, { force: true });
+  }
+}
 const version = JSON.parse(fs.readFileSync(path.join(pyodideDir, "package.json"), "utf8")).version;
 // the standard library exactspec's browser modules import (web/orchestrator/py_files.json)
 // plus what installing the served wheels (pyodide.unpackArchive) and importing jinja2 pull in
@@ -47,9 +67,9 @@ pyodide.runPython(IMPORTS);
 const pySources = await sourcesKey(names, sources);
 const snapshot = pyodide.makeMemorySnapshot();
 fs.mkdirSync(out, { recursive: true });
-fs.writeFileSync(path.join(out, "snapshot.bin"), snapshot);
+writeFresh(outputs.snapshot, snapshot);
 const index = { pyodide_version: version, sha256: createHash("sha256").update(snapshot).digest("hex"),
   bytes: snapshot.length, modules: MODULES, py_sources: pySources };
-fs.writeFileSync(path.join(out, "index.json"), JSON.stringify(index, null, 1) + "\n");
+writeFresh(outputs.index, JSON.stringify(index, null, 1) + "\n");
 console.log(`pyodide snapshot: ${(snapshot.length / 1e6).toFixed(1)} MB, pyodide ${version}, ` +
   `${((performance.now() - t0) / 1000).toFixed(1)} s -> ${path.relative(root, out)}`);

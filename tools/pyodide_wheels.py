@@ -21,6 +21,9 @@ import tarfile
 import tempfile
 import zipfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+from exactspec.safe_files import write_file  # noqa: E402  (never through a link)
+
 JINJA2 = ("jinja2", "3.1.6")
 MARKUPSAFE = ("markupsafe", "3.0.3")
 WHEELS = (f"{MARKUPSAFE[0]}-{MARKUPSAFE[1]}-py3-none-any.whl", f"{JINJA2[0]}-{JINJA2[1]}-py3-none-any.whl")
@@ -94,12 +97,9 @@ def build(out: str) -> list[dict]:
             markupsafe = pure_wheel_from_sdist(f.read(), *MARKUPSAFE)
     entries = []
     for file, data in zip(WHEELS, (markupsafe, jinja2)):
-        with open(os.path.join(out, file), "wb") as f:
-            f.write(data)
+        write_file(os.path.join(out, file), data)
         entries.append({"file": file, "sha256": _sha256(data), "bytes": len(data)})
-    with open(os.path.join(out, "index.json"), "w", encoding="utf-8") as f:
-        json.dump({"wheels": entries}, f, indent=2)
-        f.write("\n")
+    write_file(os.path.join(out, "index.json"), json.dumps({"wheels": entries}, indent=2) + "\n")
     return entries
 
 

@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -50,6 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 
+from exactspec.safe_files import copy_file, replacing, write_file  # noqa: E402
 from exactspec.safetensors import load_safetensors, safetensors_layout, to_numpy  # noqa: E402
 
 SHAPES = {   # the published SmolLM2 configs (hidden, layers, heads, kv heads, intermediate, vocab)
@@ -191,22 +191,19 @@ def widen_folder(src_dir: str, dst_dir: str, log=print, **target) -> dict:
     shapes = target_shapes(plan)
     prefix, order = safetensors_layout({k: ("F32", v) for k, v in shapes.items()},
                                        {"format": "pt", "widened_from": os.path.basename(os.path.normpath(src_dir))})
-    with open(os.path.join(dst_dir, "model.safetensors"), "wb") as f:     # one tensor at a time
+    with replacing(os.path.join(dst_dir, "model.safetensors"), "wb") as f:     # one tensor at a time
         f.write(prefix)
         for name, _, shape, nbytes in order:
             data = widen_tensor(name, shape, src, plan).astype("<f4").tobytes()
             assert len(data) == nbytes
             f.write(data)
-    with open(os.path.join(dst_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(widened_config(cfg, plan), f, indent=2)
-        f.write("\n")
+    write_file(os.path.join(dst_dir, "config.json"), json.dumps(widened_config(cfg, plan), indent=2) + "\n")
     with open(os.path.join(src_dir, "tokenizer.json"), encoding="utf-8") as f:
         tok = pad_tokenizer(json.load(f), plan["dst"]["vocab"])
-    with open(os.path.join(dst_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False, indent=2)
+    write_file(os.path.join(dst_dir, "tokenizer.json"), json.dumps(tok, ensure_ascii=False, indent=2))
     for name in COPIED_FILES:
         if os.path.exists(os.path.join(src_dir, name)):
-            shutil.copyfile(os.path.join(src_dir, name), os.path.join(dst_dir, name))
+            copy_file(os.path.join(src_dir, name), os.path.join(dst_dir, name))
     params = sum(math.prod(s) for s in shapes.values())
     log(f"widen: {src_dir} -> {dst_dir}: {params:,} parameters, eps {plan['new_eps']:.6g}, bias {plan['bias']}, "
         f"{time.perf_counter() - started:.1f} s")

@@ -308,6 +308,6 @@ def serialize_safetensors(tensors: dict, metadata: dict | None = None) -> bytes:
 
 
 def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
-    blob = serialize_safetensors(tensors, metadata)
-    with open(path, "wb") as f:
-        f.write(blob)
+    """serialize_safetensors to `path`, through a fresh file renamed over it (never through a link)."""
+    from .safe_files import write_file
+    write_file(path, serialize_safetensors(tensors, metadata))

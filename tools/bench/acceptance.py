@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "py"))
 from exactspec.models import default_models_dir, load_pair  # noqa: E402
 from exactspec.orchestrator import GenerationConfig  # noqa: E402
 from exactspec.processors import SamplingPolicy  # noqa: E402
+from exactspec.safe_files import write_file  # noqa: E402
 
 KINDS = {
     "scripture": ["In the beginning God created", "And the LORD spake unto Moses, saying,", "Blessed are the"],
@@ -59,8 +60,7 @@ def main():
                 print(f"{kind:11} T={temperature:.0f} {mode:6} k={args.k} tokens/round {tokens / max(rounds, 1):5.2f} "
                       f"accepted/round {mean_acc:5.2f} S_i {survival}")
     os.makedirs("build/bench", exist_ok=True)
-    with open("build/bench/acceptance.json", "w") as f:
-        json.dump(rows, f, indent=1)
+    write_file("build/bench/acceptance.json", json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

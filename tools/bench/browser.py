@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "py"))
 from exactspec.browser_run import BrowserRuntime  # noqa: E402
 from exactspec.models import default_models_dir  # noqa: E402
+from exactspec.safe_files import write_file  # noqa: E402
 
 PROMPTS = ["In the beginning God created", "To be, or not to be,", "And the LORD said unto Moses,",
            "What light through yonder window breaks?", "Blessed are the poor in spirit:", "Enter HAMLET."]
@@ -49,8 +50,7 @@ def main():
     finally:
         rt.close()
     os.makedirs("build/bench", exist_ok=True)
-    with open("build/bench/browser.json", "w") as f:
-        json.dump({"load_ms": rt.ready["timing_ms"], "rows": rows}, f, indent=1)
+    write_file("build/bench/browser.json", json.dumps({"load_ms": rt.ready["timing_ms"], "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

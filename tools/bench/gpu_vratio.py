@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "py"))
+from exactspec.safe_files import write_file  # noqa: E402
 
 SYNTH_DIR = os.path.join("build", "bench", "models", "synth360")
 OUT_PATH = os.path.join("build", "bench", "gpu_vratio.json")
@@ -39,7 +40,7 @@ SYNTH_CONFIG = {
 def write_synth(model_dir: str) -> None:
     """Random q8 weights at SYNTH_CONFIG's shape (int8 uniform, scales ~1/(127 sqrt(in)))."""
     import numpy as np
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
     c = SYNTH_CONFIG
     if os.path.exists(os.path.join(model_dir, "model.q8.safetensors")):
         return
@@ -61,9 +62,8 @@ def write_synth(model_dir: str) -> None:
                                  ("self_attn.v_proj", kv_dim, H), ("self_attn.o_proj", H, q_dim),
                                  ("mlp.gate_proj", F, H), ("mlp.up_proj", F, H), ("mlp.down_proj", H, F)):
             linear(p + name + ".weight", rows, cols)
-    save_file(tensors, os.path.join(model_dir, "model.q8.safetensors"))
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(c, f, indent=2)
+    write_file(os.path.join(model_dir, "model.q8.safetensors"), save(tensors))
+    write_file(os.path.join(model_dir, "config.json"), json.dumps(c, indent=2))
 
 
 def measure(page, url: str, reps: int, start_pos: int) -> dict:
@@ -112,8 +112,7 @@ def main(argv=None) -> int:
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, SwiftShader WebGPU", "start_pos": args.start_pos,
               "reps": args.reps, "shapes": results}
     os.makedirs(os.path.dirname(OUT_PATH), exist_ok=True)
-    with open(OUT_PATH, "w") as f:
-        json.dump(report, f, indent=2)
+    write_file(OUT_PATH, json.dumps(report, indent=2))
     print(f"{report['date']}  load {report['load_before']} -> {report['load_after']}  start_pos {args.start_pos}, "
           f"median of {args.reps}")
     print("| shape | V(1) ms | " + " | ".join(f"k={k}" for k in range(1, 9)) + " |")

@@ -29,6 +29,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "py"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from exactspec import server as static_server  # noqa: E402
+from exactspec.safe_files import write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
 WLLAMA_DIR = os.path.join(REPO, "node_modules", "@wllama", "wllama")
@@ -302,13 +303,11 @@ def main(argv=None) -> int:
     section = doc_section(out)
     print(section)
     os.makedirs(os.path.join("build", "bench"), exist_ok=True)
-    with open(os.path.join("build", "bench", "peer.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    write_file(os.path.join("build", "bench", "peer.json"), json.dumps(out, indent=1))
     if not args.no_doc:
         with open(DOC_PATH) as f:
             doc = f.read()
-        with open(DOC_PATH, "w") as f:
-            f.write(replace_section(doc, section))
+        write_file(DOC_PATH, replace_section(doc, section))
     return 0
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "py"))
+from exactspec.safe_files import write_file  # noqa: E402
 HARNESS = ROOT / "web" / "tests" / "champion_harness.mjs"
 WASM = ROOT / "web" / "build" / "champion.wasm"
 WASM_THREADS = ROOT / "web" / "build" / "champion_mt.wasm"       # --threads > 1
@@ -28,7 +30,7 @@ K = 4
 
 def synthetic_model(layers: int) -> Path:
     """hidden 960, intermediate 2560, 15 heads / 5 KV heads of 64, vocab 49152; random q8 linears."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
     d = ROOT / "build" / "bench" / f"synthetic_q8_{layers}l"
     if (d / "model.q8.safetensors").exists():
         return d
@@ -50,8 +52,8 @@ def synthetic_model(layers: int) -> Path:
               "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
               "tie_word_embeddings": True, "hidden_act": "silu"}
     d.mkdir(parents=True, exist_ok=True)
-    save_file(t, str(d / "model.q8.safetensors"))
-    (d / "config.json").write_text(json.dumps(config))
+    write_file(d / "model.q8.safetensors", save(t))
+    write_file(d / "config.json", json.dumps(config))
     return d
 
 
@@ -60,7 +62,7 @@ def time_model(model_dir: Path, reps: int, threads: int, storage: str = "auto") 
              "threads": threads, "weight_storage": storage, "timing": {"promptLen": 32, "reps": reps, "warmup": 10, "m": K, "reps_decide": reps}}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
-        cin.write_text(json.dumps(cases))
+        write_file(cin, json.dumps(cases))
         subprocess.run(["node", str(HARNESS), str(cin), str(cout)], check=True)
         out = json.loads(cout.read_text())
     blocks = {int(n): v for n, v in out["timing"].items()}
@@ -104,7 +106,7 @@ def main():
             print_table(f"synthetic (V 49152, D 960, F 2560, {args.layers} layers)", r)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     out = OUT if args.threads == 1 else OUT.with_name(f"wasm_champion_{args.threads}threads.json")
-    out.write_text(json.dumps(results, indent=1))
+    write_file(out, json.dumps(results, indent=1))
     print(f"\nwrote {out.relative_to(ROOT)}", file=sys.stderr)
 
 

@@ -3,9 +3,9 @@ and, with --doc, the generated section of docs/evaluation.md."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
+from ..safe_files import copy_file, write_file
 from ..server import REPO_ROOT
 from .report import report_markdown, write_report
 from .runner import check_args, run_bench
@@ -36,8 +36,7 @@ def cmd_bench(args) -> int:
         plots_dir = os.path.join(REPO_ROOT, "docs", "evaluation", args.run)
         os.makedirs(plots_dir, exist_ok=True)
         for png, _svg in res.get("plots", {}).values():   # the SVGs stay in build/eval/<run>/plots
-            shutil.copyfile(png, os.path.join(plots_dir, os.path.basename(png)))
+            copy_file(png, os.path.join(plots_dir, os.path.basename(png)))
         section = report_markdown(res, plots_rel=f"evaluation/{args.run}").replace("# Evaluation run", "## Latest run", 1)
-        with open(path, "w") as f:
-            f.write(with_section(doc, section))
+        write_file(path, with_section(doc, section))
     return 0

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from ..safe_files import replacing
+
 PLOTS = ("survival", "waterfall", "break_even", "memory_latency", "entropy", "heatmap", "ecdf", "pareto")
 
 
@@ -10,7 +12,8 @@ def _save(fig, out_dir: str, name: str) -> list:
     paths = []
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        with replacing(path, "wb") as f:   # never through a link planted at the path
+            fig.savefig(f, format=ext, dpi=110, bbox_inches="tight")
         paths.append(path)
     return paths
 

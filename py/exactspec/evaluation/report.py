@@ -7,6 +7,7 @@ import math
 import os
 
 from ..models import default_models_dir
+from ..safe_files import write_file
 from . import analysis as A
 from . import metrics as M
 from .corpus import load_corpus
@@ -276,9 +277,8 @@ def write_report(run_dir: str, with_entropy: bool = True, with_plots: bool = Tru
     res = summarise(run_dir, with_entropy=with_entropy)
     if with_plots:
         res["plots"] = write_plots(res, run_dir)
-    with open(os.path.join(run_dir, "results.json"), "w") as f:
-        json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else str(x))
-    with open(os.path.join(run_dir, "report.md"), "w") as f:
-        f.write(report_markdown(res))
+    write_file(os.path.join(run_dir, "results.json"), json.dumps(
+        res, indent=1, default=lambda x: None if isinstance(x, float) and math.isinf(x) else str(x)))
+    write_file(os.path.join(run_dir, "report.md"), report_markdown(res))
     return res
 

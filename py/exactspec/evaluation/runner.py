@@ -10,6 +10,7 @@ import sys
 import time
 
 from ..errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from ..safe_files import append_text, write_file
 from ..server import REPO_ROOT
 from . import arms as arms_mod
 from .corpus import load_corpus, select
@@ -51,8 +52,7 @@ class Checkpoints:
         return out
 
     def append(self, name: str, record: dict) -> None:
-        with open(self.path(name), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_text(self.path(name), json.dumps(record) + "\n")
 
 
 def _key(rec: dict) -> tuple:
@@ -243,10 +243,7 @@ def distribution_sample(call, prompt: dict, n: int) -> dict:
 
 
 def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    write_file(path, json.dumps(obj, indent=1))
 
 
 def check_args(opts) -> None:
