@@ -146,6 +146,13 @@ def index_value_proto(d):
     _set_index(d, index)
 
 
+def index_key_proto(d):
+    """An index that maps a tensor named __proto__ (no shard holds one) to the second shard."""
+    index = _index(d)
+    index["weight_map"]["__proto__"] = SHARDS[1]
+    _set_index(d, index)
+
+
 def index_names_an_absent_shard(d):
     """model.norm.weight moved from its shard to one the folder lacks."""
     index = _index(d)
@@ -211,6 +218,7 @@ HOSTILE = {
     "tensor in two shards": (tensor_in_two_shards, "E_MODEL_LOAD", "does not map to it", True),
     "tensor named __proto__": (tensor_named_proto, "E_MODEL_LOAD", "unexpected tensor '__proto__'", True),
     "index value __proto__": (index_value_proto, "E_MODEL_LOAD", "is not a shard file name", True),
+    "index key __proto__": (index_key_proto, "E_MODEL_LOAD", "lacks '__proto__'", True),
     "index names an absent shard": (index_names_an_absent_shard, "E_MODEL_LOAD", "file not found", True),
     "trailing bytes": (trailing_bytes, "E_MODEL_LOAD", "trailing bytes", True),
     "overlapping tensors": (overlapping_tensors, "E_MODEL_LOAD", "overlaps", True),
