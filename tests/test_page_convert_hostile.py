@@ -131,3 +131,38 @@ def test_js_and_python_config_validators_agree(tmp_path):
         else:
             assert got == want, (raw[:200], got, want)
     assert accepted == len(GOOD_CONFIGS) + 1                       # the __proto__ key is only an unknown field
+
+
+NODE_HEADERS = r"""
+import { readFileSync } from "node:fs";
+import { parseSafetensors } from "%(module)s";
+const out = [];
+for (const path of process.argv.slice(1)) {
+  const b = readFileSync(path);
+  try {
+    out.push({ ok: parseSafetensors(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength), path).tensors.size });
+  } catch (err) {
+    out.push({ code: err.code ?? `uncoded ${err.name}`, message: err.message });
+  }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_js_and_python_safetensors_readers_refuse_the_same_corruptions(tmp_path):
+    from test_safetensors import CORRUPTIONS, GOOD_DATA, GOOD_HEADER, _file
+    cases = {**CORRUPTIONS, "good": (_file(GOOD_HEADER, GOOD_DATA), None)}
+    paths = []
+    for i, (blob, _) in enumerate(cases.values()):
+        paths.append(str(tmp_path / f"{i}.safetensors"))
+        with open(paths[-1], "wb") as f:
+            f.write(blob)
+    module = "file://" + os.path.join(ROOT, "web", "gpu", "safetensors.mjs")
+    r = subprocess.run(["node", "--input-type=module", "-e", NODE_HEADERS % {"module": module}, *paths],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for (case, (_, problem)), got in zip(cases.items(), json.loads(r.stdout)):
+        if problem is None:
+            assert got == {"ok": 2}, got
+        else:                                   # the phrase test_safetensors.py requires of the Python reader
+            assert got["code"] == "E_MODEL_LOAD" and problem in got["message"] and got["message"].count("E_") == 1, (case, got)

@@ -81,7 +81,7 @@ function parseStrict(text, maxDepth, fail) {
     space();
     const ch = text[i];
     if (ch === "{" || ch === "[") {
-      if (depth + 1 > maxDepth) fail(`JSON nests deeper than the limit of ${maxDepth}`);
+      if (depth + 1 > maxDepth) fail(`JSON nests too deep (over the limit of ${maxDepth})`);
       i++;
       const out = ch === "{" ? Object.create(null) : [];
       space();
