@@ -13,14 +13,13 @@
 // a row holding inf or NaN is refused while converting, named, as the CLI refuses it.
 
 import {
-  INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, WEIGHTS_FILE, checkTensorsAgainstConfig, modelLoadError, parseJsonBounded,
-  readBlobSafetensorsHeader, readSmallBlob, shardFiles, validateConfig,
+  IGNORED_SUFFIXES, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, WEIGHTS_FILE, checkTensorsAgainstConfig, modelLoadError,
+  parseJsonBounded, readBlobSafetensorsHeader, readSmallBlob, shardFiles, validateConfig,
 } from "../model_checks.mjs";
 
 export const CHUNK_VALUES = 1 << 20;
 export const EMBEDDING = "model.embed_tokens.weight";
 export const QUANTIZATION = "int8 symmetric per output row; w = q8 * scale[:,None]";
-const IGNORED_SUFFIXES = [".rotary_emb.inv_freq"];
 const ELEMENT_BYTES = { F32: 4, F16: 2, BF16: 2, I8: 1 };
 const F32_TINY = Math.fround(1e-12);
 
