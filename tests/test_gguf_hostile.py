@@ -222,3 +222,15 @@ def tokenizer_refused(path, *fields):
 ])
 def test_bad_tokenizer(tmp_path, edit, fields):
     tokenizer_refused(tiny(tmp_path, edit=edit), *fields)
+
+
+def test_header_and_tokenizer_need_no_numpy(tmp_path):
+    """gguf.py and gguf_tokenizer.py parse and build with the standard library only (Pyodide)."""
+    import subprocess
+    import sys
+    path = tiny(tmp_path)
+    script = ("import sys; sys.modules['numpy'] = None\n"
+              "from exactspec.gguf import GGUFFile\nfrom exactspec.gguf_tokenizer import load_tokenizer\n"
+              f"f = GGUFFile({str(path)!r})\nprint(len(f.tensors), load_tokenizer(f).encode('hello world'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("21 ["), done.stderr

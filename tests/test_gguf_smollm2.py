@@ -85,7 +85,9 @@ def test_logits_and_greedy_tokens_equal_transformers(gguf_path, transformers_mod
     with GGUFFile(gguf_path) as f:
         assert load_tokenizer(f).encode(PROMPT) == ids
         stop_ids = stop_token_ids(f)
+    start = time.perf_counter()
     reference = load_reference(gguf_path)
+    print(f"SmolLM2 GGUF: reference model loaded (sha256, dequantised, float64) in {time.perf_counter() - start:.2f} s")
     ours = reference.forward(ids, 0)
     with torch.no_grad():
         theirs = hf_model(torch.tensor([ids])).logits[0].double().numpy()
