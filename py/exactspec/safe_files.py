@@ -39,16 +39,19 @@ def refuse_link(path) -> None:
                                    "(remove it or choose another place)")
 
 
+def _open_new(path, mode: str):
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | (_BINARY if "b" in mode else 0)
+    fd = os.open(path, flags, 0o666)   # the umask applies, as with open()
+    return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8", newline="\n")
+
+
 def create_new(path, mode: str = "wb"):
     """A file object on a name that did not exist (never a link, never an existing file)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | (_BINARY if "b" in mode else 0)
     try:
-        fd = os.open(path, flags, 0o666)   # the umask applies, as with open()
+        return _open_new(path, mode)
     except OSError as exc:
-        if os.path.islink(path):
-            refuse_link(path)
+        refuse_link(path)
         raise _cannot_write(path, exc) from None
-    return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8", newline="\n")
 
 
 def _fresh_name(path: str) -> str:
@@ -66,11 +69,12 @@ def replacing(path, mode: str = "wb"):
     for _ in range(8):   # a fresh name is taken only if nothing (file or link) holds it
         tmp = _fresh_name(path)
         try:
-            f = create_new(tmp, mode)
+            f = _open_new(tmp, mode)
             break
-        except ExactSpecError:
-            if not os.path.lexists(tmp):
-                raise
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _cannot_write(path, exc) from None
     else:
         raise ExactSpecError(E_IO, f"{path}: cannot find a fresh temporary name beside it")
     try:
