@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from exactspec.errors import ExactSpecError
-from exactspec.protocol import Inbox, make_envelope, validate_envelope
+from exactspec.protocol import CONFIG_OPTIONS, REQUEST_FIELDS, Inbox, checked_request, make_envelope, validate_envelope
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = {"kind": "tokens", "request_id": "r", "seq": 0, "epoch": 0, "payload": {"token_ids": [1], "text": "a"}}
@@ -66,3 +66,115 @@ def test_inbox_drops_stale_foreign_and_replayed_messages():
     assert inbox.dropped_stale == 3 and len(inbox.accepted) == 2
     with pytest.raises(ExactSpecError):
         inbox.offer({"kind": "tokens"})
+
+
+# ----------------------------------------------------------------------------- generate requests
+# (JS expression, the same payload in Python, the sentence both refuse it with, or None: accepted).
+# JSON cannot carry NaN or Infinity, so each side builds its own payload from the JS literal.
+NAN, INF = float("nan"), float("inf")
+REQUEST_CASES = [
+    ("{prompt: 'x', config: {k: 4, temperature: 0.5, stop_strings: ['\\n']}}",
+     {"prompt": "x", "config": {"k": 4, "temperature": 0.5, "stop_strings": ["\n"]}}, None),
+    ("{prompt_ids: [0, 776, 266], config: {}}", {"prompt_ids": [0, 776, 266], "config": {}}, None),
+    ("{prompt: 'x', raw_text: true, config: {}}", {"prompt": "x", "raw_text": True, "config": {}}, None),
+    ("{prompt: 'x', config: {allowed_token_ids: NaN}}", {"prompt": "x", "config": {"allowed_token_ids": NAN}},
+     "config.allowed_token_ids must be a list of integer token ids, got NaN"),
+    ("{prompt: 'x', config: {allowed_token_ids: []}}", {"prompt": "x", "config": {"allowed_token_ids": []}},
+     "config.allowed_token_ids is empty: no token could be generated (leave the option out to allow every token)"),
+    ("{prompt: 'x', config: {allowed_token_ids: [1, NaN]}}", {"prompt": "x", "config": {"allowed_token_ids": [1, NAN]}},
+     "config.allowed_token_ids must be a list of integer token ids, got a list"),
+    ("{prompt: 'x', chat: 'false', config: {}}", {"prompt": "x", "chat": "false", "config": {}},
+     'chat must be true or false, got "false"'),
+    ("{prompt: 'x', raw_text: 1, config: {}}", {"prompt": "x", "raw_text": 1, "config": {}},
+     "raw_text must be true or false, got 1"),
+    ("{prompt: 'x', config: {max_new_tokens: Infinity}}", {"prompt": "x", "config": {"max_new_tokens": INF}},
+     "config.max_new_tokens must be an integer, got Infinity"),
+    ("{prompt: 'x', config: {temperature: NaN}}", {"prompt": "x", "config": {"temperature": NAN}},
+     "config.temperature must be a finite number, got NaN"),
+    ("{prompt: 'x', config: {k: 2.5}}", {"prompt": "x", "config": {"k": 2.5}}, "config.k must be an integer, got 2.5"),
+    ("{prompt: 'x', config: {seed: true}}", {"prompt": "x", "config": {"seed": True}}, "config.seed must be an integer, got true"),
+    ("{prompt: 'x', config: {top_k: null}}", {"prompt": "x", "config": {"top_k": None}}, "config.top_k must be an integer, got null"),
+    ("{prompt: 'x', config: {stop_strings: 'ab'}}", {"prompt": "x", "config": {"stop_strings": "ab"}},
+     'config.stop_strings must be a list of strings, got "ab"'),
+    ("{prompt: 'x', config: {tempreature: 0}}", {"prompt": "x", "config": {"tempreature": 0}},
+     "config.tempreature is not a known option (known: speculate, k, scheduler, temperature, top_k, top_p, "
+     "repetition_penalty, seed, max_new_tokens, stop_strings, stop_token_ids, suppress_token_ids, allowed_token_ids)"),
+    ("{prompt: 'x', config: null}", {"prompt": "x", "config": None}, "config must be an object, got null"),
+    ("{config: {}}", {"config": {}},
+     "a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them"),
+    ("{prompt: 'x', prompt_ids: [1], config: {}}", {"prompt": "x", "prompt_ids": [1], "config": {}},
+     "a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them"),
+    ("{prompt: 7, config: {}}", {"prompt": 7, "config": {}}, "prompt must be a string, got 7"),
+    ("{prompt_ids: [], config: {}}", {"prompt_ids": [], "config": {}},
+     "prompt_ids must be a non-empty list of integer token ids, got a list"),
+    ("{prompt_ids: [1, 2], chat: true, config: {}}", {"prompt_ids": [1, 2], "chat": True, "config": {}},
+     "chat and raw_text apply to a text prompt, not to prompt_ids"),
+    ("{prompt: 'x', stream: true, config: {}}", {"prompt": "x", "stream": True, "config": {}},
+     "stream is not a field of a generate request (known: chat, config, prompt, prompt_ids, raw_text)"),
+]
+
+
+def js_request_verdicts(expressions):
+    script = ("import { makeRequestChecker } from './web/protocol.mjs';\n"
+              "import fs from 'node:fs';\n"
+              "const check = makeRequestChecker(JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8')));\n"
+              f"const cases = [{', '.join(f'() => ({e})' for e in expressions)}];\n"
+              "console.log(JSON.stringify(cases.map((c) => { try { check(c()); return null; } catch (e) {"
+              " return [e.code, e.detail]; } })));\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def python_request_verdict(payload):
+    try:
+        checked_request(payload)
+        return None
+    except ExactSpecError as err:
+        return [err.code, err.message]
+
+
+def test_js_and_python_refuse_the_same_requests_with_the_same_sentence():
+    js = js_request_verdicts([c[0] for c in REQUEST_CASES])
+    for (expr, payload, sentence), js_verdict in zip(REQUEST_CASES, js):
+        want = None if sentence is None else ["E_BAD_ARGUMENT", sentence]
+        assert js_verdict == want, expr
+        assert python_request_verdict(payload) == want, expr
+
+
+def test_js_refuses_what_postmessage_cannot_send():
+    js = js_request_verdicts(["{prompt: 'x', config: {temperature: () => 0}}", "{prompt: 'x', chat: new Date(0), config: {}}"])
+    assert js == [["E_BAD_ARGUMENT", "config.temperature must be a finite number, got a function"],
+                  ["E_BAD_ARGUMENT", "chat must be true or false, got an object"]]
+
+
+def test_checked_request_fills_defaults_and_takes_js_numbers():
+    out = checked_request({"prompt_ids": [0, 776.0], "config": {"k": 4.0, "stop_token_ids": [2.0]}})
+    assert out["prompt_ids"] == [0, 776] and out["chat"] is False and out["raw_text"] is False
+    assert out["config"]["k"] == 4 and out["config"]["stop_token_ids"] == (2,) and out["config"]["allowed_token_ids"] is None
+    assert out["config"]["temperature"] == 1.0 and out["config"]["max_new_tokens"] == 64
+
+
+def test_the_module_names_every_option_of_the_table():
+    script = ("import { GENERATION_OPTIONS, REQUEST_FIELDS } from './web/exactspec.mjs';\n"
+              "console.log(JSON.stringify([GENERATION_OPTIONS, REQUEST_FIELDS]));\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    options, fields = json.loads(r.stdout)
+    assert options == list(CONFIG_OPTIONS) and fields == list(REQUEST_FIELDS)
+
+
+def test_coded_errors_say_their_code_once():
+    script = ("import { codedError, errorPayload } from './web/protocol.mjs';\n"
+              "const a = codedError('E_BAD_ARGUMENT', 'E_BAD_ARGUMENT: E_BAD_ARGUMENT: k is 99');\n"
+              "const b = codedError('E_TARGET_NUMERIC_OR_MASK', 'E_TARGET_NUMERIC_OR_MASK');\n"
+              "const c = errorPayload(new Error('E_MODEL_LOAD: E_MODEL_LOAD: config.json: bad'));\n"
+              "const d = errorPayload(a);\n"
+              "console.log(JSON.stringify([a.message, b.message, c, d]));\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    a, b, c, d = json.loads(r.stdout)
+    assert a == "E_BAD_ARGUMENT: k is 99"
+    assert b == "E_TARGET_NUMERIC_OR_MASK: no detail was given"
+    assert c == {"code": "E_MODEL_LOAD", "message": "config.json: bad"}
+    assert d == {"code": "E_BAD_ARGUMENT", "message": "k is 99"}

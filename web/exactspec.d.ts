@@ -29,11 +29,20 @@ export interface EngineOptions {
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
   assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
   timeoutMs?: number;
+  /** A running request that hears nothing from the engine's worker for this long rejects
+   *  E_TIMEOUT and ends the engine (later calls: E_TERMINATED saying why). Default 300000. */
+  silenceTimeoutMs?: number;
   onProgress?: (progress: LoadProgress) => void;
 }
 
+/** Every option is type-checked before the request queues (py/exactspec/protocol.json
+ *  "generate_config"): integers must be integers, numbers finite, flags booleans; anything else
+ *  is refused E_BAD_ARGUMENT naming the option and the value. */
 export interface GenerateOptions {
-  chat?: boolean;
+  chat?: boolean;                       // a text prompt in the model's chat template (its text never read as special tokens)
+  /** A text prompt whose special-token markers (<|im_end|>, ...) stay ordinary text. Default false:
+   *  without chat, markers written in the prompt are control tokens, as transformers reads them. */
+  raw_text?: boolean;
   speculate?: "none" | "draft" | "lookup";
   k?: number;
   scheduler?: "static" | "adaptive";   // adaptive: a k <= k per round (py/exactspec/scheduler.py)
@@ -46,7 +55,8 @@ export interface GenerateOptions {
   stop_strings?: string[];
   stop_token_ids?: number[];
   suppress_token_ids?: number[];
-  allowed_token_ids?: number[];
+  allowed_token_ids?: number[];          // non-empty; leave it out to allow every token
+  silenceTimeoutMs?: number;            // this request's limit on the worker's silence (EngineOptions)
 }
 
 export type TokenSource = "accepted" | "correction" | "extra" | "baseline";
@@ -91,6 +101,7 @@ export interface ReadyInfo {
 
 export interface ExactSpecEngine {
   readonly ready: ReadyInfo;
+  /** prompt: text, or token ids (then chat and raw_text do not apply). */
   generate(prompt: string | number[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
   cancel(): boolean;
   memory(): Promise<Record<string, number | string | boolean>>;
@@ -107,4 +118,5 @@ export function convertChampion(files: FileList | File[], options?: { onProgress
 export function requestPayload(prompt: string | number[], options?: GenerateOptions): object;
 export function codedError(code: ErrorCode, message: string): CodedError;
 export const GENERATION_OPTIONS: string[];
+export const REQUEST_FIELDS: string[];
 export const FOLDER_FILES: { champion: string[]; draft: string[] };

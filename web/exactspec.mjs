@@ -102,14 +102,23 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
   return models;
 }
 
-/** {prompt|prompt_ids, chat, config} from generate()'s arguments; unknown options are refused. */
+/** Fields of a generate request besides the prompt and config (types: protocol.json). */
+export const REQUEST_FIELDS = ["chat", "raw_text"];
+
+/** {prompt | prompt_ids, chat?, raw_text?, config} from generate()'s arguments; unknown options
+ *  are refused here, every type by the engine (protocol.json's table, the same rules as Python).
+ *  A prompt that is an array is token ids; anything else must be a string. */
 export function requestPayload(prompt, options = {}) {
-  const { chat = false, ...rest } = options;
-  const unknown = Object.keys(rest).filter((k) => !GENERATION_OPTIONS.includes(k));
-  if (unknown.length) throw codedError("E_BAD_ARGUMENT", `unknown option ${unknown[0]} (known: chat, ${GENERATION_OPTIONS.join(", ")})`);
-  const config = Object.fromEntries(Object.entries(rest).filter(([, v]) => v !== undefined));
-  const base = Array.isArray(prompt) ? { prompt_ids: prompt } : { prompt: String(prompt) };
-  return { ...base, chat: !!chat, config };
+  const rest = { ...(options ?? {}) };
+  delete rest.silenceTimeoutMs;                   // the engine's, not the request's
+  const unknown = Object.keys(rest).filter((k) => !GENERATION_OPTIONS.includes(k) && !REQUEST_FIELDS.includes(k));
+  if (unknown.length) {
+    throw codedError("E_BAD_ARGUMENT", `unknown option ${unknown[0]} (known: ${[...REQUEST_FIELDS, ...GENERATION_OPTIONS].join(", ")})`);
+  }
+  const defined = (entries) => Object.fromEntries(entries.filter(([, v]) => v !== undefined));
+  const config = defined(Object.entries(rest).filter(([k]) => GENERATION_OPTIONS.includes(k)));
+  const fields = defined(REQUEST_FIELDS.map((k) => [k, rest[k]]));
+  return { ...(Array.isArray(prompt) ? { prompt_ids: prompt } : { prompt }), ...fields, config };
 }
 
 class ExactSpecEngine {
@@ -120,11 +129,13 @@ class ExactSpecEngine {
 
   /** Generate one answer (queued behind a running one). onEvent sees {kind: "tokens"|"progress"|
    *  "error", payload}; resolves with the result (text, token_ids, finish_reason, stats,
-   *  timing_ms, error, receipt); rejects with .code only when refused before it started. */
+   *  timing_ms, error, receipt); rejects with .code when refused before it started, and with
+   *  E_TIMEOUT when the worker fell silent for silenceTimeoutMs (the engine is then ended). */
   generate(prompt, options = {}, onEvent = null) {
     let payload;
     try { payload = requestPayload(prompt, options); } catch (err) { return Promise.reject(err); }
-    return this.engine.generate(payload, onEvent);
+    const silence = options?.silenceTimeoutMs;
+    return this.engine.generate(payload, onEvent, silence === undefined ? {} : { silenceTimeoutMs: silence });
   }
 
   /** End the running answer at its next round boundary ("cancelled"); true if one was running. */
@@ -144,17 +155,17 @@ class ExactSpecEngine {
 
 /** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
  *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads,
- *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, onProgress, draftInBackground}.
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground}.
  *  draftInBackground: resolve as soon as the champion is ready; onProgress then sees
  *  {stage: "draft_ready", draft, draft_error} when speculation can start. */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto",
-    draftPlacement = "auto", whenBusy = "queue", timeoutMs, draftInBackground = false } = options;
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
   const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress);
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, draftPlacement, whenBusy,
-    onProgress, draftInBackground, ...(timeoutMs ? { timeoutMs } : {}) });
+    onProgress, draftInBackground, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
   return wrapped;

@@ -1,6 +1,7 @@
-// The envelope check and the error-code table of py/exactspec/protocol.json, JS side (the Python
-// side is protocol.py and errors.py). makeValidator(schema) is pure (tests run it in node);
-// loadProtocol() fetches the one schema. Every error crossing a boundary is {code, message}.
+// The envelope check, the generate request's type table and the error-code table of
+// py/exactspec/protocol.json, JS side (the Python side is protocol.py and errors.py).
+// makeValidator(schema) and makeRequestChecker(schema) are pure (tests run them in node);
+// loadSchema() fetches the one schema. Every error crossing a boundary is {code, message}.
 export function makeValidator(schema) {
   const fields = schema.envelope;
   const isCount = (x) => Number.isInteger(x) && x >= 0;
@@ -19,9 +20,79 @@ export function makeValidator(schema) {
   };
 }
 
-/** An Error whose message starts "E_CODE: " and whose .code is the code (Pyodide keeps the text). */
+const TYPE_WORDS = { boolean: "true or false", integer: "an integer", number: "a finite number", string: "a string",
+  strings: "a list of strings", token_ids: "a list of integer token ids" };
+
+/** A value as the Python side names it (protocol.py _shown), so both say the same sentence. */
+export function shown(v) {
+  if (v === null || typeof v === "boolean" || typeof v === "string") return JSON.stringify(v);
+  if (typeof v === "number") return String(v);
+  if (v === undefined) return "undefined";
+  if (Array.isArray(v)) return "a list";
+  return typeof v === "function" ? "a function" : typeof v === "object" ? "an object" : `a ${typeof v}`;
+}
+
+/** Whether `v` is of a table type (protocol.py _typed has the same rules). */
+function typed(kind, v) {
+  const isIds = (x) => Array.isArray(x) && x.every(Number.isInteger);
+  switch (kind) {
+    case "boolean": return typeof v === "boolean";
+    case "integer": return Number.isInteger(v);
+    case "number": return Number.isFinite(v);
+    case "string": return typeof v === "string";
+    case "strings": return Array.isArray(v) && v.every((x) => typeof x === "string");
+    case "token_ids": return isIds(v);
+    default: throw codedError("E_INTERNAL", `protocol.json: unknown option type ${kind}`);
+  }
+}
+
+/** checkRequest(payload) for a generate payload {prompt | prompt_ids, chat?, raw_text?, config}:
+ *  throws E_BAD_ARGUMENT naming the first field or option of the wrong type (the sentences of
+ *  protocol.py checked_request); returns the payload. The values' ranges are Python's to check. */
+export function makeRequestChecker(schema) {
+  const table = (name) => Object.fromEntries(Object.entries(schema[name]).filter(([k]) => !k.startsWith("_")));
+  const fields = table("generate_request"), options = table("generate_config");
+  const bad = (message) => { throw codedError("E_BAD_ARGUMENT", message); };
+  const check = (rules, key, v, where = "") => {
+    const rule = rules[key];
+    if (!typed(rule.type, v)) bad(`${where}${key} must be ${TYPE_WORDS[rule.type]}, got ${shown(v)}`);
+    if (rule.non_empty && !v.length) bad(`${where}${key} is empty: no token could be generated (leave the option out to allow every token)`);
+  };
+  const given = (obj, key) => Object.hasOwn(obj, key) && obj[key] !== undefined;   // JSON drops undefined
+  return function checkRequest(payload) {
+    if (payload === null || typeof payload !== "object" || Array.isArray(payload)) bad("a generate request must be an object");
+    const known = ["prompt", "prompt_ids", "config", ...Object.keys(fields)].sort();
+    const unknown = Object.keys(payload).filter((k) => given(payload, k) && !known.includes(k)).sort();
+    if (unknown.length) bad(`${unknown[0]} is not a field of a generate request (known: ${known.join(", ")})`);
+    for (const key of Object.keys(fields)) if (given(payload, key)) check(fields, key, payload[key]);
+    if (given(payload, "prompt") === given(payload, "prompt_ids")) {
+      bad("a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them");
+    }
+    if (given(payload, "prompt")) {
+      if (typeof payload.prompt !== "string") bad(`prompt must be a string, got ${shown(payload.prompt)}`);
+    } else {
+      if (!typed("token_ids", payload.prompt_ids) || !payload.prompt_ids.length) {
+        bad(`prompt_ids must be a non-empty list of integer token ids, got ${shown(payload.prompt_ids)}`);
+      }
+      if (payload.chat || payload.raw_text) bad("chat and raw_text apply to a text prompt, not to prompt_ids");
+    }
+    const config = given(payload, "config") ? payload.config : {};
+    if (config === null || typeof config !== "object" || Array.isArray(config)) bad(`config must be an object, got ${shown(config)}`);
+    const unknownOption = Object.keys(config).filter((k) => given(config, k) && !Object.hasOwn(options, k)).sort();
+    if (unknownOption.length) bad(`config.${unknownOption[0]} is not a known option (known: ${Object.keys(options).join(", ")})`);
+    for (const key of Object.keys(options)) if (given(config, key)) check(options, key, config[key], "config.");
+    return payload;
+  };
+}
+
+/** An Error whose message starts "E_CODE: " and whose .code is the code (Pyodide keeps the text).
+ *  A message that already starts with the code (a message passed on) is not prefixed twice. */
 export function codedError(code, message) {
-  return Object.assign(new Error(`${code}: ${message}`), { code, detail: message });
+  let detail = String(message ?? "");
+  const prefix = `${code}: `;
+  while (detail.startsWith(prefix)) detail = detail.slice(prefix.length);
+  if (!detail.trim() || detail === code) detail = "no detail was given";
+  return Object.assign(new Error(`${code}: ${detail}`), { code, detail });
 }
 
 /** {code, message} of anything thrown: its .code, else a leading "E_CODE: " in its message, else
@@ -35,8 +106,9 @@ export function errorPayload(err, fallback = "E_INTERNAL", codes = null) {
   }
   const known = (c) => typeof c === "string" && /^E_[A-Z_]+$/.test(c) && (!codes || Object.hasOwn(codes, c));
   const m = /^(E_[A-Z_]+): ?([\s\S]*)$/.exec(text);
-  if (known(err?.code)) return { code: err.code, message: m && m[1] === err.code ? m[2] : (err.detail ?? text) };
-  if (m && known(m[1])) return { code: m[1], message: m[2] };
+  const once = (code, message) => ({ code, message: codedError(code, message).detail });   // the code said once
+  if (known(err?.code)) return once(err.code, m && m[1] === err.code ? m[2] : (err.detail ?? text));
+  if (m && known(m[1])) return once(m[1], m[2]);
   return { code: fallback, message: text.split("\n")[0] || "unknown failure" };
 }
 
@@ -46,7 +118,7 @@ export function loadSchema(url = new URL("../py/exactspec/protocol.json", import
   schemaPromise ??= fetch(url).then(async (res) => {
     if (!res.ok) throw codedError("E_MODEL_LOAD", `${url}: HTTP ${res.status}`);
     const schema = await res.json();
-    return { validate: makeValidator(schema), codes: schema.errors, schema };
+    return { validate: makeValidator(schema), checkRequest: makeRequestChecker(schema), codes: schema.errors, schema };
   });
   return schemaPromise;
 }

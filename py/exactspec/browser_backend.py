@@ -11,9 +11,10 @@ import json
 
 from .acceptance import RoundDecision
 from .backends import Proposal
-from .errors import E_BAD_ARGUMENT, E_CACHE_STATE, E_INTERNAL, ExactSpecError, coded_error
+from .errors import E_CACHE_STATE, E_INTERNAL, ExactSpecError, coded_error
 from .orchestrator import CancelToken, GenerationConfig, Orchestrator
-from .policy import AllowedSetGrammar, SamplingPolicy
+from .policy import F32_MIN_TEMPERATURE, F32_PENALTY_RANGE, AllowedSetGrammar, SamplingPolicy
+from .protocol import CODE_DESCRIPTIONS, checked_config, checked_request
 
 
 def _js_ints(values):
@@ -50,12 +51,6 @@ def _p_draft_for_js(rows, proposals, vocab_size: int):
 
 def _coded(code: str, message: str, default: str = "E_DEVICE_LOST") -> ExactSpecError:
     return coded_error(RuntimeError(f"{code}: {message}"), default)
-
-
-# What the f32 GPU/WASM maths can run without overflow (logits up to ~1e30 in magnitude stay
-# finite after dividing by the temperature or applying the penalty). Refused before any output.
-F32_MIN_TEMPERATURE = 1e-6
-F32_PENALTY_RANGE = (1e-6, 1e6)
 
 
 async def _answer(value):
@@ -185,7 +180,8 @@ class WorkerDraft:
 
 def _decision(r: dict) -> RoundDecision:
     """championRound's JSON object as a RoundDecision (a coded error when the device reported one)."""
-    error = _coded(r["error_code"], r.get("error_message", r["error_code"])) if r["error_code"] else None
+    code = r["error_code"]
+    error = _coded(code, r.get("error_message") or CODE_DESCRIPTIONS.get(code, "the device reported it")) if code else None
     return RoundDecision(int(r["n_accepted"]), None if r["next_token"] < 0 else int(r["next_token"]),
                          None if r["rejected_at"] < 0 else int(r["rejected_at"]), r["ended_by"] or None, error)
 
@@ -240,85 +236,35 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 
-CONFIG_KEYS = ("max_new_tokens", "speculate", "k", "seed", "temperature", "top_k", "top_p", "repetition_penalty",
-               "suppress_token_ids", "allowed_token_ids", "stop_token_ids", "stop_strings", "scheduler")
-
-
-def _bad(key: str, why: str) -> ExactSpecError:
-    return ExactSpecError(E_BAD_ARGUMENT, f"config.{key} {why}")
-
-
-def _int(c: dict, key: str, default: int) -> int:
-    v = c.get(key, default)
-    if isinstance(v, float) and v.is_integer():   # JS numbers: 4 may arrive as 4.0
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise _bad(key, f"must be an integer, got {v!r}")
-    return v
-
-
-def _real(c: dict, key: str, default: float) -> float:
-    v = c.get(key, default)
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise _bad(key, f"must be a number, got {v!r}")
-    return float(v)
-
-
-def _list(c: dict, key: str, item_type, what: str) -> tuple:
-    v = c.get(key, [])
-    if v is None:
-        v = []
-    if not isinstance(v, list):   # a bare string would otherwise become one item per character
-        raise _bad(key, f"must be a list of {what}, got {type(v).__name__}")
-    out = []
-    for x in v:
-        if item_type is int and isinstance(x, float) and x.is_integer():
-            x = int(x)
-        if not isinstance(x, item_type) or isinstance(x, bool):
-            raise _bad(key, f"must be a list of {what}, got an item {x!r}")
-        out.append(x)
-    return tuple(out)
-
-
 def config_from_json(payload: dict, stop_token_ids) -> GenerationConfig:
-    """The page's {config: {...}} as a GenerationConfig; every type is checked (E_BAD_ARGUMENT)."""
-    c = payload.get("config", {})
-    if not isinstance(c, dict):
-        raise _bad("", "must be an object")
-    unknown = sorted(set(c) - set(CONFIG_KEYS))
-    if unknown:
-        raise _bad(unknown[0], f"is not a known option (known: {', '.join(CONFIG_KEYS)})")
-    allowed = _list(c, "allowed_token_ids", int, "token ids")
-    policy = SamplingPolicy(temperature=_real(c, "temperature", 1.0), top_k=_int(c, "top_k", 0),
-                            top_p=_real(c, "top_p", 1.0), repetition_penalty=_real(c, "repetition_penalty", 1.0),
-                            suppress_token_ids=_list(c, "suppress_token_ids", int, "token ids"),
-                            grammar=AllowedSetGrammar(allowed) if allowed else None)
-    speculate = c.get("speculate", "draft")
-    if not isinstance(speculate, str):
-        raise _bad("speculate", f"must be a string, got {speculate!r}")
-    scheduler = c.get("scheduler", "static")
-    if not isinstance(scheduler, str):
-        raise _bad("scheduler", f"must be a string, got {scheduler!r}")
-    return GenerationConfig(max_new_tokens=_int(c, "max_new_tokens", 64), policy=policy, speculate=speculate,
-                            scheduler=scheduler,
-                            k=_int(c, "k", 4), seed=_int(c, "seed", 0),
-                            stop_token_ids=tuple(stop_token_ids) + _list(c, "stop_token_ids", int, "token ids"),
-                            stop_strings=_list(c, "stop_strings", str, "strings"))
+    """A generate request's {config: {...}} as a GenerationConfig: every option's type checked
+    (protocol.checked_config: E_BAD_ARGUMENT); the values' ranges are checked when it starts."""
+    return _generation_config(checked_config(payload.get("config", {})), stop_token_ids)
 
 
-def prompt_ids(session: Session, payload: dict) -> list:
-    if "prompt_ids" in payload:
-        ids = payload["prompt_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ExactSpecError(E_BAD_ARGUMENT, "prompt_ids must be a list of integers")
-        return list(ids)
-    text = payload["prompt"]
-    if not isinstance(text, str):
-        raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be a string, got {type(text).__name__}")
-    if payload.get("chat"):
-        from .chat import encode_chat_prompt   # user text never parsed for special tokens
+def _generation_config(config: dict, stop_token_ids) -> GenerationConfig:
+    allowed = config["allowed_token_ids"]
+    policy = SamplingPolicy(temperature=config["temperature"], top_k=config["top_k"], top_p=config["top_p"],
+                            repetition_penalty=config["repetition_penalty"],
+                            suppress_token_ids=config["suppress_token_ids"],
+                            grammar=AllowedSetGrammar(allowed) if allowed is not None else None)
+    return GenerationConfig(max_new_tokens=config["max_new_tokens"], policy=policy, speculate=config["speculate"],
+                            scheduler=config["scheduler"], k=config["k"], seed=config["seed"],
+                            stop_token_ids=tuple(stop_token_ids) + tuple(config["stop_token_ids"]),
+                            stop_strings=config["stop_strings"])
+
+
+def prompt_ids(session: Session, request: dict) -> list:
+    """The token ids of a checked request: its prompt_ids; its text in the chat template (message
+    text never parsed for special tokens); with raw_text, its text with no special token parsed;
+    else its text as transformers encodes it (special tokens written in it are parsed)."""
+    if "prompt_ids" in request:
+        return request["prompt_ids"]
+    text = request["prompt"]
+    if request["chat"]:
+        from .chat import encode_chat_prompt
         return encode_chat_prompt(session.tokenizer, session.tokenizer_config, [{"role": "user", "content": text}])
-    return session.tokenizer.encode(text, add_special_tokens=True)
+    return session.tokenizer.encode(text, add_special_tokens=True, split_special_tokens=request["raw_text"])
 
 
 async def generate(session: Session, request_json: str, post) -> str:
@@ -327,9 +273,9 @@ async def generate(session: Session, request_json: str, post) -> str:
     Never raises: whatever goes wrong crosses the boundary as a code and a sentence."""
     try:
         request = json.loads(request_json)
-        payload = request["payload"]
-        ids = prompt_ids(session, payload)
-        config = config_from_json(payload, session.stop_token_ids)
+        checked = checked_request(request["payload"])
+        ids = prompt_ids(session, checked)
+        config = _generation_config(checked["config"], session.stop_token_ids)
         result = await session.orchestrator.agenerate(
             ids, config, on_event=lambda env: post(json.dumps(env)), cancel=session.cancel,
             request_id=request["request_id"], epoch=request["epoch"])

@@ -14,6 +14,14 @@ from .errors import E_BAD_ARGUMENT, ExactSpecError
 # The step order below is part of the contract (docs/processors.md); changing it bumps the version.
 PROCESSORS_VERSION = "processors-v1"
 
+# What the f32 GPU/WASM maths can run without overflow (logits up to ~1e30 in magnitude stay
+# finite after dividing by the temperature or applying the penalty). The browser's champions
+# declare these limits and the command line applies them too, so both refuse the same values
+# before any output.
+F32_MIN_TEMPERATURE = 1e-6
+F32_PENALTY_RANGE = (1e-6, 1e6)
+F32_LIMITS = {"min_temperature": F32_MIN_TEMPERATURE, "repetition_penalty_range": F32_PENALTY_RANGE}
+
 
 @runtime_checkable
 class Grammar(Protocol):

@@ -1,4 +1,6 @@
-"""The one message envelope {kind, request_id, seq, epoch, payload}, checked against protocol.json.
+"""The one message envelope {kind, request_id, seq, epoch, payload}, checked against protocol.json,
+and the types of a generate request's fields and options (the same table and sentences as
+web/protocol.mjs).
 
 An Inbox applies messages in order and drops (and counts) those from a stale epoch, a foreign
 request or a duplicate/out-of-order seq. Pure Python; the JS side reads the same protocol.json.
@@ -6,13 +8,17 @@ request or a duplicate/out-of-order seq. Pure Python; the JS side reads the same
 from __future__ import annotations
 
 import json
+import math
 import os
 
-from .errors import E_PROTOCOL, ExactSpecError
+from .errors import E_BAD_ARGUMENT, E_PROTOCOL, ExactSpecError
 
 with open(os.path.join(os.path.dirname(__file__), "protocol.json"), encoding="utf-8") as _f:
     SCHEMA = json.load(_f)
 KINDS = SCHEMA["kinds"]
+CODE_DESCRIPTIONS = SCHEMA["errors"]             # code -> what it means (a message when a device gives none)
+REQUEST_FIELDS = {k: v for k, v in SCHEMA["generate_request"].items() if not k.startswith("_")}
+CONFIG_OPTIONS = {k: v for k, v in SCHEMA["generate_config"].items() if not k.startswith("_")}
 
 
 def make_envelope(kind: str, request_id: str, seq: int, epoch: int, payload: dict) -> dict:
@@ -57,3 +63,106 @@ class Inbox:
         self.next_seq = env["seq"] + 1
         self.accepted.append(env)
         return True
+
+
+# ------------------------------------------------------------------ generate requests
+TYPE_WORDS = {"boolean": "true or false", "integer": "an integer", "number": "a finite number", "string": "a string",
+              "strings": "a list of strings", "token_ids": "a list of integer token ids"}
+
+
+def _shown(v) -> str:
+    """A value as the JS side names it (web/protocol.mjs shown()), so both say the same sentence."""
+    if v is None or isinstance(v, (bool, str)):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, float):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity") if math.isinf(v) else repr(v)
+    if isinstance(v, int):
+        return str(v)
+    return "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else f"a {type(v).__name__}"
+
+
+def _integer(v):
+    """v as an int when it is one (JS numbers: 4 may arrive as 4.0), else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v.is_integer() else None
+
+
+def _typed(kind: str, v):
+    """(ok, value) for one value of a table type; JS's rules are web/protocol.mjs typed()."""
+    if kind == "boolean":
+        return isinstance(v, bool), v
+    if kind == "integer":
+        i = _integer(v)
+        return i is not None, i
+    if kind == "number":
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return ok, float(v) if ok else v
+    if kind == "string":
+        return isinstance(v, str), v
+    if kind == "strings":
+        return isinstance(v, list) and all(isinstance(x, str) for x in v), tuple(v) if isinstance(v, list) else v
+    if kind == "token_ids":
+        ids = [_integer(x) for x in v] if isinstance(v, list) else None
+        return ids is not None and None not in ids, tuple(ids) if ids is not None else v
+    raise ValueError(f"protocol.json: unknown option type {kind}")
+
+
+def checked_option(table: dict, key: str, v, where: str = ""):
+    """The value of option `key` in `table` (REQUEST_FIELDS or CONFIG_OPTIONS), refused with
+    E_BAD_ARGUMENT when it is not of the table's type (one sentence naming the value)."""
+    rule = table[key]
+    ok, value = _typed(rule["type"], v)
+    if not ok:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{where}{key} must be {TYPE_WORDS[rule['type']]}, got {_shown(v)}",
+                             field=key)
+    if rule.get("non_empty") and not value:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{where}{key} is empty: no token could be generated "
+                             "(leave the option out to allow every token)", field=key)
+    return value
+
+
+def checked_request(payload) -> dict:
+    """A generate payload's prompt, fields and config with their types checked and defaults
+    filled: {"prompt" | "prompt_ids", "chat", "raw_text", "config": {option: value}}."""
+    if not isinstance(payload, dict):
+        raise ExactSpecError(E_BAD_ARGUMENT, "a generate request must be an object")
+    known = {"prompt", "prompt_ids", "config", *REQUEST_FIELDS}
+    unknown = sorted(k for k in payload if k not in known)
+    if unknown:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{unknown[0]} is not a field of a generate request "
+                             f"(known: {', '.join(sorted(known))})")
+    out = {k: checked_option(REQUEST_FIELDS, k, payload[k]) if k in payload else rule["default"]
+           for k, rule in REQUEST_FIELDS.items()}
+    if ("prompt" in payload) == ("prompt_ids" in payload):
+        raise ExactSpecError(E_BAD_ARGUMENT, "a generate request needs a prompt: text (prompt) or token ids "
+                             "(prompt_ids), exactly one of them")
+    if "prompt" in payload:
+        if not isinstance(payload["prompt"], str):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be a string, got {_shown(payload['prompt'])}")
+        out["prompt"] = payload["prompt"]
+    else:
+        ids = payload["prompt_ids"]
+        ok, ids = _typed("token_ids", ids)
+        if not ok or not ids:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"prompt_ids must be a non-empty list of integer token ids, "
+                                 f"got {_shown(payload['prompt_ids'])}")
+        if out["chat"] or out["raw_text"]:
+            raise ExactSpecError(E_BAD_ARGUMENT, "chat and raw_text apply to a text prompt, not to prompt_ids")
+        out["prompt_ids"] = list(ids)
+    out["config"] = checked_config(payload.get("config", {}))
+    return out
+
+
+def checked_config(config) -> dict:
+    """A generate request's config with every option's type checked and the defaults filled."""
+    if not isinstance(config, dict):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"config must be an object, got {_shown(config)}")
+    unknown = sorted(k for k in config if k not in CONFIG_OPTIONS)
+    if unknown:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"config.{unknown[0]} is not a known option "
+                             f"(known: {', '.join(CONFIG_OPTIONS)})", field=unknown[0])
+    return {k: checked_option(CONFIG_OPTIONS, k, config[k], "config.") if k in config else rule["default"]
+            for k, rule in CONFIG_OPTIONS.items()}
