@@ -176,6 +176,8 @@ def delete(key):
      ["llama.attention.layer_norm_rms_epsilon", "must be > 0 and < 1"]),
     ({"omit": ("blk.1.ffn_up.weight",)}, ["tensor 'blk.1.ffn_up.weight'", "is missing"]),
     ({"omit": ("token_embd.weight",)}, ["tensor 'token_embd.weight'", "is missing"]),
+    ({"omit": ("token_embd.weight",), "edit": lambda w: w.add_tensor("token_embd.weight", np.zeros(256, np.float32))},
+     ["tensor 'token_embd.weight'", "has shape [256], not"]),
     ({"edit": lambda w: w.add_tensor("blk.2.attn_q.weight", np.zeros((256, 256), np.float32))},
      ["tensor 'blk.2.attn_q.weight'", "not a tensor of this llama model"]),
     ({"edit": lambda w: w.add_tensor("blk.0.attn_q.bias", np.zeros(256, np.float32))},

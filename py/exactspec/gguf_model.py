@@ -140,7 +140,10 @@ class GGUFModel:
         if "token_embd.weight" not in self.file.tensors:
             raise refuse(self.path, "tensor 'token_embd.weight'", "is missing")
         embd = self.file.tensors["token_embd.weight"]
-        vocab = embd.shape[0] if len(embd.shape) == 2 else 0
+        if len(embd.shape) != 2:
+            raise refuse(self.path, "tensor 'token_embd.weight'", f"has shape {list(embd.shape)}, not (vocabulary, "
+                         "hidden size)")
+        vocab = embd.shape[0]
         if integer("vocab_size", vocab) != vocab:
             raise refuse(self.path, f"metadata[{a + 'vocab_size'!r}]", f"{integer('vocab_size')} disagrees with "
                          f"the {vocab} rows of tensor 'token_embd.weight'")

@@ -42,7 +42,7 @@ def _split(pattern: str) -> dict:
     return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
 
 
-# tokenizer.ggml.pre -> (normalizer, pre_tokenizer, ignore_merges, BOS by default)
+# tokenizer.ggml.pre -> (normalizer, pre_tokenizer, ignore_merges, BOS added when the file does not say)
 PRE_TOKENIZERS = {
     "gpt-2": (None, _BYTE_LEVEL_SPLIT, False, False),
     "smollm": (None, {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
@@ -107,8 +107,16 @@ def _added_tokens(tokens: list, types: list) -> list:
             for i, (tok, kind) in enumerate(zip(tokens, types)) if kind in (UNKNOWN, CONTROL, USER_DEFINED)]
 
 
-def _post_processor(md: _Metadata, tokens: list, default_bos: bool) -> dict | None:
-    add_bos = md.get("tokenizer.ggml.add_bos_token", ("BOOL",), default_bos)
+def _add_bos(md: _Metadata) -> bool:
+    """tokenizer.ggml.add_bos_token, else llama.cpp's default: BOS for "llama" and Llama 3's BPE."""
+    kind = md.get("tokenizer.ggml.model", ("STRING",), required=True)
+    pre = md.get("tokenizer.ggml.pre", ("STRING",), "gpt-2")
+    default = kind == "llama" or (kind == "gpt2" and pre in PRE_TOKENIZERS and PRE_TOKENIZERS[pre][3])
+    return md.get("tokenizer.ggml.add_bos_token", ("BOOL",), default)
+
+
+def _post_processor(md: _Metadata, tokens: list) -> dict | None:
+    add_bos = _add_bos(md)
     add_eos = md.get("tokenizer.ggml.add_eos_token", ("BOOL",), False)
     single, specials = [{"Sequence": {"id": "A", "type_id": 0}}], {}
     for add, key, where in ((add_bos, "tokenizer.ggml.bos_token_id", 0), (add_eos, "tokenizer.ggml.eos_token_id", 1)):
@@ -131,7 +139,7 @@ def _byte_level_spec(md: _Metadata, tokens: list, types: list) -> dict:
     if pre not in PRE_TOKENIZERS:
         raise md.refuse("tokenizer.ggml.pre", f"{pre[:40]!r} is not supported (supported: "
                         f"{', '.join(sorted(PRE_TOKENIZERS))})")
-    normalizer, pre_tokenizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
+    normalizer, pre_tokenizer, ignore_merges, _ = PRE_TOKENIZERS[pre]
     vocab = {}
     for i, (tok, kind) in enumerate(zip(tokens, types)):
         if _BYTE_ALPHABET.issuperset(tok):
@@ -144,7 +152,7 @@ def _byte_level_spec(md: _Metadata, tokens: list, types: list) -> dict:
                       "fuse_unk": False, "ignore_merges": ignore_merges, "dropout": None,
                       "continuing_subword_prefix": None, "end_of_word_suffix": None},
             "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "post_processor": _post_processor(md, tokens, default_bos)}
+            "post_processor": _post_processor(md, tokens)}
 
 
 def sentencepiece_merges(tokens: list, scores: list) -> list:
@@ -181,7 +189,7 @@ def _sentencepiece_spec(md: _Metadata, tokens: list, types: list) -> dict:
                       "fuse_unk": True, "ignore_merges": False, "dropout": None,
                       "continuing_subword_prefix": None, "end_of_word_suffix": None},
             "decoder": {"type": "Sequence", "decoders": decoders},
-            "post_processor": _post_processor(md, tokens, True)}
+            "post_processor": _post_processor(md, tokens)}
 
 
 def tokenizer_spec(gguf) -> dict:
@@ -214,10 +222,7 @@ def tokenizer_config(gguf) -> dict:
     add_bos_token and add_eos_token."""
     md = _Metadata(gguf)
     tokens, _ = _vocabulary(md)
-    kind = md.get("tokenizer.ggml.model", ("STRING",), required=True)
-    pre = md.get("tokenizer.ggml.pre", ("STRING",), "gpt-2")
-    default_bos = kind == "llama" or PRE_TOKENIZERS.get(pre, (None, None, False, False))[3]
-    out = {"add_bos_token": md.get("tokenizer.ggml.add_bos_token", ("BOOL",), default_bos),
+    out = {"add_bos_token": _add_bos(md),
            "add_eos_token": md.get("tokenizer.ggml.add_eos_token", ("BOOL",), False)}
     template = md.get("tokenizer.chat_template", ("STRING",))
     if template is not None:
