@@ -301,6 +301,7 @@ def test_nan_champion_logits_end_the_answer(rt, reference, mode, min_round):
     arm(rt, action="nan_champion", at="championRound", min_round=min_round)
     r = check_run(generate(rt, prompt, mode), reference[prompt], "error", "E_TARGET_NUMERIC_OR_MASK")
     assert len(r["token_ids"]) >= min_round
+    assert r["error"]["message"].strip() and "E_TARGET_NUMERIC_OR_MASK" not in r["error"]["message"], r["error"]   # the code once
     check_next_is_champion(rt, reference, mode)
 
 
@@ -321,7 +322,92 @@ def test_refused_allocation_fails_the_load_and_leaks_nothing(rt, reference):
     check_like_a_fresh_load(rt, reference, "after a refused load and a good one")
 
 
-# ----------------------------------------------------------------------------- 9. 200 requests
+# ----------------------------------------------------------------------------- 9. every request settles
+# Each case races the request against SETTLE_S seconds in the page, so that a request that never
+# settles (the engine wedged for ever) fails the test at once instead of hanging it.
+SETTLE_S = 30
+
+
+def settles(rt, body, seconds=SETTLE_S):
+    """Run `body` (the statements of an async function of R = window.exactspecRunner, returning a
+    value) in the page, raced against `seconds`."""
+    out = rt.page.evaluate(f"""async () => {{
+        const R = window.exactspecRunner;
+        const request = (async () => {{ {body} }})();
+        const late = new Promise((r) => setTimeout(() => r({{unsettled: true}}), {seconds} * 1000));
+        return Promise.race([request, late]);
+    }}""")
+    assert not (isinstance(out, dict) and out.get("unsettled")), f"did not settle within {seconds} s: {body}"
+    return out
+
+
+def test_a_request_the_worker_refuses_after_a_cancel_settles(rt, reference):
+    """The worker's envelope check refuses a generate without config; after a cancel (epoch >= 1)
+    the refusal comes in the request's own epoch, so the request settles, E_PROTOCOL, and the
+    engine answers the next request exactly (it was answered in epoch 0 and dropped as stale)."""
+    _cancel_once(rt, reference)
+    out = settles(rt, "return R.generate({prompt: 'In the beginning'});")
+    assert out.get("refused", {}).get("code") == "E_PROTOCOL" and "lacks config" in out["refused"]["message"], out
+    assert out["refused"]["message"].count("E_PROTOCOL") == 1, out
+    check_next_is_champion(rt, reference, "draft")
+
+
+def test_options_that_cannot_be_posted_are_refused_and_the_engine_stays_usable(rt, reference):
+    """{temperature: () => 0} is refused by the type check, before it queues; a token-id prompt
+    carrying a function (it passes the type check, postMessage cannot clone it) is refused at
+    the post. Both E_BAD_ARGUMENT, and the next request is the champion's answer (running was
+    set before the failed post: every later request queued behind it for ever)."""
+    out = settles(rt, "return R.generate({prompt: 'x', config: {temperature: () => 0}});")
+    assert out.get("refused") == {"code": "E_BAD_ARGUMENT",
+                                  "message": "E_BAD_ARGUMENT: config.temperature must be a finite number, got a function"}, out
+    out = settles(rt, "const ids = [1, 2, 3]; ids.note = () => 0; return R.generate({prompt_ids: ids, config: {}});")
+    assert out.get("refused", {}).get("code") == "E_BAD_ARGUMENT" and "cannot be sent to the worker" in out["refused"]["message"], out
+    prompt = FAULT_PROMPTS[2]
+    check_run(settles(rt, f"return R.generate({json.dumps(payload(prompt, 'draft'))});"), reference[prompt],
+              reference[prompt]["finish_reason"])
+
+
+def test_token_id_prompts_after_a_cancel_work_through_the_module(rt, reference):
+    """The public module (web/exactspec.mjs), as a site uses it: after one cancel, a token-id
+    prompt (the one the text prompt encodes to) settles and gives exactly the text prompt's
+    answer, and both are the champion's (the payload {prompt_ids} was refused E_PROTOCOL in
+    epoch 0, dropped as stale: the engine never answered again)."""
+    prompt = FAULT_PROMPTS[3]
+    out = settles(rt, """
+        const { createEngine } = await import(new URL("exactspec.mjs", location.href).href);
+        const engine = await createEngine({ draft: null, championBackend: "webgpu" });
+        try {
+            const opts = { speculate: "none", temperature: 0, max_new_tokens: %d };
+            const long = engine.generate(%s, { ...opts, max_new_tokens: 400 },
+                                         (ev) => ev.kind === "tokens" && engine.cancel());
+            const cancelled = (await long).finish_reason;
+            const text = await engine.generate(%s, opts);
+            const ids = await engine.generate(text.prompt_ids, opts);
+            return { cancelled, text, ids };
+        } finally {
+            await engine.terminate();
+        }
+    """ % (N_TOKENS, json.dumps(FAULT_PROMPTS[0]), json.dumps(prompt)), seconds=300)   # a second engine loads
+    assert out["cancelled"] == "cancelled", out
+    text, ids = out["text"], out["ids"]
+    assert ids["error"] is None and ids["prompt_ids"] == text["prompt_ids"]
+    assert ids["token_ids"] == text["token_ids"] == reference[prompt]["token_ids"] and ids["text"] == text["text"]
+
+
+def test_a_silent_worker_ends_the_request_and_the_engine_visibly(rt, reference):
+    """The backstop: a request that hears nothing from the worker for silenceTimeoutMs (here a
+    stall of 6 s against 1.5 s) ends E_TIMEOUT, and the engine is ended with it: later calls are
+    refused E_TERMINATED saying why. A new engine then answers exactly."""
+    arm(rt, action="stall", at="championRound", min_round=1, ms=6000)
+    out = settles(rt, f"return R.generate({json.dumps(payload(FAULT_PROMPTS[0], 'none'))}, {{silenceTimeoutMs: 1500}});")
+    assert out.get("refused", {}).get("code") == "E_TIMEOUT" and "said nothing for 1500 ms" in out["refused"]["message"], out
+    later = generate(rt, FAULT_PROMPTS[0], "none")
+    assert later["refused"]["code"] == "E_TERMINATED" and "said nothing for 1500 ms" in later["refused"]["message"], later
+    load(rt)
+    check_like_a_fresh_load(rt, reference, "after an engine ended by silence, and a new one")
+
+
+# ----------------------------------------------------------------------------- 10. 200 requests
 def test_200_sequential_requests_stay_bounded(rt, reference):
     """Greedy, 8 tokens, cycling modes and prompts. Between request 10 and request 200: GPU
     buffers live and draft WASM bytes unchanged; Pyodide heap and page JS heap grow by at most

@@ -123,3 +123,36 @@ def test_every_envelope_posted_is_valid_and_seq_increases():
         validate_envelope(env)
     own = [e["seq"] for e in out["posted"] if e["kind"] != "result"]
     assert own == sorted(own) and len(set(own)) == len(own)
+
+
+REFUSAL_SCRIPT = r"""
+import fs from 'node:fs';
+import { makeValidator } from './web/protocol.mjs';
+import { createOrchestratorHandler } from './web/orchestrator/handler.mjs';
+const schema = JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8'));
+const posted = [];
+const runtime = { async generate(env, post) {
+  post({ kind: 'result', request_id: env.request_id, seq: 0, epoch: env.epoch, payload: { finish_reason: 'length', stats: {} } });
+  return { finish_reason: 'length' };
+}, cancel() {} };
+const h = createOrchestratorHandler({ runtime, post: (e) => posted.push(e), validate: makeValidator(schema), codes: schema.errors });
+h.onMessage({ kind: 'cancel', request_id: 'A', seq: 0, epoch: 2, payload: {} });
+await h.onMessage({ kind: 'generate', request_id: 'B', seq: 1, epoch: 2, payload: { prompt: 'x' } });      // lacks config
+await h.onMessage({ kind: 'generate', request_id: 'C', seq: 2, epoch: 'two', payload: { config: {} } });  // no usable epoch
+await h.onMessage({ kind: 'generate', request_id: 'D', seq: 3, epoch: 2, payload: { prompt_ids: [0, 776], config: {} } });
+console.log(JSON.stringify(posted));
+"""
+
+
+def test_a_refused_envelope_is_answered_in_its_own_epoch():
+    """After a cancel (epoch 2), a generate the envelope check refuses is answered in epoch 2, the
+    epoch its sender waits in (epoch 0 was dropped by the engine as stale: the request never
+    settled); one with no usable epoch gets the handler's. A token-id prompt passes the check."""
+    r = subprocess.run(["node", "--input-type=module", "-e", REFUSAL_SCRIPT], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    by_id = {e["request_id"]: e for e in json.loads(r.stdout)}
+    assert by_id["B"]["kind"] == "error" and by_id["B"]["epoch"] == 2
+    assert by_id["B"]["payload"] == {"code": "E_PROTOCOL", "message": "generate payload lacks config", "fatal": True}
+    assert by_id["C"]["kind"] == "error" and by_id["C"]["epoch"] == 2
+    assert by_id["D"]["kind"] == "result" and by_id["D"]["epoch"] == 2

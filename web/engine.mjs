@@ -9,12 +9,22 @@
 // result (finish_reason eos|stop|length|cancelled|error; a failure after the request started is
 // a result with `error`), and rejects with an Error carrying .code only when the request was
 // refused before it started (E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_DRAFT_LOST, E_BUSY, ...).
+// Every request settles: its fields and options are type-checked here (protocol.json's table)
+// before it queues, one that cannot be posted is refused, the worker refuses in the request's
+// own epoch, and a running request that hears nothing from the worker for silenceTimeoutMs
+// (default 5 min) ends E_TIMEOUT and ends the engine with it (visibly dead: later calls are
+// refused E_TERMINATED saying why), since a worker that silent cannot be trusted with another.
 // Epochs: every request runs under the engine's epoch at its start; cancel() moves the epoch on.
 // Envelopes from the worker for anything but the running request in its own epoch (late events
 // of a finished request, junk) are dropped and counted: result.stats.stale_dropped.engine.
 // Every worker and asset URL derives from baseUrl (default: this module's folder, web/), so the
 // engine runs from any path or origin; the public wrapper is web/exactspec.mjs.
-import { codedError, errorPayload, loadSchema } from "./protocol.mjs";
+import { codedError, errorPayload, loadSchema, shown } from "./protocol.mjs";
+
+/** How long a running request may hear nothing from the orchestrator worker (a backstop: every
+ *  round and every refusal speaks well before this). */
+export const DEFAULT_SILENCE_TIMEOUT_MS = 300000;
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** The URLs the engine needs, from its base (the folder holding engine.mjs). A package installed
  *  under node_modules/exactspec/ finds Pyodide beside it (node_modules/pyodide/). */
@@ -48,7 +58,7 @@ export function startModuleWorker(url) {
 }
 
 export class Engine {
-  /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, faults,
+  /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, silenceTimeoutMs, faults,
    *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n,
    *  draftPlacement: "auto"|"inline"|"worker"}. `faults` enables engine.fault() (tests). "auto"
    *  takes WebGPU only from a hardware adapter; the draft runs inline next to a WASM champion. */
@@ -63,8 +73,9 @@ export class Engine {
     return engine;
   }
 
-  constructor({ whenBusy = "queue", workerUrl = null, baseUrl, assets = {} } = {}) {
+  constructor({ whenBusy = "queue", workerUrl = null, baseUrl, assets = {}, silenceTimeoutMs = DEFAULT_SILENCE_TIMEOUT_MS } = {}) {
     this.whenBusy = whenBusy;
+    this.silenceTimeoutMs = silenceTimeoutMs;
     this.assets = engineAssets(baseUrl, assets);
     this.workerUrl = workerUrl ?? this.assets.worker;
     this.worker = null;
@@ -72,13 +83,14 @@ export class Engine {
     this.seq = 0;
     this._epoch = 0;
     this.queue = [];                     // waiting requests: {payload, onEvent, resolve, reject}
-    this.running = null;                 // {request_id, epoch, onEvent, resolve, reject}
+    this.running = null;                 // {request_id, epoch, onEvent, resolve, reject, silenceMs, silenceTimer}
     this.control = new Map();            // request_id of load/memory/fault/terminate -> {resolve, reject}
     this.staleDropped = 0;
     this.staleReported = 0;              // staleDropped already put in some result's stats
     this.invalidDropped = 0;
     this.ready = null;
     this.terminated = false;
+    this.endReason = "the engine was terminated";   // what later calls are told (E_TERMINATED)
   }
 
   /** The current cancellation epoch (moves on at every cancel()). */
@@ -95,7 +107,7 @@ export class Engine {
    *  draftDelayMs (tests, with faults) holds the draft back. */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
     draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0 } = {}) {
-    if (this.terminated) throw codedError("E_TERMINATED", "the engine was terminated");
+    if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
     if (!this.worker) this._startWorker();
@@ -113,14 +125,20 @@ export class Engine {
     this.worker.onerror = (ev) => this._kill(codedError("E_INTERNAL", `orchestrator worker failed: ${ev.message || "error event"}`));
   }
 
+  /** Post one envelope; throws E_BAD_ARGUMENT when the payload cannot be cloned to the worker
+   *  (a function, a DOM object, ...), so that no caller waits for an answer to a lost message. */
   _send(kind, request_id, epoch, payload) {
-    this.worker.postMessage({ kind, request_id, seq: this.seq++, epoch, payload });
+    try {
+      this.worker.postMessage({ kind, request_id, seq: this.seq++, epoch, payload });
+    } catch (err) {
+      throw codedError("E_BAD_ARGUMENT", `the ${kind} message cannot be sent to the worker (${err?.name ?? "Error"}: ${String(err?.message ?? err).split("\n")[0]})`);
+    }
   }
 
   _newId(kind) { return `${kind}-${this.seq}-${Math.random().toString(16).slice(2, 10)}`; }
 
   _control(kind, payload, timeoutMs = 0, onProgress = null) {
-    if (this.terminated || !this.worker) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
+    if (this.terminated || !this.worker) return Promise.reject(codedError("E_TERMINATED", this.endReason));
     const id = this._newId(kind);
     if (kind === "load") this._loadRequestId = id;   // its progress may go on after ready (a late draft)
     return new Promise((resolve, reject) => {
@@ -132,19 +150,30 @@ export class Engine {
         }, timeoutMs);
       }
       this.control.set(id, entry);
-      this._send(kind, id, this._epoch, payload);
+      try {
+        this._send(kind, id, this._epoch, payload);
+      } catch (err) {
+        this.control.delete(id);
+        clearTimeout(entry.timer);
+        reject(err);
+      }
     });
   }
 
-  /** Queue a request; see the header for what resolves and what rejects. */
-  generate(payload, onEvent = null, { ifBusy = this.whenBusy } = {}) {
-    if (this.terminated) return Promise.reject(codedError("E_TERMINATED", "the engine was terminated"));
+  /** Queue a request; see the header for what resolves and what rejects. silenceTimeoutMs: this
+   *  request's limit on the worker's silence (default: the engine's). */
+  generate(payload, onEvent = null, { ifBusy = this.whenBusy, silenceTimeoutMs = this.silenceTimeoutMs } = {}) {
+    if (this.terminated) return Promise.reject(codedError("E_TERMINATED", this.endReason));
     if (!this.ready) return Promise.reject(codedError("E_BAD_ARGUMENT", "no model is loaded"));
     if ((this.running || this.queue.length) && ifBusy === "refuse") {
       return Promise.reject(codedError("E_BUSY", "a request is running (ifBusy: \"refuse\")"));
     }
+    if (!(silenceTimeoutMs > 0 && silenceTimeoutMs <= MAX_TIMER_MS)) {   // setTimeout fires at once beyond 2^31-1 ms
+      return Promise.reject(codedError("E_BAD_ARGUMENT", `silenceTimeoutMs must be in (0, ${MAX_TIMER_MS}] ms, got ${shown(silenceTimeoutMs)}`));
+    }
+    try { this.schema.checkRequest(payload); } catch (err) { return Promise.reject(err); }
     return new Promise((resolve, reject) => {
-      this.queue.push({ payload, onEvent, resolve, reject });
+      this.queue.push({ payload, onEvent, resolve, reject, silenceMs: silenceTimeoutMs });
       this._pump();
     });
   }
@@ -153,13 +182,32 @@ export class Engine {
     if (this.running || !this.queue.length || this.terminated) return;
     const next = this.queue.shift();
     const request_id = this._newId("generate");
-    this.running = { ...next, request_id, epoch: this._epoch };
-    this._send("generate", request_id, this._epoch, next.payload);
+    this.running = { ...next, request_id, epoch: this._epoch, silenceTimer: null };
+    try {
+      this._send("generate", request_id, this._epoch, next.payload);
+    } catch (err) {
+      this._finishRunning((r) => r.reject(err));   // refused here: nothing reached the worker
+      return;
+    }
+    this._heard();
+  }
+
+  /** (Re)start the running request's silence timer: the worker spoke for it just now. */
+  _heard() {
+    const r = this.running;
+    if (!r) return;
+    clearTimeout(r.silenceTimer);
+    r.silenceTimer = setTimeout(() => {
+      if (this.running !== r) return;
+      this._kill(codedError("E_TIMEOUT", `the orchestrator worker said nothing for ${r.silenceMs} ms during a request; ` +
+        "the engine was ended (create a new one)"));
+    }, r.silenceMs);
   }
 
   _finishRunning(fn) {
     const r = this.running;
     this.running = null;
+    clearTimeout(r.silenceTimer);
     fn(r);
     queueMicrotask(() => this._pump());
   }
@@ -181,7 +229,7 @@ export class Engine {
   /** Free the GPU buffers, end both workers, destroy every proxy; queued requests fail E_TERMINATED. */
   async terminate({ timeoutMs = 10000 } = {}) {
     if (this.terminated) return;
-    for (const q of this.queue.splice(0)) q.reject(codedError("E_TERMINATED", "the engine was terminated"));
+    for (const q of this.queue.splice(0)) q.reject(codedError("E_TERMINATED", this.endReason));
     this.cancel();
     if (this.worker) {
       try {
@@ -192,6 +240,7 @@ export class Engine {
   }
 
   _kill(error) {
+    if (!this.terminated && error?.code !== "E_TERMINATED") this.endReason = `the engine was ended: ${error?.detail ?? error?.message ?? error}`;
     this.terminated = true;
     this.worker?.terminate();
     this.worker = null;
@@ -223,6 +272,7 @@ export class Engine {
     }
     const r = this.running;
     if (!r || env.request_id !== r.request_id || env.epoch !== r.epoch) { this.staleDropped++; return; }
+    this._heard();
     if (env.kind === "result") {
       const result = env.payload;
       // every drop is reported once: in the first result after it

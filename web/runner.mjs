@@ -8,8 +8,9 @@ const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.
 
 /** One request with its event log; never throws: a refusal comes back as {refused: {code, message}}.
  *  cancelAfterTokens: engine.cancel() once that many "tokens" events have arrived;
- *  cancelOnStall: engine.cancel() when the worker reports a "stalled" fault point. */
-async function run(payload, { cancelAfterTokens = 0, cancelOnStall = false, ifBusy } = {}) {
+ *  cancelOnStall: engine.cancel() when the worker reports a "stalled" fault point;
+ *  ifBusy and silenceTimeoutMs: the engine's per-request options. */
+async function run(payload, { cancelAfterTokens = 0, cancelOnStall = false, ifBusy, silenceTimeoutMs } = {}) {
   const events = [];
   let nTokenEvents = 0;
   try {
@@ -17,7 +18,7 @@ async function run(payload, { cancelAfterTokens = 0, cancelOnStall = false, ifBu
       events.push({ kind: env.kind, payload: env.payload });
       if (env.kind === "tokens" && ++nTokenEvents === cancelAfterTokens) engine.cancel();
       if (cancelOnStall && env.kind === "progress" && env.payload.stage === "stalled") engine.cancel();
-    }, ifBusy ? { ifBusy } : undefined);
+    }, { ...(ifBusy ? { ifBusy } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
     return { result, events, staleDropped: engine.staleDropped };
   } catch (err) {
     return { refused: coded(err), events, staleDropped: engine.staleDropped };

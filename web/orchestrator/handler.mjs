@@ -6,7 +6,8 @@
 //   fault {action, at, min_round, ms}, memory {}, terminate {}.
 // Out: ready {timing_ms, info}, progress {stage, ...}, tokens / result / error (the orchestrator's
 //   own envelopes, in the request's epoch), error {code, message, fatal: true} for a request
-//   refused before it started or a control message that failed.
+//   refused before it started or a control message that failed, always in the epoch of the
+//   message it answers (an envelope too broken to have one: the handler's epoch).
 // Rules:
 //   - load, generate and terminate run one at a time, in arrival order (a serial chain).
 //   - cancel, fault and memory act at once, even while a request runs.
@@ -72,8 +73,9 @@ export function createOrchestratorHandler({ runtime, post, validate, codes = nul
     try {
       validate(env);
     } catch (err) {
-      state.droppedInvalid++;
-      send("error", typeof env?.request_id === "string" ? env.request_id : "", 0, { ...errorPayload(err, "E_PROTOCOL", codes), fatal: true });
+      state.droppedInvalid++;   // refused in the request's own epoch, so that its caller hears it (never 0 for all)
+      const epoch = Number.isInteger(env?.epoch) && env.epoch >= 0 ? env.epoch : state.epoch;
+      send("error", typeof env?.request_id === "string" ? env.request_id : "", epoch, { ...errorPayload(err, "E_PROTOCOL", codes), fatal: true });
       return chain;
     }
     const stale = env.epoch < state.epoch;
