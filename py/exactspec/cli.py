@@ -39,6 +39,9 @@ def _port_arg(value: str) -> int:
 def _add_generation_args(p):
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--raw-text", action="store_true",
+                   help="never parse special tokens (<|im_end|>, ...) written in the prompt; by default they are "
+                        "parsed, as transformers does (with --chat the message text is never parsed)")
     p.add_argument("--champion", default=None, type=_model_dir_arg, help="champion model directory (default: shipped)")
     p.add_argument("--draft", default=None, type=_model_dir_arg, help="draft model directory (default: shipped)")
     p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
@@ -47,7 +50,8 @@ def _add_generation_args(p):
     p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most)")
     p.add_argument("--scheduler", default="static", choices=["static", "adaptive"],
                    help="k per round: static (always --k) or adaptive (0..--k from acceptance and round costs)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="0 means greedy; else at least 1e-6, as in the browser (f32 maths)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
@@ -123,14 +127,17 @@ def _prompt_ids(pair, args):
     if args.chat:   # message text without special-token parsing: see exactspec.chat
         from .chat import encode_chat_prompt
         return encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": args.prompt}])
-    return pair.tokenizer.encode(args.prompt, add_special_tokens=True)
+    return pair.tokenizer.encode(args.prompt, add_special_tokens=True, split_special_tokens=args.raw_text)
 
 
 def _config(pair, args, seed):
     from .orchestrator import GenerationConfig
-    return GenerationConfig(max_new_tokens=args.max_new_tokens, policy=_policy(args), speculate=args.speculate,
-                            k=args.k, scheduler=args.scheduler, seed=seed, stop_token_ids=pair.stop_token_ids,
-                            stop_strings=tuple(args.stop))   # --stop is repeatable: a list of whole strings
+    from .policy import F32_LIMITS
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, policy=_policy(args), speculate=args.speculate,
+                              k=args.k, scheduler=args.scheduler, seed=seed, stop_token_ids=pair.stop_token_ids,
+                              stop_strings=tuple(args.stop))   # --stop is repeatable: a list of whole strings
+    config.check_limits(F32_LIMITS)   # the browser's bounds: what one backend refuses, both refuse
+    return config
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -149,7 +156,7 @@ def _model_dirs(args):
 
 
 def _browser_payload(args, seed: int) -> dict:
-    return {"prompt": args.prompt, "chat": args.chat, "config": {
+    return {"prompt": args.prompt, "chat": args.chat, "raw_text": args.raw_text, "config": {
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "repetition_penalty": args.repetition_penalty, "speculate": args.speculate,
         "k": args.k, "scheduler": args.scheduler, "seed": seed, "stop_strings": list(args.stop)}}
