@@ -5,6 +5,7 @@ import functools
 import http.server
 import json
 import re
+import shutil
 import subprocess
 import threading
 import urllib.request
@@ -72,26 +73,39 @@ def test_server_sends_cors_and_corp_only_when_asked():
 
 
 @pytest.fixture
-def second_origin():
-    """The embedding site: web/examples/ served by a plain server on another port."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(REPO_ROOT / "web" / "examples"))
+def second_origin(tmp_path):
+    """The embedding site: a copy of web/examples/ served by a plain server on another port, with
+    a module of a visitor's choosing beside it (hijack.mjs) that a link may name."""
+    site_dir = tmp_path / "site"
+    shutil.copytree(REPO_ROOT / "web" / "examples", site_dir)
+    (site_dir / "hijack.mjs").write_text("window.hijacked = true;\nexport const createEngine = null;\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site_dir))
     handler.log_message = lambda *a: None
     site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=site.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{site.server_address[1]}"
+    site.dir = site_dir
+    site.url = f"http://127.0.0.1:{site.server_address[1]}"
+    yield site
     site.shutdown()
     site.server_close()
 
 
 def test_embed_example_generates_from_a_second_origin(chromium_browser, second_origin):
-    engine_host = StaticServer(allow_origins=[second_origin])
+    """The site names the engine in embed.html's meta, as a deployment does; the page's query
+    string names another module (hijack.mjs), which is never imported."""
+    engine_host = StaticServer(allow_origins=[second_origin.url])
+    page_file = second_origin.dir / "embed.html"
+    html = page_file.read_text()
+    assert '<meta name="exactspec-engine" content="../exactspec.mjs">' in html
+    page_file.write_text(html.replace('content="../exactspec.mjs"', f'content="{engine_host.url}/web/exactspec.mjs"'))
     context = chromium_browser.new_context()
     try:
         page = context.new_page()
         log = forward_console(page)
         page.set_default_timeout(120_000)
-        page.goto(f"{second_origin}/embed.html?engine={engine_host.url}/web/exactspec.mjs")
+        page.goto(f"{second_origin.url}/embed.html?engine={second_origin.url}/hijack.mjs")
         page.wait_for_function("() => window.embedReady === true || !!window.embedError")
+        assert page.evaluate("() => window.hijacked ?? null") is None
         assert page.evaluate("() => window.embedError || null") is None
         assert page.evaluate("() => location.origin") != engine_host.url
         page.click("#go")

@@ -164,3 +164,25 @@ def test_incompatible_pair_refused_naming_the_field(app, tmp_path):
     assert answer(app, "draft", max_tokens=8)[0] == "done"
     assert app.foreign == [], app.foreign                           # nothing fetched from another origin
     assert not [m for m in app.console_log if m[0] in ("error", "pageerror")], app.console_log
+
+
+def test_load_clicked_again_while_loading_starts_no_second_engine(chromium_browser, http_server):
+    """Shipped pair clicked twice during the page's first load: one engine (one orchestrator
+    worker) only, and it answers. Each click used to create an engine of its own, never freed."""
+    context = chromium_browser.new_context()
+    try:
+        page = context.new_page()
+        log = forward_console(page)
+        page.set_default_timeout(120_000)
+        page.goto(http_server.url + "/")
+        page.evaluate("() => { for (let i = 0; i < 2; i++) document.getElementById('load_shipped').click(); }")
+        page.wait_for_function("() => window.appReady === true")
+        page.wait_for_timeout(2000)                                 # time for any other engine's worker to start
+        workers = [w.url for w in page.workers if w.url.endswith("/orchestrator/worker.mjs")]
+        assert len(workers) == 1, workers
+        assert page.evaluate("() => window.appState.loads") == 1
+        status, result, _ = answer(page, "none", max_tokens=4)
+        assert status == "done" and result["n"] == 4
+        assert not [m for m in log if m[0] in ("error", "pageerror")], log
+    finally:
+        context.close()

@@ -50,8 +50,17 @@ function setModes(info) {
   if (!draftOk && $("speculate").value === "draft") $("speculate").value = "lookup";
 }
 
+/** Load buttons off while a load runs: a second click would start a second engine (each with its
+ *  own Pyodide and WASM memory) that nothing ever terminates. */
+function setLoadButtons(enabled) {
+  $("load_models").disabled = !enabled;
+  $("load_shipped").disabled = !enabled;
+}
+
 async function loadModels() {
+  if (page.stage === "loading") return;   // a click that got through while a load runs: ignored
   page.stage = "loading";
+  setLoadButtons(false);
   window.appDraftReady = false;   // true once this load's draft has arrived (or failed): draftArrived
   $("go").disabled = true;
   $("go").textContent = "Loading models…";
@@ -79,6 +88,7 @@ async function loadModels() {
     $("go").textContent = "Unavailable";
     page.stage = "failed";
     page.loads++;
+    setLoadButtons(true);
     return;
   }
   renderProgress(finishRows(rows));
@@ -95,6 +105,7 @@ async function loadModels() {
   $("go").disabled = false;
   page.stage = "ready";
   page.loads++;
+  setLoadButtons(true);
   window.appReady = true;
 }
 
@@ -123,7 +134,7 @@ function pickFolders() {
 function readOptions() {
   const num = (id) => Number($(id).value);
   const stops = $("stop_strings").value.split("\n").filter((s) => s.length > 0);
-  const opts = { chat: $("chat").checked, speculate: $("speculate").value, k: num("k"), temperature: num("temperature"),
+  const opts = { chat: $("chat").checked, raw_text: $("raw_text").checked, speculate: $("speculate").value, k: num("k"), temperature: num("temperature"),
     top_k: num("top_k"), top_p: num("top_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed"),
     max_new_tokens: num("max_new_tokens"), stop_strings: stops };
   if ($("scheduler").value !== "static") opts.scheduler = $("scheduler").value;   // the adaptive k scheduler
@@ -260,9 +271,10 @@ function main() {
   $("go").onclick = run;
   $("stop").onclick = () => page.engine?.cancel();
   $("download_receipt").onclick = downloadReceipt;
-  $("load_models").onclick = () => { if (!page.running && ($("champion_folder").files.length ? pickFolders() : true)) loadModels(); };
+  const idle = () => !page.running && page.stage !== "loading";
+  $("load_models").onclick = () => { if (idle() && ($("champion_folder").files.length ? pickFolders() : true)) loadModels(); };
   $("load_shipped").onclick = () => {
-    if (page.running) return;
+    if (!idle()) return;
     page.source = { champion: undefined, draft: undefined };
     $("model_source").textContent = "shipped pair";
     loadModels();

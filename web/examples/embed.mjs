@@ -1,6 +1,8 @@
-// The embedding example's whole integration: import the engine module from wherever it is served
-// (here: ?engine=<URL of exactspec.mjs>), create an engine, generate through the public API.
-const engineUrl = new URLSearchParams(location.search).get("engine") ?? new URL("../exactspec.mjs", import.meta.url).href;
+// The embedding example's whole integration: import the engine module from where the site serves
+// it (embed.html's <meta name="exactspec-engine">, relative to the page; never the query string,
+// which anyone linking here controls), create an engine, generate through the public API.
+const engineUrl = new URL(document.querySelector('meta[name="exactspec-engine"]')?.content || "../exactspec.mjs",
+  document.baseURI).href;
 const $ = (id) => document.getElementById(id);
 
 async function main() {
