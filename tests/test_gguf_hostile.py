@@ -11,7 +11,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q, GGUFValueType as V
+from gguf import GGUFValueType as V
 
 from exactspec.errors import ExactSpecError
 from exactspec.gguf import GGUFFile

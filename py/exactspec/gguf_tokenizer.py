@@ -131,7 +131,9 @@ def _post_processor(md: _Metadata, tokens: list) -> dict | None:
         else:
             single.append(item)
         specials[tokens[token_id]] = {"id": tokens[token_id], "ids": [token_id], "tokens": [tokens[token_id]]}
-    return {"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": specials} if specials else None
+    if not specials:
+        return None
+    return {"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": specials}
 
 
 def _byte_level_spec(md: _Metadata, tokens: list, types: list) -> dict:
