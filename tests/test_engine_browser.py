@@ -91,6 +91,7 @@ def test_the_champion_answers_before_the_draft_arrives_then_speculation_switches
     alone = answer(rt, "none")["result"]
     refused = answer(rt, "draft")["refused"]
     assert refused["code"] == "E_DRAFT_LOST" and "still loading" in refused["message"]
+    assert refused["message"].count("E_DRAFT_LOST") == 1, refused                      # the code once
     rt.page.wait_for_function(LATE_DONE, timeout=60000)
     info = rt.page.evaluate("() => window.exactspecRunner.info().info")
     assert info["draft"]["placement"] == "inline" and info["draft_error"] is None

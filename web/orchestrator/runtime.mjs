@@ -24,6 +24,10 @@ function callPy(obj, name, args, keep = false) {
   }
 }
 
+/** Why there is no draft, as the session says it after "E_DRAFT_LOST: speculate=draft needs a
+ *  draft model: " (the code once: a cause of another code keeps its own). */
+const draftWhy = (err) => (err.code === "E_DRAFT_LOST" ? err.message : `${err.code}: ${err.message}`);
+
 /** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
 function wasmAssets(assets) {
   const build = assets.build ?? new URL("../build/", import.meta.url).href;
@@ -108,8 +112,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
         checked.generation_config_json, JSON.stringify(built.info.champion),
         built.info.draft ? JSON.stringify(built.info.draft) : "",
-        built.info.draft_error ? `${built.info.draft_error.code}: ${built.info.draft_error.message}`
-          : built.info.draft_loading ? "E_DRAFT_LOST: the draft is still loading" : ""], true);
+        built.info.draft_error ? draftWhy(built.info.draft_error) : built.info.draft_loading ? "the draft is still loading" : ""], true);
       loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
     } catch (err) {
       built.close();
@@ -131,7 +134,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
             error = errorPayload(err, "E_MANIFEST_MISMATCH");
           }
         }
-        if (error) callPy(session, "set_draft_error", [`${error.code}: ${error.message}`]);
+        if (error) callPy(session, "set_draft_error", [draftWhy(error)]);
         notify({ stage: "draft_ready", draft: error ? null : draft, draft_error: error ?? null,
           draft_load_ms: built.timing_ms.draft_load });
       });
