@@ -116,17 +116,22 @@ def test_plots_are_written_through_the_helper(tmp_path, victim):
     assert victim.read_bytes() == VICTIM
 
 
-def test_interrupts_wait_until_the_renames_are_done():
-    """SIGTERM sent while move_into_place's renames run is delivered after the last one."""
-    seen = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append("delivered"))
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupts_wait_until_the_renames_are_done(sig):
+    """A signal sent to the process while move_into_place's renames run (another thread alive,
+    as in a test run or a server) reaches its handler after the last rename, once."""
+    seen, stop = [], threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    previous = signal.signal(sig, lambda *_: seen.append("delivered"))
     try:
         with _interrupts_held():
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
             threading.Event().wait(0.05)
             seen.append("renames done")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(sig, previous)
+        stop.set()
     assert seen == ["renames done", "delivered"]
 
 

@@ -19,6 +19,7 @@ import contextlib
 import os
 import secrets
 import signal
+import threading
 
 from .errors import E_IO, ExactSpecError
 
@@ -127,15 +128,23 @@ def append_text(path, text: str) -> None:
 
 @contextlib.contextmanager
 def _interrupts_held():
-    """SIGINT and SIGTERM wait until the block ends (then the pending one is delivered)."""
-    if not hasattr(signal, "pthread_sigmask"):
+    """SIGINT and SIGTERM wait until the block ends. Python runs signal handlers in the main thread
+    only, so there their handlers are swapped for one that notes the signal, and each noted
+    signal is raised again after the block (a signal mask would not do: another thread would
+    take a signal sent to the process); elsewhere nothing can interrupt the block."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in pending:
+            signal.raise_signal(sig)
 
 
 def move_into_place(staging: str, dst: str, names) -> None:
