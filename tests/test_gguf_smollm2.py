@@ -160,3 +160,25 @@ def test_chat_prompt_equals_transformers(gguf_path, transformers_model):
         want = hf_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
         assert encode_chat_prompt(ours, config, messages) == list(want)
+
+
+def test_orchestrator_on_the_gguf_champion(gguf_path):
+    """The file as a champion (gguf_pair.load_gguf_pair): greedy alone and with prompt lookup give
+    the same tokens, and a chat turn answers the question and stops on the file's EOS."""
+    from exactspec.gguf_pair import load_gguf_pair
+    from exactspec.orchestrator import GenerationConfig
+    from exactspec.policy import SamplingPolicy
+    pair = load_gguf_pair(gguf_path)
+    ids = pair.tokenizer.encode(PROMPT)
+    greedy = SamplingPolicy(temperature=0)
+    alone = pair.orchestrator.generate(ids, GenerationConfig(max_new_tokens=GREEDY_TOKENS, speculate="none",
+                                                             policy=greedy))
+    lookup = pair.orchestrator.generate(ids, GenerationConfig(max_new_tokens=GREEDY_TOKENS, speculate="lookup", k=3,
+                                                              policy=greedy))
+    assert alone.token_ids == lookup.token_ids and alone.text.startswith(" Paris.")
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, messages)
+    answer = pair.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=24, speculate="lookup", k=3,
+                                                                 policy=greedy, stop_token_ids=pair.stop_token_ids))
+    print(f"SmolLM2 GGUF chat: {answer.text!r} ({answer.finish_reason})")
+    assert "Paris" in answer.text and answer.finish_reason == "eos"
