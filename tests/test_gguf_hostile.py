@@ -236,3 +236,10 @@ def test_header_and_tokenizer_need_no_numpy(tmp_path):
               f"f = GGUFFile({str(path)!r})\nprint(len(f.tensors), load_tokenizer(f).encode('hello world'))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("21 ["), done.stderr
+
+
+def test_header_size_limit(tmp_path, monkeypatch):
+    from exactspec import gguf as gguf_module
+    monkeypatch.setattr(gguf_module, "MAX_HEADER_BYTES", 4096)
+    big = kv("k", 8, gstr("y" * 5000))
+    refused(write(tmp_path, raw_gguf([big], [])), GGUFFile, "metadata['k']", "4096 bytes of header")
