@@ -233,6 +233,7 @@ async function run() {
     });
     page.lastResult = { finish_reason: result.finish_reason, error: result.error, n: result.token_ids.length };
     page.lastIds = result.token_ids;
+    page.lastPromptIds = result.prompt_ids;
     renderLive(live, result);
     showStats(result);
     if (result.finish_reason === "cancelled") setStatus("cancelled");
