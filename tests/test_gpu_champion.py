@@ -168,24 +168,28 @@ def test_matmul_q8(gpu_page, rows, cols, n):
     assert_close(unb64(y, np.float32, n * rows).reshape(n, rows), gpu_twins.matmul_q8(q8, scale, x), "matmul_q8")
 
 
-@pytest.mark.parametrize("name", ["matmul_q8", "lm_head_f32"])
-def test_matmul_every_block_size_bitwise(gpu_page, name):
-    """n = 1..9 on the same rows: every n matches the twin, and row j's outputs are the same
-    float32 bits whatever n is (the kernel-level form of batch invariance)."""
+@pytest.mark.parametrize("name", ["matmul_q8", "matmul_f32"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_matmul_every_block_size_bitwise(gpu_page, name, accumulate):
+    """n = 1..9 on the same rows, plain and accumulating into a residual: every n matches the
+    twin, and row j's outputs are the same float32 bits whatever n is (the kernel-level form of
+    batch invariance)."""
     rng = np.random.default_rng(5)
     rows, cols = 1000, 96
     q8, scale = _q8_case(rng, rows, cols)
-    weight = [{"b64": b64(q8)}, {"b64": b64(scale)}] if name == "matmul_q8" else \
-        [{"b64": b64((q8 * scale[:, None]).astype(np.float32))}]
+    w32 = (q8 * scale[:, None]).astype(np.float32)
+    weight = [{"b64": b64(q8)}, {"b64": b64(scale)}] if name == "matmul_q8" else [{"b64": b64(w32)}]
     x = rng.standard_normal((9, cols)).astype(np.float32)
+    resid = rng.standard_normal((9, rows)).astype(np.float32)
     outputs = []
     for n in range(1, 10):
-        (y,) = run_kernel(gpu_page, name, {"n": n, "rows": rows, "cols": cols},
-                          weight + [{"b64": b64(x[:n])}, {"bytes": n * rows * 4}], [len(weight) + 1])
+        y_in = {"b64": b64(resid[:n])} if accumulate else {"bytes": n * rows * 4}
+        (y,) = run_kernel(gpu_page, name, {"n": n, "rows": rows, "cols": cols, "accumulate": accumulate},
+                          weight + [{"b64": b64(x[:n])}, y_in], [len(weight) + 1])
         y = unb64(y, np.float32, n * rows).reshape(n, rows)
-        want = gpu_twins.matmul_q8(q8, scale, x[:n]) if name == "matmul_q8" else \
-            gpu_twins.lm_head_f32((q8 * scale[:, None]).astype(np.float32), x[:n])
-        assert_close(y, want, "matmul_q8" if name == "matmul_q8" else "lm_head")
+        r = resid[:n] if accumulate else None
+        want = gpu_twins.matmul_q8(q8, scale, x[:n], r) if name == "matmul_q8" else gpu_twins.matmul_f32(w32, x[:n], r)
+        assert_close(y, want, name)
         outputs.append(y)
     for y in outputs:
         assert np.array_equal(y.view(np.uint32), outputs[-1][:len(y)].view(np.uint32)), f"n={len(y)}: bits differ from n=9"
@@ -203,14 +207,37 @@ def test_matmul_q8_accumulate(gpu_page, rows, cols, n):
                  gpu_twins.matmul_q8(q8, scale, x, resid), "matmul_q8")
 
 
-@pytest.mark.parametrize("vocab,hidden,n", [(1000, 96, 1), (4097, 96, 9), (4096, 256, 2)])
-def test_lm_head_f32(gpu_page, vocab, hidden, n):
-    rng = np.random.default_rng(vocab + hidden + n)
-    embed = (rng.standard_normal((vocab, hidden)) * 0.1).astype(np.float32)
-    x = rng.standard_normal((n, hidden)).astype(np.float32)
-    (y,) = run_kernel(gpu_page, "lm_head_f32", {"n": n, "rows": vocab, "cols": hidden},
-                      [{"b64": b64(embed)}, {"b64": b64(x)}, {"bytes": n * vocab * 4}], [2])
-    assert_close(unb64(y, np.float32, n * vocab).reshape(n, vocab), gpu_twins.lm_head_f32(embed, x), "lm_head")
+@pytest.mark.parametrize("rows,cols,n", [(1000, 96, 1), (4097, 96, 9), (4096, 256, 2), (7, 8, 3), (130, 260, 5)])
+def test_matmul_f32(gpu_page, rows, cols, n):
+    rng = np.random.default_rng(rows + cols + n)
+    w = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    (y,) = run_kernel(gpu_page, "matmul_f32", {"n": n, "rows": rows, "cols": cols},
+                      [{"b64": b64(w)}, {"b64": b64(x)}, {"bytes": n * rows * 4}], [2])
+    assert_close(unb64(y, np.float32, n * rows).reshape(n, rows), gpu_twins.matmul_f32(w, x), "matmul_f32")
+
+
+@pytest.mark.parametrize("name", ["matmul_q8", "matmul_f32"])
+def test_matmul_row_piece_accumulates_into_its_rows(gpu_page, name):
+    """One piece of a tensor split by rows (row0, stride) adds into its own columns of the
+    residual stream and leaves every other element's bits alone."""
+    rng = np.random.default_rng(8)
+    rows, cols, n, stride, row0 = 37, 24, 6, 100, 50
+    q8, scale = _q8_case(rng, rows, cols)
+    w32 = (q8 * scale[:, None]).astype(np.float32)
+    weight = [{"b64": b64(q8)}, {"b64": b64(scale)}] if name == "matmul_q8" else [{"b64": b64(w32)}]
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    resid = rng.standard_normal((n, stride)).astype(np.float32)
+    dims = {"n": n, "rows": rows, "cols": cols, "accumulate": True, "row0": row0, "stride": stride}
+    (y,) = run_kernel(gpu_page, name, dims, weight + [{"b64": b64(x)}, {"b64": b64(resid)}], [len(weight) + 1])
+    y = unb64(y, np.float32, n * stride).reshape(n, stride)
+    mine = slice(row0, row0 + rows)
+    want = gpu_twins.matmul_q8(q8, scale, x, resid[:, mine]) if name == "matmul_q8" else \
+        gpu_twins.matmul_f32(w32, x, resid[:, mine])
+    assert_close(y[:, mine], want, name)
+    others = np.ones(stride, bool)
+    others[mine] = False
+    assert np.array_equal(y[:, others].view(np.uint32), resid[:, others].view(np.uint32))
 
 
 @pytest.mark.parametrize("heads,kv_heads,hd,n,start_pos", [(4, 2, 24, 9, 30), (6, 3, 64, 1, 0), (4, 4, 8, 5, 3)])

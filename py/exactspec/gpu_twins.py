@@ -33,9 +33,11 @@ def matmul_q8(q8, scale, x, residual=None) -> np.ndarray:
     return y if residual is None else _f64(residual) + y
 
 
-def lm_head_f32(embed, x) -> np.ndarray:
-    """Tied head: embed (V, H), x (n, H) -> logits (n, V)."""
-    return _f64(x) @ _f64(embed).T
+def matmul_f32(weight, x, residual=None) -> np.ndarray:
+    """weight (out, in) f32, x (n, in) -> (n, out) = x @ weight^T, plus residual (n, out) when
+    given (Meta.accumulate). Every f32 linear: layer linears and the LM head (tied: the embedding)."""
+    y = _f64(x) @ _f64(weight).T
+    return y if residual is None else _f64(residual) + y
 
 
 def rope_table(max_context: int, head_dim: int, theta: float) -> np.ndarray:

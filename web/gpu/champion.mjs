@@ -1,34 +1,38 @@
-// Champion Llama forward on WebGPU: q8 weights, KV cache on the GPU, batch-invariant blocks.
+// Champion Llama forward on WebGPU: q8 or f32 linears, KV cache on the GPU, batch-invariant blocks.
 import {
   bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "./safetensors.mjs";
 import { parseConfig, resolveMaxContext, ropeTable } from "./champion_config.mjs";
-import { bindingLimit, planChampion } from "./champion_plan.mjs";
+import { bindingLimit, LINEAR_GROUPS, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { modelLoadError } from "../model_checks.mjs";
 
 export { parseConfig } from "./champion_config.mjs";
 
 export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
-  "attention_softmax", "attention_values", "swiglu_f32", "lm_head_f32", "embed_gather_q8", "bias_add_f32",
+  "attention_softmax", "attention_values", "swiglu_f32", "matmul_f32", "embed_gather_q8", "bias_add_f32",
 ];
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
 
 /** Meta fields and dispatch grid of each kernel, from its dims: the one place both the forward
- *  and the test harness compute them. `matmul_q8`/`lm_head_f32` dims: {n, rows: out, cols: in},
- *  `accumulate` (matmul_q8: add into y, the residual stream), and for one piece of a tensor split
+ *  and the test harness compute them. `matmul_q8`/`matmul_f32` dims: {n, rows: out, cols: in},
+ *  `accumulate` (add into y, the residual stream), and for one piece of a tensor split
  *  by rows `row0` (its first output row) and `stride` (outputs per y row; default rows).
  *  `embed_gather(_q8)`: {n, hidden, vocab: rows of this piece, row0}. */
 const gather = (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab), u(d.row0 ?? 0)], grid: [cdiv(d.hidden, 64), d.n, 1] });
-const matmulMeta = (d, flag) => [u(d.n), u(d.rows), u(d.cols / 4), u(flag), u(d.stride ?? d.rows), u(d.row0 ?? 0)];
+const matmul = (d) => ({
+  meta: [u(d.n), u(d.rows), u(d.cols / 4), u(d.accumulate ? 1 : 0), u(d.stride ?? d.rows), u(d.row0 ?? 0)],
+  grid: [cdiv(d.rows, 256), 1, 1],
+});
 export const OPS = {
   embed_gather: gather,
   embed_gather_q8: gather,
   rmsnorm_f32: (d) => ({ meta: [u(d.n), u(d.hidden), [d.eps, "f32"]], grid: [d.n, 1, 1] }),
-  matmul_q8: (d) => ({ meta: matmulMeta(d, d.accumulate ? 1 : 0), grid: [cdiv(d.rows, 256), 1, 1] }),
-  lm_head_f32: (d) => ({ meta: matmulMeta(d, 0), grid: [cdiv(d.rows, 256), 1, 1] }),
+  matmul_q8: matmul,
+  matmul_f32: matmul,
   bias_add_f32: (d) => ({ meta: [u(d.n), u(d.rows)], grid: [cdiv(d.rows, 64), d.n, 1] }),
   rope_qkv: (d) => ({
     meta: [u(d.n), u(d.startPos), u(d.heads), u(d.kvHeads), u(d.headDim), u(d.layerOffset)],
@@ -53,23 +57,63 @@ export function compileChampionPipelines(device, shaderUrl = null) {
   return createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
 }
 
-/** The stored form of the two (V, H) tensors: embed "f32" | "q8"; head "tied" | "f32" | "q8". */
-function tensorForms(tensors, hp) {
-  const form = (name) => (tensors.has(`${name}.q8`) ? "q8" : "f32");
-  return { embed: form("model.embed_tokens.weight"), head: hp.tied ? "tied" : form("lm_head.weight") };
+/** Stored form of one weight in a tensor map: "q8" (`<name>.q8` int8 + `<name>.scale`) or "f32"
+ *  (`<name>` F32, under its Hugging Face name). */
+function formOf(tensors, name, where) {
+  const q8 = tensors.has(`${name}.q8`), f32 = tensors.has(name);
+  if (q8 && f32) throw modelLoadError(`${where}: tensor ${name} is stored twice (F32 and ${name}.q8)`);
+  if (!q8 && !f32) throw modelLoadError(`${where}: missing tensor ${name} (F32, or ${name}.q8 + ${name}.scale)`);
+  return q8 ? "q8" : "f32";
 }
 
-/** Upload a (rows, cols) tensor made of row-stacked parts [[name, rows]] (q8: `<name>.q8` int8 +
- *  `<name>.scale`; f32: `<name>` F32) into pieces of rows ({row0, rows}), each its own buffers. */
-function uploadPieces(device, tensors, parts, cols, form, pieces, label) {
+/** [HF name, rows] of the parts of each fused linear of layer i (q|k|v and gate|up stacked by rows). */
+function linearParts(hp, i) {
+  const p = `model.layers.${i}.`, qDim = hp.heads * hp.headDim, kvDim = hp.kvHeads * hp.headDim;
+  return {
+    qkv: [[`${p}self_attn.q_proj.weight`, qDim], [`${p}self_attn.k_proj.weight`, kvDim], [`${p}self_attn.v_proj.weight`, kvDim]],
+    o: [[`${p}self_attn.o_proj.weight`, hp.hidden]],
+    gateUp: [[`${p}mlp.gate_proj.weight`, hp.inter], [`${p}mlp.up_proj.weight`, hp.inter]],
+    down: [[`${p}mlp.down_proj.weight`, hp.hidden]],
+  };
+}
+
+/** The stored forms planChampion sizes: embed "f32" | "q8"; head "tied" | "f32" | "q8"; per layer
+ *  each fused linear "q8" when all its parts are q8, else "f32" (q8 parts dequantised at upload). */
+function tensorForms(tensors, hp, where) {
+  const layers = Array.from({ length: hp.layers }, (_, i) => Object.fromEntries(Object.entries(linearParts(hp, i)).map(
+    ([group, parts]) => [group, parts.map(([name]) => formOf(tensors, name, where)).every((f) => f === "q8") ? "q8" : "f32"])));
+  return {
+    embed: formOf(tensors, "model.embed_tokens.weight", where),
+    head: hp.tied ? "tied" : formOf(tensors, "lm_head.weight", where),
+    layers,
+  };
+}
+
+/** (rows, cols) int8 + per-row scale as float32 bytes of q8 * scale: one float32 rounding of an
+ *  exact product, the values the reference's dequantisation gives (a q8 part of an f32 upload). */
+function dequantisedQ8(q8, scale, rows, cols) {
+  const q = new Int8Array(q8.buffer, q8.byteOffset, rows * cols);
+  const s = new Float32Array(scale.slice().buffer);        // copied: the view may be unaligned
+  const out = new Float32Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    for (let i = 0, at = r * cols; i < cols; i++, at++) out[at] = q[at] * s[r];
+  }
+  return new Uint8Array(out.buffer);
+}
+
+/** Upload a (rows, cols) tensor made of row-stacked parts [[name, rows]] in `form` (q8: int8
+ *  weights + one scale buffer; f32: float32 weights, q8 parts dequantised) into pieces of rows
+ *  ({row0, rows}), each its own buffers. */
+function uploadPieces(device, tensors, parts, cols, form, pieces, where) {
   const rowBytes = form === "q8" ? cols : 4 * cols;
   const sources = [];
   let at = 0;
   for (const [name, rows] of parts) {
-    const w = form === "q8" ? expectTensor(tensors, `${name}.q8`, "I8", [rows, cols], label)
-      : expectTensor(tensors, name, "F32", [rows, cols], label);
-    const s = form === "q8" ? expectTensor(tensors, `${name}.scale`, "F32", [rows], label) : null;
-    sources.push({ row0: at, rows, w: w.bytes, s: s?.bytes });
+    const q8 = formOf(tensors, name, where) === "q8";
+    const w = q8 ? expectTensor(tensors, `${name}.q8`, "I8", [rows, cols], where).bytes
+      : expectTensor(tensors, name, "F32", [rows, cols], where).bytes;
+    const s = q8 ? expectTensor(tensors, `${name}.scale`, "F32", [rows], where).bytes : null;
+    sources.push(q8 && form === "f32" ? { row0: at, rows, w: dequantisedQ8(w, s, rows, cols) } : { row0: at, rows, w, s });
     at += rows;
   }
   return pieces.map(({ row0, rows }) => {
@@ -85,30 +129,47 @@ function uploadPieces(device, tensors, parts, cols, form, pieces, label) {
   });
 }
 
-/** Upload the q8 linears of one layer, fusing q|k|v and gate|up row-wise (same dot products). */
-function uploadLayer(device, tensors, hp, i, pieces, label) {
-  const p = `model.layers.${i}.`, H = hp.hidden, F = hp.inter;
-  const qDim = hp.heads * hp.headDim, kvDim = hp.kvHeads * hp.headDim;
-  const linear = (parts, cols, which) => uploadPieces(device, tensors, parts.map(([n, r]) => [p + n + ".weight", r]), cols, "q8", pieces[which], label);
-  const f32 = (name, n) => storageBuffer(device, n * 4, expectTensor(tensors, p + name, "F32", [n], label).bytes, p + name);
-  const qkvParts = [["self_attn.q_proj", qDim], ["self_attn.k_proj", kvDim], ["self_attn.v_proj", kvDim]];
+/** Upload the linears of layer i in their planned forms, fusing q|k|v and gate|up row-wise (same
+ *  dot products), plus its norms and Qwen2's q/k/v biases (fused like q|k|v). */
+function uploadLayer(device, tensors, hp, i, forms, pieces, where) {
+  const p = `model.layers.${i}.`, H = hp.hidden;
+  const parts = linearParts(hp, i);
+  const f32 = (name, n) => storageBuffer(device, n * 4, expectTensor(tensors, p + name, "F32", [n], where).bytes, p + name);
   let qkvBias = null;
   if (hp.qkvBias) {
-    const bias = new Uint8Array((qDim + 2 * kvDim) * 4);
+    const bias = new Uint8Array(parts.qkv.reduce((sum, [, r]) => sum + r, 0) * 4);
     let at = 0;
-    for (const [name, r] of qkvParts) {
-      bias.set(expectTensor(tensors, `${p}${name}.bias`, "F32", [r], label).bytes, at);
+    for (const [name, r] of parts.qkv) {
+      bias.set(expectTensor(tensors, name.replace(/\.weight$/, ".bias"), "F32", [r], where).bytes, at);
       at += r * 4;
     }
     qkvBias = storageBuffer(device, bias.byteLength, bias, `${p}qkv.bias`);
   }
+  const cols = { qkv: H, o: hp.heads * hp.headDim, gateUp: H, down: hp.inter };
+  const linears = Object.fromEntries(LINEAR_GROUPS.map(
+    (g) => [g, uploadPieces(device, tensors, parts[g], cols[g], forms[g], pieces[g], where)]));
   return {
-    attnNorm: f32("input_layernorm.weight", H), mlpNorm: f32("post_attention_layernorm.weight", H),
-    qkv: linear(qkvParts, H, "qkv"), qkvBias,
-    o: linear([["self_attn.o_proj", H]], qDim, "o"),
-    gateUp: linear([["mlp.gate_proj", F], ["mlp.up_proj", F]], H, "gateUp"),
-    down: linear([["mlp.down_proj", H]], F, "down"),
+    attnNorm: f32("input_layernorm.weight", H), mlpNorm: f32("post_attention_layernorm.weight", H), qkvBias, ...linears,
   };
+}
+
+/** What both entry points check before any weight is touched: the config's hyper-parameters, the
+ *  resolved maxContext, maxBlock, and the plan options at this device's binding limit. */
+function loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes }) {
+  const hp = parseConfig(config);
+  maxContext = resolveMaxContext(hp, maxContext);
+  if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
+  const planOptions = { maxBlock, maxContext, limit: bindingLimit(device.limits),
+                        weightLimit: bindingLimit(device.limits, maxBindingBytes), budgetBytes: memoryBudgetBytes };
+  return { hp, maxContext, planOptions };
+}
+
+/** The pipelines: `pipelinesPromise` (from compileChampionPipelines, started earlier, e.g. while
+ *  Pyodide boots) or compiled now; they compile (slow on SwiftShader) while the weights arrive. */
+function pipelinesFor(device, shaderUrl, pipelinesPromise) {
+  const ready = pipelinesPromise ?? compileChampionPipelines(device, shaderUrl);
+  ready.catch(() => {});   // awaited later; avoid an unhandled rejection if loading fails first
+  return ready;
 }
 
 /** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline.
@@ -119,35 +180,60 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
                                        maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
   const t0 = performance.now();
-  // pipelines compile (slow on SwiftShader) while the weights download
-  // `pipelinesPromise`: from compileChampionPipelines, started earlier (e.g. while Pyodide boots)
-  const pipelinesReady = pipelinesPromise ?? compileChampionPipelines(device, shaderUrl);
-  pipelinesReady.catch(() => {});   // awaited below; avoid an unhandled rejection if loading fails first
+  const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
   const config = JSON.parse(await fetchText(new URL("config.json", base)));
-  const hp = parseConfig(config);
-  maxContext = resolveMaxContext(hp, maxContext);
-  if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
-  const limit = bindingLimit(device.limits);
-  const planOptions = { maxBlock, maxContext, limit, weightLimit: bindingLimit(device.limits, maxBindingBytes), budgetBytes: memoryBudgetBytes };
-  // refuse before the download what cannot fit even in the smallest forms (q8 embedding and head)
-  planChampion(hp, { embed: "q8", head: hp.tied ? "tied" : "q8" }, planOptions);
+  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes });
+  // refuse before the download what cannot fit even in the smallest forms (every weight q8)
+  planChampion(setup.hp, { embed: "q8", head: setup.hp.tied ? "tied" : "q8" }, setup.planOptions);
   const weightsUrl = new URL("model.q8.safetensors", base);
   const fileBytes = await fetchSafetensors(fetch, weightsUrl, weightsUrl.pathname);   // header checked before the data
   const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
-  const plan = planChampion(hp, tensorForms(tensors, hp), planOptions);
   // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
   const identity = await sha256Hex(fileBytes);
-  const t2 = performance.now();
+  return buildChampion(device, {
+    config, setup, tensors, identity, artifactBytes: fileBytes.byteLength, where: `safetensors file ${weightsUrl.pathname}`,
+    pipelinesReady, times: { t0, t1, t2: performance.now() },
+  });
+}
+
+/** The same champion from a tensor map that did not come from model.q8.safetensors (a GGUF file's
+ *  weights, dequantised exactly to F32): `config` a config.json object (validated), `tensors` a
+ *  Map(name -> {dtype, shape, bytes}) as parseSafetensors gives, any linear, the embedding and the
+ *  head either F32 `<name>` or `<name>.q8` + `<name>.scale`; `identity` the sha256 hex of the file
+ *  the weights came from; `label` names it in refusals; `artifactBytes` its size (default: the
+ *  tensors' bytes). Other options as createChampion. */
+export async function createChampionFromTensors({ device, config, tensors, identity, label, artifactBytes = 0, maxBlock = 9,
+                                                  maxContext = 0, shaderUrl = null, pipelinesPromise = null,
+                                                  maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
+  if (!(tensors instanceof Map)) throw new Error("E_BAD_ARGUMENT: tensors must be a Map(name -> {dtype, shape, bytes})");
+  if (!(typeof identity === "string" && /^[0-9a-f]{64}$/.test(identity))) {
+    throw new Error("E_BAD_ARGUMENT: identity must be the sha256 of the weights' file, 64 lowercase hex digits");
+  }
+  if (!(typeof label === "string" && label !== "")) throw new Error("E_BAD_ARGUMENT: label must name the weights' source");
+  const t0 = performance.now();
+  const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
+  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes });
+  const bytes = artifactBytes || [...tensors.values()].reduce((sum, t) => sum + t.bytes.byteLength, 0);
+  return buildChampion(device, {
+    config, setup, tensors, identity, artifactBytes: bytes, where: label, pipelinesReady, times: { t0, t1: t0, t2: t0 },
+  });
+}
+
+/** Plan, upload and wire a champion from a parsed tensor map (both entry points). */
+async function buildChampion(device, { config, setup, tensors, identity, artifactBytes, where, pipelinesReady, times }) {
+  const { hp, maxContext, planOptions } = setup;
+  const { t0, t1, t2 } = times;
+  const forms = tensorForms(tensors, hp, where);
+  const plan = planChampion(hp, forms, planOptions);
   const pipelines = await pipelinesReady;
   const t3 = performance.now();
-
-  const label = weightsUrl.pathname;
+  const maxBlock = planOptions.maxBlock;
   device.pushErrorScope("validation");
   device.pushErrorScope("out-of-memory");
   let bufs, steps, metas;
   try {
-    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label, plan }));
+    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan }));
   } finally {
     const oom = await device.popErrorScope();
     const invalid = await device.popErrorScope();
@@ -166,10 +252,11 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
   const { vocab: V } = hp, B = maxBlock;
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
-    config, identity, artifactBytes: fileBytes.byteLength, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    config, identity, artifactBytes, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     logitsBuffer: bufs.logits,
     memoryPlan: plan.bytes,                                   // bytes: weights, kvCache, activations, total
-    pieces: Object.fromEntries(Object.entries(plan.pieces).map(([k, v]) => [k, v && v.length])),   // buffers per tensor
+    pieces: Object.fromEntries(Object.entries(plan.pieces).map(([k, v]) => [k, v && v.length])),   // buffers per tensor (linears: the most over layers)
+    forms,                                                    // stored form of each weight (tensorForms)
     get length() { return length; },
     /** Run positions [startPos, startPos + n): one submission; logits rows 0..n-1 stay on the GPU. */
     async forward(tokenIds, startPos) {
@@ -236,15 +323,14 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
 
 /** Upload every tensor, allocate activations and the KV cache (one K and one V buffer per layer),
  *  and build the dispatch list. A tensor split into row pieces is one dispatch per piece. */
-function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, label, plan }) {
+function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan }) {
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
-  const forms = tensorForms(tensors, hp);
-  const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, label);
-  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, label);
+  const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, where);
+  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
   const kvBytes = maxContext * kvHeads * hd * 4;
   const bufs = {
-    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], label).bytes, "norm"),
+    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], where).bytes, "norm"),
     ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
     ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
     x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
@@ -259,7 +345,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, la
     kCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `k_cache.${l}`)),   // L x (ctx, KV, hd)
     vCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `v_cache.${l}`)),
   };
-  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, plan.pieces, label));
+  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, forms.layers[i], plan.layerPieces[i], where));
 
   // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
   // rewrites the Meta slab and re-encodes the same bind groups.
@@ -269,7 +355,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, la
     for (const w of pieces) {
       const dims = (n) => ({ n, rows: w.rows, cols: w.cols, accumulate, row0: w.row0, stride: w.stride });
       if (w.s) step("matmul_q8", [w.w, w.s, xBuf, yBuf], dims);
-      else step("lm_head_f32", [w.w, xBuf, yBuf], dims);
+      else step("matmul_f32", [w.w, xBuf, yBuf], dims);
     }
   };
   for (const e of embed) {

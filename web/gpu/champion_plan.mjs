@@ -20,27 +20,50 @@ export function rowPieces(name, rows, rowBytes, limit) {
   return pieces;
 }
 
+export const LINEAR_GROUPS = ["qkv", "o", "gateUp", "down"];   // the fused layer linears, in upload order
+
+/** (rows, cols) of each fused layer linear: q|k|v and gate|up stacked by rows. */
+export function linearShapes(hp) {
+  const { hidden: H, inter: F, heads, kvHeads: KV, headDim: hd } = hp;
+  return { qkv: [(heads + 2 * KV) * hd, H], o: [H, heads * hd], gateUp: [2 * F, H], down: [H, F] };
+}
+
+const LINEAR_NAMES = { qkv: "self_attn.q|k|v_proj", o: "self_attn.o_proj", gateUp: "mlp.gate|up_proj", down: "mlp.down_proj" };
+
 /** The whole plan for hyper-parameters `hp` (champion_config.parseConfig) and the stored forms
- *  of the big tensors (`forms.embed`: "f32" | "q8"; `forms.head`: "tied" | "f32" | "q8").
+ *  of the weights: `forms.embed` "f32" | "q8"; `forms.head` "tied" | "f32" | "q8"; `forms.layers`
+ *  (optional, default every linear "q8") one {qkv, o, gateUp, down} of "q8" | "f32" per layer.
  *  Refuses (E_OUT_OF_MEMORY, saying what would fit) a row wider than a binding, a per-layer KV
  *  cache, attention scratch or logits buffer over a binding, and a total over `budgetBytes`.
- *  `weightLimit` (default `limit`): a smaller piece size for the weights only (tests force splits). */
+ *  `weightLimit` (default `limit`): a smaller piece size for the weights only (tests force splits).
+ *  Returns {pieces: {embed, head, qkv, o, gateUp, down} (each linear: its longest piece list over
+ *  the layers), layerPieces: per layer {qkv, o, gateUp, down}, bytes}. */
 export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, weightLimit = limit, budgetBytes = 0 }) {
   const { vocab: V, hidden: H, inter: F, heads, kvHeads: KV, headDim: hd, layers: L } = hp;
   const qDim = heads * hd, qkvDim = (heads + 2 * KV) * hd;
   const rowBytes = (form, cols) => (form === "q8" ? cols : 4 * cols);
+  const shapes = linearShapes(hp);
+  const layerForms = forms.layers ?? Array.from({ length: L }, () => ({ qkv: "q8", o: "q8", gateUp: "q8", down: "q8" }));
+  if (layerForms.length !== L) throw new Error(`E_BAD_ARGUMENT: forms.layers has ${layerForms.length} entries for ${L} layers`);
+  const byForm = { q8: {}, f32: {} };     // row pieces depend only on the form: computed once per (group, form)
+  const linearPieces = (group, form) => {
+    if (!(form in byForm)) throw new Error(`E_BAD_ARGUMENT: linear form ${JSON.stringify(form)} is not "q8" or "f32"`);
+    const [rows, cols] = shapes[group];
+    byForm[form][group] ??= rowPieces(LINEAR_NAMES[group], rows, rowBytes(form, cols), weightLimit);
+    return byForm[form][group];
+  };
+  const layerPieces = layerForms.map((f) => Object.fromEntries(LINEAR_GROUPS.map((g) => [g, linearPieces(g, f[g])])));
+  const longest = (g) => layerPieces.reduce((a, p) => (p[g].length > a.length ? p[g] : a), layerPieces[0]?.[g] ?? []);
   const pieces = {
     embed: rowPieces("model.embed_tokens.weight", V, rowBytes(forms.embed, H), weightLimit),
     head: forms.head === "tied" ? null : rowPieces("lm_head.weight", V, rowBytes(forms.head, H), weightLimit),
-    qkv: rowPieces("self_attn.q|k|v_proj", qkvDim, H, weightLimit),
-    o: rowPieces("self_attn.o_proj", H, qDim, weightLimit),
-    gateUp: rowPieces("mlp.gate|up_proj", 2 * F, H, weightLimit),
-    down: rowPieces("mlp.down_proj", H, F, weightLimit),
+    ...Object.fromEntries(LINEAR_GROUPS.map((g) => [g, longest(g)])),
   };
   const q8 = (rows, cols) => rows * cols + rows * 4;
+  const linearBytes = (form, [rows, cols]) => (form === "q8" ? q8(rows, cols) : 4 * rows * cols);
   const big = (form) => (form === "q8" ? q8(V, H) : form === "f32" ? 4 * V * H : 0);
-  const weights = big(forms.embed) + big(forms.head) + 4 * H * (2 * L + 1)
-    + L * (q8(qkvDim, H) + q8(H, qDim) + q8(2 * F, H) + q8(H, F) + (hp.qkvBias ? 4 * qkvDim : 0));
+  const weights = big(forms.embed) + big(forms.head) + 4 * H * (2 * L + 1) + L * (hp.qkvBias ? 4 * qkvDim : 0)
+    + layerForms.reduce((sum, f) => sum + LINEAR_GROUPS.reduce((s, g) => s + linearBytes(f[g], shapes[g]), 0), 0);
   const kvPerPosition = 2 * L * KV * hd * 4;            // K and V of every layer
   const perPosition = kvPerPosition + B * heads * 4 + hd * 4;   // + attention scratch + RoPE table
   const fixedActs = 4 * B * (1 + 2 * H + qkvDim + 2 * qDim + 3 * F + V);
@@ -64,5 +87,5 @@ export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, w
     throw oom(room >= perPosition ? `${what}; maxContext <= ${Math.floor(room / perPosition)} would fit`
       : `${what}; the weights alone do not fit`);
   }
-  return { pieces, bytes };
+  return { pieces, layerPieces, bytes };
 }

@@ -78,13 +78,15 @@ export async function fetchSafetensors(fetchFn, url, label = String(url)) {
   return readSafetensorsResponse(response, label);
 }
 
-/** One tensor, checked for dtype and shape; throws E_MODEL_LOAD naming what differs. */
-export function expectTensor(tensors, name, dtype, shape, label = "") {
+/** One tensor of a map, checked for dtype and shape; throws E_MODEL_LOAD naming `where` (what the
+ *  map came from, e.g. "safetensors file /m/model.q8.safetensors") and what differs. */
+export function expectTensor(tensors, name, dtype, shape, where = "tensor map") {
+  const refuse = (problem) => { throw modelLoadError(`${where}: ${problem}`); };
   const t = tensors.get(name);
-  if (!t) fail(label, `missing tensor ${name}`);
-  if (t.dtype !== dtype) fail(label, `tensor ${name} is ${t.dtype}, expected ${dtype}`);
+  if (!t) refuse(`missing tensor ${name}`);
+  if (t.dtype !== dtype) refuse(`tensor ${name} is ${t.dtype}, expected ${dtype}`);
   if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-    fail(label, `tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
+    refuse(`tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
   }
   return t;
 }
