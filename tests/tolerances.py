@@ -39,6 +39,9 @@ TOLERANCES = {
     # --- Hugging Face folders: float64 reference vs transformers float32 (test_hf_models.py) ------
     # mid-size synthetic shapes, bf16 on disk, initializer_range 0.2 (logits to ~9), 96 positions
     "hf_reference_vs_transformers_f32": Tol(5e-4, 0.0, measured=3.9e-5),
+    # SmolLM2-135M-Instruct Q4_1 GGUF, dequantised: our float64 reference vs transformers float32
+    # (test_gguf_smollm2.py), "The capital of France is" (logits to ~27)
+    "gguf_reference_vs_transformers_f32": Tol(5e-4, 0.0, measured=4.3e-5),
     # --- processors / acceptance on WebGPU vs processors.py / acceptance.py (test_gpu_accept.py) --
     "processed_probs": Tol(1.5e-5, 0.0, measured=1.09e-6),
     # decision quantities (harness diagnostics): the test sees 4.7e-7 / 5.2e-6 at V <= 1000; the
