@@ -188,6 +188,18 @@ def test_raw_text_box_keeps_markers_ordinary_text(app):
     assert not set(ids[True][1:]) & set(tok.special_ids)
 
 
+def test_a_load_after_the_engine_ended_makes_a_new_one(app):
+    """An engine that ended (terminated here; E_TIMEOUT ends one the same way) refuses every call:
+    the next load makes a new engine instead of failing E_TERMINATED."""
+    wait_stage(app, "ready")
+    app.evaluate("() => window.appState.engine.terminate()")
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_shipped")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
+    assert answer(app, "none", max_tokens=4)[0] == "done"
+
+
 def test_load_clicked_again_while_loading_starts_no_second_engine(chromium_browser, http_server):
     """Shipped pair clicked twice during the page's first load: one engine (one orchestrator
     worker) only, and it answers. Each click used to create an engine of its own, never freed."""

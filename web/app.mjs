@@ -76,9 +76,9 @@ async function loadModels() {
   const t0 = performance.now();
   setStatus("loading…");
   try {
-    if (page.engine) {
+    if (page.engine && !page.engine.engine.terminated) {
       await page.engine.load(page.source, options);
-    } else {
+    } else {                                  // the first load, or after an engine ended (E_TIMEOUT)
       page.engine = await createEngine({ ...page.source, ...options });
     }
   } catch (err) {

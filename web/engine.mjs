@@ -184,6 +184,7 @@ export class Engine {
     const request_id = this._newId("generate");
     this.running = { ...next, request_id, epoch: this._epoch, silenceTimer: null };
     try {
+      this.schema.checkRequest(next.payload);   // again: the caller may have changed it while it queued
       this._send("generate", request_id, this._epoch, next.payload);
     } catch (err) {
       this._finishRunning((r) => r.reject(err));   // refused here: nothing reached the worker
