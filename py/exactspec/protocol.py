@@ -7,6 +7,7 @@ request or a duplicate/out-of-order seq. Pure Python; the JS side reads the same
 """
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import os
@@ -75,10 +76,29 @@ def _shown(v) -> str:
     if v is None or isinstance(v, (bool, str)):
         return json.dumps(v, ensure_ascii=False)
     if isinstance(v, float):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity") if math.isinf(v) else repr(v)
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity") if math.isinf(v) else _js_number(v)
     if isinstance(v, int):
         return str(v)
     return "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else f"a {type(v).__name__}"
+
+
+def _js_number(x: float) -> str:
+    """A finite float as JS's Number.prototype.toString writes it (ECMAScript Number::toString:
+    the shortest round-trip digits, exponent form below 1e-6 and from 1e21)."""
+    if x == 0:
+        return "0"
+    sign, digit_tuple, exp = decimal.Decimal(repr(x)).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    k, n = len(digits), exp + len(digits)           # x = 0.<digits> * 10^n
+    if k <= n <= 21:
+        out = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        out = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        out = "0." + "0" * -n + digits
+    else:
+        out = digits[0] + ("." + digits[1:] if k > 1 else "") + f"e{'+' if n > 0 else '-'}{abs(n - 1)}"
+    return ("-" if sign else "") + out
 
 
 def _integer(v):
