@@ -8,7 +8,12 @@
 #     nodejs + npm (only if `node`/`npm` are missing), python3-venv (only if venv can't work)
 #   - .venv/ with `pip install -e .[test]` (torch 2.13.0 CPU comes from the local wheel dir)
 #   - node_modules/ from package-lock.json (`npm ci`): pyodide 314.0.7
+#   - the real model, SmolLM2-135M-Instruct (Q4_1 GGUF), into build/models/ (tools/fetch_models.py);
+#     when it cannot be fetched set-up says so in one line and goes on: the product uses the
+#     shipped toy pair, and tests that need the model skip saying why (build/models/status.json)
 # It never downloads a browser build (no `playwright install`): tests use /usr/bin/chromium.
+#
+#   bash tools/setup.sh --models-only    # only the real model step (needs .venv)
 #
 # Idempotent and fast when everything is there: stamp files under .venv/ are keyed on the
 # sha256 of pyproject.toml and package-lock.json.
@@ -31,6 +36,22 @@ on_error() {
 trap on_error ERR
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# ---------------------------------------------------------------- the real model (never fails set-up)
+MODELS_DEST="${EXACTSPEC_FETCH_DEST:-$ROOT/build/models}"
+fetch_real_model() {
+    # an intact model is reused offline; a failure is one line, and build/models/status.json says why
+    local said
+    if said="$("$VENV/bin/python" tools/fetch_models.py --dest "$MODELS_DEST" 2>&1 | tail -n 1)"; then
+        log "real model: ${said#fetch_models: }"
+    else
+        log "real model unavailable, using the shipped toy pair instead (${said##*fetch_models: })"
+    fi
+}
+if [ "${1:-}" = "--models-only" ]; then
+    fetch_real_model
+    exit 0
+fi
 
 # ---------------------------------------------------------------- system packages
 APT_UPDATED=0
@@ -180,6 +201,9 @@ if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] && [ -f web/bui
 else
     bash wasm/build.sh
 fi
+
+step "real model (build/models: SmolLM2-135M-Instruct GGUF)"
+fetch_real_model
 
 STEP="done"
 log "ready in $((SECONDS - T0)) s: run tests with .venv/bin/python -m pytest -q"
