@@ -39,9 +39,15 @@ LOAD_JS = """async ([url, config, identity, label, options]) => {
   t.champion = null;
   const buffer = await (await fetch(url)).arrayBuffer();
   const { tensors } = parseSafetensors(buffer, label);
+  const { spoil, ...rest } = options;                        // spoil: [name, how] makes a hand-made map's fault
+  if (spoil) {
+    const [name, how] = spoil, bytes = tensors.get(name).bytes;
+    const spoilt = how === "short" ? bytes.subarray(4) : new Float32Array(bytes.slice().buffer);
+    tensors.set(name, { ...tensors.get(name), bytes: spoilt });
+  }
   const t0 = performance.now();
   t.champion = await createChampionFromTensors({ device: t.device, config, tensors, identity, label,
-                                                 pipelinesPromise: t.pipelines, maxBlock: 9, ...options });
+                                                 pipelinesPromise: t.pipelines, maxBlock: 9, ...rest });
   const c = t.champion;
   return { loadMs: performance.now() - t0, identity: c.identity, vocabSize: c.vocabSize, pieces: c.pieces,
            forms: c.forms, memoryPlan: c.memoryPlan, artifactBytes: c.artifactBytes };
@@ -218,8 +224,9 @@ def test_q8_and_f32_linears_mixed(gpu_page, f32_models):
 
 
 def test_tensor_map_refusals(gpu_page, f32_models, tmp_path):
-    """A missing linear, a linear stored in both forms, a wrong shape: E_MODEL_LOAD naming the
-    source and the tensor once; a malformed call: E_BAD_ARGUMENT."""
+    """A missing linear, a linear stored in both forms, a wrong shape, a hand-made map's tensor
+    with too few bytes or not in a Uint8Array: E_MODEL_LOAD naming the source and the tensor once;
+    a malformed call: E_BAD_ARGUMENT."""
     from safetensors.numpy import load_file, save_file
     src = f32_models["tiny_llama_tied"]
     config = config_of(src)
@@ -239,6 +246,12 @@ def test_tensor_map_refusals(gpu_page, f32_models, tmp_path):
             load_tensors(gpu_page, model_dir / file, config, label=f"source-{file}")
         message = str(err.value)
         assert f"E_MODEL_LOAD: source-{file}: {problem}" in message and message.count("E_MODEL_LOAD") == 1, message
+    for how, problem in (("short", f"tensor {name} holds {96 * 160 * 4 - 4} bytes, its shape needs {96 * 160 * 4}"),
+                         ("float32", f"tensor {name}: its bytes are not a Uint8Array")):
+        with pytest.raises(Exception) as err:                # a map made by hand, not by a parser
+            load_tensors(gpu_page, src / "model.safetensors", config, label="hand-made", spoil=[name, how])
+        message = str(err.value)
+        assert f"E_MODEL_LOAD: hand-made: {problem}" in message and message.count("E_MODEL_LOAD") == 1, message
     for identity, label in (("not-a-sha", "x"), ("ab" * 32, "")):
         with pytest.raises(Exception, match="E_BAD_ARGUMENT"):
             load_tensors(gpu_page, src / "model.safetensors", config, identity=identity, label=label)

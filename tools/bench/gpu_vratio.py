@@ -5,7 +5,9 @@
 
 Shapes: `shipped` (web/models/champion) and `synth360`, a synthetic SmolLM2-360M shape (hidden
 960, 32 layers, 15/5 heads, intermediate 2560, vocab 49152, tied f32 embedding) with random q8
-weights, written once to build/bench/models/. Each n = 1..9 is timed `reps` times, the n
+weights, written once to build/bench/models/; `synth135-q8` / `synth135-f32`: the SmolLM2-135M
+shape (hidden 576, 30 layers, 9/3 heads, intermediate 1536) with q8 or float32 linears (what a
+GGUF file dequantised gives). Each n = 1..9 is timed `reps` times, the n
 interleaved within each repetition (each after its own warm-up run), as forward(n tokens at
 start_pos) + readLogits(n) in the test harness page (web/tests/gpu_harness.html); the ratio uses
 medians. Prints a table and writes
@@ -28,6 +30,8 @@ sys.path.insert(0, os.path.join(REPO, "py"))
 from exactspec.safe_files import write_file  # noqa: E402
 
 SYNTH_DIR = os.path.join("build", "bench", "models", "synth360")
+SYNTH135 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3}                   # SmolLM2-135M; the rest as SYNTH_CONFIG
 OUT_PATH = os.path.join("build", "bench", "gpu_vratio.json")
 SYNTH_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 960,
@@ -37,11 +41,12 @@ SYNTH_CONFIG = {
 }
 
 
-def write_synth(model_dir: str) -> None:
-    """Random q8 weights at SYNTH_CONFIG's shape (int8 uniform, scales ~1/(127 sqrt(in)))."""
+def write_synth(model_dir: str, config=None, linears: str = "q8") -> None:
+    """Random weights at a config's shape (default SYNTH_CONFIG): linears int8 uniform with scales
+    ~1/(127 sqrt(in)), or with linears="f32" those values as float32 under the HF names."""
     import numpy as np
     from safetensors.numpy import save
-    c = SYNTH_CONFIG
+    c = config or SYNTH_CONFIG
     if os.path.exists(os.path.join(model_dir, "model.q8.safetensors")):
         return
     os.makedirs(model_dir, exist_ok=True)
@@ -52,8 +57,11 @@ def write_synth(model_dir: str) -> None:
                "model.norm.weight": np.ones(H, np.float32)}
 
     def linear(name, rows, cols):
-        tensors[name + ".q8"] = gen.integers(-127, 128, (rows, cols), dtype=np.int8)
-        tensors[name + ".scale"] = np.full(rows, 1.0 / (127 * np.sqrt(cols)), np.float32)
+        q8, scale = gen.integers(-127, 128, (rows, cols), dtype=np.int8), np.float32(1.0 / (127 * np.sqrt(cols)))
+        if linears == "f32":
+            tensors[name] = q8.astype(np.float32) * scale
+        else:
+            tensors[name + ".q8"], tensors[name + ".scale"] = q8, np.full(rows, scale, np.float32)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors[p + "input_layernorm.weight"] = np.ones(H, np.float32)
@@ -95,6 +103,11 @@ def main(argv=None) -> int:
     shapes = {"shipped": "/web/models/champion/", "synth360": "/" + SYNTH_DIR.replace(os.sep, "/") + "/"}
     if "synth360" in args.shapes:
         write_synth(SYNTH_DIR)
+    for form in ("q8", "f32"):
+        if f"synth135-{form}" in args.shapes:
+            model_dir = os.path.join("build", "bench", "models", f"synth135-{form}")
+            write_synth(model_dir, {**SYNTH_CONFIG, **SYNTH135}, form)
+            shapes[f"synth135-{form}"] = "/" + model_dir.replace(os.sep, "/") + "/"
     load_before = os.getloadavg()
     page = get_browser().new_page()
     page.goto(get_server().url + "/web/tests/gpu_harness.html")

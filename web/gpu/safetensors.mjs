@@ -1,7 +1,7 @@
 // safetensors readers for the engine's loaders: a whole file in memory (parseSafetensors, views,
 // no copies) and a fetched one read header first (readSafetensorsResponse). The header rules are
 // the CLI's, in one place: web/model_checks.mjs (safetensors.header_length, parse_header_json).
-import { checkSafetensorsHeader, headerLength, modelLoadError } from "../model_checks.mjs";
+import { checkSafetensorsHeader, DTYPE_BYTES, headerLength, modelLoadError } from "../model_checks.mjs";
 
 const fail = (label, problem) => { throw modelLoadError(`safetensors file ${label}: ${problem}`); };
 
@@ -88,5 +88,8 @@ export function expectTensor(tensors, name, dtype, shape, where = "tensor map") 
   if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
     refuse(`tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
   }
+  const size = shape.reduce((a, d) => a * d, DTYPE_BYTES.get(dtype));   // a hand-made map is not checked by a parser
+  if (!(t.bytes instanceof Uint8Array)) refuse(`tensor ${name}: its bytes are not a Uint8Array`);
+  if (t.bytes.byteLength !== size) refuse(`tensor ${name} holds ${t.bytes.byteLength} bytes, its shape needs ${size}`);
   return t;
 }
