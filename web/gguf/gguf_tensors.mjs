@@ -1,0 +1,83 @@
+// gguf_tensors.mjs — a GGUF file as a champion tensor map: every tensor dequantised to float32 exactly as
+// gguf_dequant.py computes it, under its Hugging Face name, q/k rows put back from llama.cpp's RoPE
+// order (gguf_model.py). The map is what parseSafetensors gives for a safetensors file:
+// Map(name -> {dtype: "F32", shape, bytes: Uint8Array}); both champion loaders take it as is (F32
+// linears with no scale). A row holding inf or NaN is refused naming the tensor and row.
+//
+//   const { bytes, identity } = await fetchGgufFile(fetchFn, url);     // the whole file, and its sha256
+//   const tensors = ggufTensorMap(bytes, config, label);               // config: gguf_model's, validated
+import { dequantize } from "./gguf_dequant.mjs";
+import { parseGgufHeader, refuse, pyRepr } from "./gguf_reader.mjs";
+import { modelLoadError } from "../model_checks.mjs";
+import { sha256Hex } from "../sha256.mjs";
+
+const GLOBAL_NAMES = { "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight" };
+const LAYER_NAMES = { attn_norm: "input_layernorm", ffn_norm: "post_attention_layernorm", attn_q: "self_attn.q_proj",
+  attn_k: "self_attn.k_proj", attn_v: "self_attn.v_proj", attn_output: "self_attn.o_proj", ffn_gate: "mlp.gate_proj",
+  ffn_up: "mlp.up_proj", ffn_down: "mlp.down_proj" };
+const LAYER_TENSOR = /^blk\.(0|[1-9][0-9]{0,5})\.([a-z_]+)\.(weight|bias)$/;
+
+/** The Hugging Face name of a llama.cpp tensor name, or null (gguf_model.hf_name). */
+export function hfName(ggufName) {
+  if (Object.hasOwn(GLOBAL_NAMES, ggufName)) return GLOBAL_NAMES[ggufName];
+  const m = LAYER_TENSOR.exec(ggufName);
+  if (!m || !Object.hasOwn(LAYER_NAMES, m[2])) return null;
+  return `model.layers.${m[1]}.${LAYER_NAMES[m[2]]}.${m[3]}`;
+}
+
+/** llama.cpp's q/k row order (per head: adjacent pairs) back to HF's (per head: halves), as a new
+ *  array: w is rows (nHeads * headDim) x cols. */
+export function unpermuteRopeRows(w, nHeads, cols) {
+  const headDim = w.length / cols / nHeads, half = headDim / 2;
+  const out = new Float32Array(w.length);
+  for (let h = 0; h < nHeads; h++) {
+    for (let j = 0; j < half; j++) {
+      for (let s = 0; s < 2; s++) {        // llama.cpp row 2j + s holds HF row j + s * half
+        const src = (h * headDim + 2 * j + s) * cols, dst = (h * headDim + s * half + j) * cols;
+        out.set(w.subarray(src, src + cols), dst);
+      }
+    }
+  }
+  return out;
+}
+
+/** The whole file from fetchFn(url) (one buffer, sized from Content-Length when declared) and its
+ *  sha256: the champion's identity. */
+export async function fetchGgufFile(fetchFn, url, label = String(url)) {
+  let response;
+  try {
+    response = await fetchFn(url);
+  } catch (err) {
+    throw modelLoadError(`cannot fetch ${url}: ${err.message}`);
+  }
+  if (!response.ok) throw modelLoadError(`cannot fetch ${url}: HTTP ${response.status}`);
+  const bytes = new Uint8Array(await response.arrayBuffer());
+  if (bytes.byteLength === 0) throw refuse(label, "magic", "the file does not start with 'GGUF' (not a GGUF file)");
+  return { bytes, identity: await sha256Hex(bytes) };
+}
+
+/** See the header comment. config: the validated HF config dict (num_attention_heads, num_key_value_heads,
+ *  model_type) from the model check. */
+export function ggufTensorMap(bytes, config, label) {
+  const header = parseGgufHeader(bytes, bytes.byteLength, label);
+  const permuted = config.model_type === "llama";          // qwen2 files are stored unpermuted
+  const tensors = new Map();
+  for (const t of header.tensors.values()) {
+    const name = hfName(t.name);
+    if (name === null) throw refuse(label, `tensor ${pyRepr(t.name)}`, "is not a tensor of this model");
+    const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
+    let values = new Float32Array(cols * rows);
+    dequantize(bytes.subarray(t.offset, t.offset + t.nbytes), t.typeName, values);
+    for (let r = 0; r < rows; r++) {
+      for (let i = r * cols, end = i + cols; i < end; i++) {
+        if (!Number.isFinite(values[i])) throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${r} holds a value that is inf or NaN`);
+      }
+    }
+    if (permuted && /\.(q_proj|k_proj)\.weight$/.test(name)) {
+      values = unpermuteRopeRows(values, name.includes(".q_proj.") ? config.num_attention_heads : config.num_key_value_heads, cols);
+    }
+    tensors.set(name, { dtype: "F32", shape: [...t.dims].reverse(), bytes: new Uint8Array(values.buffer) });
+  }
+  return tensors;
+}

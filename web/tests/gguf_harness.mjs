@@ -1,0 +1,36 @@
+// gguf_harness.mjs: drives web/gguf/ under node for tests/test_gguf_browser_js.py.
+//   node gguf_harness.mjs cases.json out.json
+// cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config}]}
+// out: dequant -> base64 of the float32 bytes; headers -> {ok: summary} | {error: message};
+//      models -> {ok: {name: [shape, base64 of float32 bytes]}} | {error: message}
+import { readFileSync, writeFileSync } from "node:fs";
+import { dequantize, BLOCKS } from "../gguf/gguf_dequant.mjs";
+import { parseGgufHeader } from "../gguf/gguf_reader.mjs";
+import { ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+
+const [, , cin, cout] = process.argv;
+const cases = JSON.parse(readFileSync(cin, "utf8"));
+const bytesOf = (b64) => new Uint8Array(Buffer.from(b64, "base64"));
+const b64Of = (u8) => Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength).toString("base64");
+const attempt = (fn) => { try { return { ok: fn() }; } catch (err) { return { error: err.message }; } };
+
+const out = {
+  dequant: (cases.dequant ?? []).map(({ type, raw }) => {
+    const bytes = bytesOf(raw);
+    const [perBlock, blockBytes] = BLOCKS[type];
+    const values = new Float32Array(bytes.byteLength / blockBytes * perBlock);
+    dequantize(bytes, type, values);
+    return b64Of(new Uint8Array(values.buffer));
+  }),
+  headers: (cases.headers ?? []).map(({ label, file }) => attempt(() => {
+    const bytes = bytesOf(file);
+    const h = parseGgufHeader(bytes, bytes.byteLength, label);
+    return { version: h.version, n_kv: h.metadata.size, data_offset: h.dataOffset,
+      tensors: [...h.tensors.values()].map((t) => [t.name, t.typeName, t.dims, t.offset, t.nbytes]) };
+  })),
+  models: (cases.models ?? []).map(({ label, file, config }) => attempt(() => {
+    const tensors = ggufTensorMap(bytesOf(file), config, label);
+    return Object.fromEntries([...tensors].map(([name, t]) => [name, [t.shape, b64Of(t.bytes)]]));
+  })),
+};
+writeFileSync(cout, JSON.stringify(out));
