@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import shutil
 import sys
 
 import pytest
@@ -262,3 +263,48 @@ def test_raw_text_never_parses_special_tokens_and_the_default_does_as_transforme
     assert tok.token_to_id("<|end|>") in ids[False] and tok.token_to_id("<|assistant|>") in ids[False]
     assert ids[True] == tok.encode(prompt, add_special_tokens=True, split_special_tokens=True)
     assert not set(ids[True][1:]) & set(tok.special_ids)        # only the BOS the template adds
+
+
+# ---------------------------------------------------------------------------------------------
+# A Hugging Face folder as published, on the browser backend: converted once into a cache
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bf16_folder(tmp_path_factory):
+    """A tiny Llama as transformers saves it (bf16 model.safetensors, no run artifact)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import synth_models
+    return synth_models.make_model("smollm2-draft", str(tmp_path_factory.mktemp("published")))
+
+
+def test_browser_ready_converts_a_published_folder_once_keyed_by_its_content(bf16_folder, tmp_path):
+    import io
+    from exactspec.model_cache import browser_ready
+    from exactspec.safetensors import read_header
+    cache, said = tmp_path / "cache", io.StringIO()
+    draft = browser_ready(bf16_folder, "draft", cache_root=str(cache), stream=said)
+    assert os.path.dirname(draft) == str(cache) and "converting the draft to F32" in said.getvalue()
+    assert {e["dtype"] for e in read_header(os.path.join(draft, "model.safetensors"))[0].values()} == {"F32"}
+    again = io.StringIO()
+    assert browser_ready(bf16_folder, "draft", cache_root=str(cache), stream=again) == draft and not again.getvalue()
+    champion = browser_ready(bf16_folder, "champion", cache_root=str(cache), stream=io.StringIO())
+    assert champion != draft and os.path.isfile(os.path.join(champion, "model.q8.safetensors"))
+    changed = tmp_path / "changed"
+    shutil.copytree(bf16_folder, changed)
+    (changed / "generation_config.json").write_text('{"eos_token_id": 0, "bos_token_id": 0}')
+    assert browser_ready(str(changed), "draft", cache_root=str(cache), stream=io.StringIO()) not in (draft, champion)
+    for role in ("champion", "draft"):   # a folder holding its run artifact is served as it is
+        shipped = os.path.join(ROOT, "web", "models", role)
+        assert browser_ready(shipped, role, cache_root=str(cache)) == shipped
+
+
+def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path):
+    """It failed with a bare HTTP 404 for model.q8.safetensors; the bf16 draft was refused."""
+    r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", bf16_folder,
+            "--draft", bf16_folder, "--prompt", "Hi", "--temperature", "0", "--max-new-tokens", "4", "--json",
+            env_extra={"EXACTSPEC_MODEL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["error"] is None and len(out["token_ids"]) == 4 and out["stats"]["proposed"] > 0
+    assert "converting the champion to q8" in r.stderr and "converting the draft to F32" in r.stderr
+    assert sorted(os.listdir(tmp_path / "cache")) and "Traceback" not in r.stderr

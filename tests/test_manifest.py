@@ -527,6 +527,11 @@ def _drop(key):
     (lambda m: m["models"]["champion"]["run_artifact"].update(quantization="f32"), "quantization is 'f32'"),
     (lambda m: m["models"]["champion"]["run_artifact"].update(file="model.q4.bin"), "no quantisation scheme"),
     (lambda m: m["models"].pop("champion"), "has no models.champion"),
+    (lambda m: m.update(drafts=[]), "'drafts' is not an object"),
+    (lambda m: m.update(drafts={"B" * 64: {"dir": "d"}}), "drafts key"),
+    (lambda m: m.update(drafts={"b" * 64: {"dir": "../d"}}), "is not a folder name beside the manifest"),
+    (lambda m: m.update(drafts={"b" * 64: {"dir": "a/d"}}), "is not a folder name beside the manifest"),
+    (lambda m: m.update(drafts={"b" * 64: "d"}), "is not a folder name beside the manifest"),
 ])
 def test_a_malformed_manifest_is_a_load_error(shipped, mutate, needle):
     manifest = json.loads(json.dumps(shipped[1]))
@@ -582,3 +587,34 @@ def test_hostile_model_json_is_refused_coded_without_blocking_or_recursing(pair_
     with pytest.raises(ExactSpecError) as e:
         check_pair(champion, draft)
     assert e.value.code == E_MODEL_LOAD and name in e.value.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafts bound to a champion by its sha256; the chat template as transformers takes it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_draft_is_found_by_the_champion_sha256(shipped):
+    from exactspec.manifest import draft_for_champion
+    manifest = json.loads(json.dumps(shipped[1]))
+    assert draft_for_champion(manifest, "a" * 64) is None
+    manifest["drafts"] = {"a" * 64: {"dir": "smollm2-draft", "champion": "x.gguf"}}
+    assert draft_for_champion(manifest, "a" * 64) == "smollm2-draft" and draft_for_champion(manifest, "c" * 64) is None
+
+
+def test_chat_template_jinja_wins_over_tokenizer_config_as_in_transformers(pair_dirs):
+    """transformers: 'independent chat template file(s) ... take priority over template entries in
+    the tokenizer config'; the identity hashes the template that runs."""
+    from exactspec.manifest import chat_template_of, sha256_json
+    assert chat_template_of({"chat_template": "a"}, None) == "a"
+    assert chat_template_of({"chat_template": "a"}, b"b") == "b" and chat_template_of({}, b"b") == "b"
+    with pytest.raises(ExactSpecError) as err:
+        chat_template_of({}, b"\xff", "m/chat_template.jinja")
+    assert (err.value.code, err.value.message) == (E_MODEL_LOAD, "m/chat_template.jinja: not UTF-8 text (byte 0)")
+    champion = pair_dirs[0]
+    with open(os.path.join(champion, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write("{{ messages }}")
+    try:
+        assert load_model_identity(champion)["chat_template_sha256"] == sha256_json("{{ messages }}")
+    finally:
+        os.unlink(os.path.join(champion, "chat_template.jinja"))

@@ -40,6 +40,8 @@ class BrowserRuntime:
         for d in filter(None, (champion_dir, draft_dir)):
             if not os.path.isfile(os.path.join(d, "config.json")):
                 raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
+        from .model_cache import browser_ready   # a folder as published: converted once, cached under build/
+        champion_dir, draft_dir = browser_ready(champion_dir, "champion"), draft_dir and browser_ready(draft_dir, "draft")
         mounts: dict = {}
         models = {"champion": _url_for(champion_dir, "champion", mounts),
                   "draft": _url_for(draft_dir, "draft", mounts) if draft_dir else None}

@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _model_dir_arg(value: str) -> str:
     if not value.strip():
-        raise argparse.ArgumentTypeError("must be a model directory, not an empty string")
+        raise argparse.ArgumentTypeError("must be a model folder or a .gguf file, not an empty string")
     return value
 
 
@@ -42,16 +42,21 @@ def _add_generation_args(p):
     p.add_argument("--raw-text", action="store_true",
                    help="never parse special tokens (<|im_end|>, ...) written in the prompt; by default they are "
                         "parsed, as transformers does (with --chat the message text is never parsed)")
-    p.add_argument("--champion", default=None, type=_model_dir_arg, help="champion model directory (default: shipped)")
-    p.add_argument("--draft", default=None, type=_model_dir_arg, help="draft model directory (default: shipped)")
+    p.add_argument("--champion", default=None, type=_model_dir_arg,
+                   help="champion: a Hugging Face folder or a .gguf file (reference backend) (default: shipped)")
+    p.add_argument("--draft", default=None, type=_model_dir_arg,
+                   help="draft: a folder or a .gguf file (reference backend) (default: the shipped draft, or for a "
+                        "GGUF champion the one web/models/manifest.json binds to it)")
     p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
                    help="champion weights on the reference backend: q8 (default, what the browser runs) or f32")
-    p.add_argument("--speculate", default="draft", choices=["none", "draft", "lookup"])
+    p.add_argument("--speculate", default=None, choices=["none", "draft", "lookup"],
+                   help="default: draft, or lookup for a champion no draft is known for")
     p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most)")
     p.add_argument("--scheduler", default="static", choices=["static", "adaptive"],
                    help="k per round: static (always --k) or adaptive (0..--k from acceptance and round costs)")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="0 means greedy; else at least 1e-6, as in the browser (f32 maths)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 means greedy; else at least 1e-6, as in the browser (f32 maths); default 1, "
+                        "but 0 for `generate --chat` (a chat answer is the model's most likely one)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
@@ -116,9 +121,8 @@ def _policy(args):
                           repetition_penalty=args.repetition_penalty)
 
 
-def _load(args):
+def _load(args, champion, draft):
     from .models import load_pair
-    champion, draft = _model_dirs(args)
     weights = args.weights or ("q8" if os.path.exists(os.path.join(champion, "model.q8.safetensors")) else "f32")
     return load_pair(champion, draft, champion_weights=weights)   # a folder as published runs its own weights
 
@@ -147,12 +151,28 @@ def derive_seed(seed: int, index: int) -> int:
     return x0 | (x1 << 32)
 
 
-def _model_dirs(args):
-    from .models import default_models_dir
+def _models(args):
+    """(champion, draft or None), a folder or a GGUF file each; settles args.speculate when not
+    given: draft, or lookup for a GGUF champion that web/models/manifest.json binds no draft to."""
+    from .manifest import is_gguf_file
+    from .models import default_models_dir, known_draft
     base = default_models_dir()
     champion = args.champion or os.path.join(base, "champion")
-    draft = (args.draft or os.path.join(base, "draft")) if args.speculate == "draft" else None
-    return champion, draft
+    gguf = [flag for flag, path in (("--champion", champion), ("--draft", args.draft)) if path and is_gguf_file(path)]
+    if gguf and args.backend == "browser":
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{gguf[0]}: the browser backend takes a model folder, not a file; "
+                             "a .gguf runs on --backend reference")
+    if gguf[:1] == ["--champion"] and args.weights:
+        raise ExactSpecError(E_BAD_ARGUMENT, "--weights: a GGUF champion runs the file's own weights")
+    if args.speculate in (None, "draft"):
+        draft = args.draft or (known_draft(champion, base) if is_gguf_file(champion) else os.path.join(base, "draft"))
+        if draft is None and args.speculate == "draft":
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--speculate draft: no draft is known for {champion} (the "
+                                 f"'drafts' of {os.path.join(base, 'manifest.json')} name none for its sha256); "
+                                 "give --draft")
+        args.speculate = "draft" if draft else "lookup"
+        return champion, draft
+    return champion, None
 
 
 def _browser_payload(args, seed: int) -> dict:
@@ -168,7 +188,7 @@ def _run(args, seeds, stream=None) -> list:
         if args.weights == "f32":
             raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser backend runs the q8 champion only")
         from .browser_run import BrowserRuntime
-        champion, draft = _model_dirs(args)
+        champion, draft = _models(args)
         with BrowserRuntime(champion, draft, champion_backend=args.champion_backend) as rt:
             outs = []
             for seed in seeds:
@@ -178,7 +198,7 @@ def _run(args, seeds, stream=None) -> list:
                                        }
                 outs.append(result)
             return outs
-    pair = _load(args)
+    pair = _load(args, *_models(args))
     ids = _prompt_ids(pair, args)
     results = []
     for seed in seeds:
@@ -294,6 +314,8 @@ def _stdout_failed(exc: OSError) -> ExactSpecError:
 def _dispatch(args) -> int:
     if sys.stdout is None:   # started with stdout closed (`>&-`): nowhere to put the output
         raise ExactSpecError(E_IO, "stdout is closed; redirect it to a file or /dev/null instead")
+    if args.command in ("generate", "sample") and args.temperature is None:
+        args.temperature = 0.0 if args.command == "generate" and args.chat else 1.0
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(toy=args.toy, as_json=args.json, weights=args.weights, reference=args.reference)

@@ -25,7 +25,7 @@ from .tokenizer import Tokenizer
 
 MANIFEST_VERSION = 1
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
-CHAT_TEMPLATE_FILE = "chat_template.jinja"          # read only when tokenizer_config has none
+CHAT_TEMPLATE_FILE = "chat_template.jinja"          # transformers' own file; wins over tokenizer_config's
 WEIGHTS_FILE = "model.safetensors"
 Q8_WEIGHTS_FILE = "model.q8.safetensors"
 SHARDED_WEIGHTS_FILE = "model.safetensors.index.json"   # a sharded checkpoint, run as published
@@ -48,6 +48,9 @@ MUST_MATCH = (
     "pre_tokenizer_sha256", "post_processor_sha256", "decoder_sha256", "tokenizer_flags",
     "chat_template_sha256", "bos_token_id", "eos_token_id", "pad_token_id", "stop_token_ids",
 )
+# A GGUF holds no tokenizer.json: its tokenizer is rebuilt from the metadata (gguf_tokenizer), so
+# the bytes of that JSON are ours, not the model's. Every field of what the bytes mean is compared.
+GGUF_PAIR_FIELDS = tuple(field for field in MUST_MATCH if field != "tokenizer_sha256")
 # Recorded, allowed to differ.
 MAY_DIFFER = (
     "weights_sha256", "weights_bytes", "run_weights_file", "run_weights_sha256", "run_weights_bytes",
@@ -82,8 +85,20 @@ def is_byte_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+GGUF_SCHEME = "gguf"   # a .gguf file runs its own blocks; its digest is the file's sha256
+
+
+def is_gguf_file(path) -> bool:
+    """A model given as one file (a GGUF) rather than a folder: what the command line's
+    --champion/--draft and check_pair tell apart (a folder, or a path that is neither, is a folder)."""
+    return os.path.isfile(path)
+
+
 def run_weights_scheme(run_weights: str, where: str = "") -> str:
-    """The quantisation scheme name of a run artifact, by file name (RUN_WEIGHTS_SCHEMES)."""
+    """The quantisation scheme name of a run artifact, by file name (RUN_WEIGHTS_SCHEMES; any
+    name ending in .gguf is GGUF_SCHEME)."""
+    if run_weights.endswith(".gguf"):
+        return GGUF_SCHEME
     if run_weights not in RUN_WEIGHTS_SCHEMES:
         raise ExactSpecError(E_MODEL_LOAD, f"{where or run_weights}: no quantisation scheme is known for "
                              f"a run artifact named {run_weights!r} (known: {sorted(RUN_WEIGHTS_SCHEMES)})")
@@ -155,6 +170,18 @@ def _weights_digest(weights: dict, name: str, where: str):
     return entry[0], entry[1]
 
 
+def chat_template_of(tok_config: dict, jinja: bytes | None, where: str = CHAT_TEMPLATE_FILE):
+    """The chat template as transformers takes it: chat_template.jinja's text when the folder has
+    that file (it wins over tokenizer_config.json's entry), else tokenizer_config's chat_template
+    (a string, a list of named templates, or None)."""
+    if jinja is None:
+        return tok_config.get("chat_template")
+    try:
+        return jinja.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExactSpecError(E_MODEL_LOAD, f"{where}: not UTF-8 text (byte {e.start})") from None
+
+
 def model_identity_from_files(files: dict, weights: dict, *, source: str,
                               run_weights: str = Q8_WEIGHTS_FILE) -> dict:
     """Everything that identifies a model's token language and shape, hashed where large.
@@ -188,11 +215,8 @@ def model_identity_from_files(files: dict, weights: dict, *, source: str,
     added = [{k: t.get(k) for k in ("id", "content", "special", "single_word", "lstrip", "rstrip", "normalized")}
              for t in tok_spec.get("added_tokens") or []]
 
-    chat_template = tok_config.get("chat_template")
-    if chat_template is None:
-        jinja = _file_bytes(files, CHAT_TEMPLATE_FILE, where[CHAT_TEMPLATE_FILE], required=False)
-        if jinja is not None:
-            chat_template = jinja.decode("utf-8", "replace")
+    chat_template = chat_template_of(tok_config, _file_bytes(files, CHAT_TEMPLATE_FILE, where[CHAT_TEMPLATE_FILE],
+                                                            required=False), where[CHAT_TEMPLATE_FILE])
 
     def token_id(key: str):
         content = _token_content(tok_config.get(key))
@@ -253,13 +277,14 @@ def _show(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_pair_identities(champion: dict, draft: dict) -> dict:
+def check_pair_identities(champion: dict, draft: dict, fields: tuple = MUST_MATCH) -> dict:
     """The pair's manifest, or E_MANIFEST_MISMATCH naming every field that must match and
     does not (the draft's output vocabulary must equal the champion's, so both configs'
     vocab_size must also equal the champion tokenizer's size). Arguments: identities from
-    model_identity_from_files or load_model_identity."""
+    model_identity_from_files or load_model_identity; fields: those compared (a GGUF side has
+    no tokenizer.json bytes of its own: GGUF_PAIR_FIELDS)."""
     problems = []
-    for field in MUST_MATCH:
+    for field in fields:
         if champion[field] != draft[field]:
             problems.append((field, f"field {field!r} differs: champion {_show(champion[field])} draft {_show(draft[field])}"))
     for side, ident in (("champion", champion), ("draft", draft)):
@@ -272,7 +297,7 @@ def check_pair_identities(champion: dict, draft: dict) -> dict:
         raise ExactSpecError(E_MANIFEST_MISMATCH, "; ".join(m for _, m in problems), fields=fields)
     return {
         "manifest_version": MANIFEST_VERSION,
-        "shared": {field: champion[field] for field in MUST_MATCH},
+        "shared": {field: champion[field] for field in fields},
         "champion": {field: champion[field] for field in MAY_DIFFER},
         "draft": {field: draft[field] for field in MAY_DIFFER},
         "differs": [field for field in MAY_DIFFER if champion[field] != draft[field]],
@@ -332,7 +357,30 @@ def listed_files(manifest) -> dict:
         _malformed("'models' is not an object")
     for role, info in models.items():
         _check_model_entry(role, info, listed)
+    _check_drafts(manifest.get(DRAFTS_KEY, {}))
     return listed
+
+
+DRAFTS_KEY = "drafts"   # champion weights sha256 -> {"dir": the draft folder made for it, "champion": a name}
+
+
+def _check_drafts(drafts) -> None:
+    if not isinstance(drafts, dict):
+        _malformed(f"'{DRAFTS_KEY}' is not an object")
+    for key, entry in drafts.items():
+        if not is_sha256_hex(key):
+            _malformed(f"{DRAFTS_KEY} key {_show(key)} is not a champion's sha256 (lowercase hex)")
+        folder = entry.get("dir") if isinstance(entry, dict) else None
+        if not (isinstance(folder, str) and folder and folder[0] != "." and "/" not in folder and "\\" not in folder):
+            _malformed(f"{DRAFTS_KEY}[{key[:12]}..].dir is not a folder name beside the manifest")
+
+
+def draft_for_champion(manifest, champion_sha256: str):
+    """The folder name (beside the manifest) of the draft that the manifest's `drafts` entry binds
+    to the champion whose weights have this sha256 (a GGUF: the file's), or None."""
+    listed_files(manifest)
+    entry = manifest.get(DRAFTS_KEY, {}).get(champion_sha256)
+    return entry["dir"] if entry else None
 
 
 def _model_entry(manifest, role: str) -> tuple[dict, dict]:
@@ -480,9 +528,31 @@ def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict
     return {"model_dir": os.path.abspath(model_dir), **identity}
 
 
-def check_pair(champion_dir: str, draft_dir: str, champion_run_weights: str = WEIGHTS_FILE) -> dict:
-    """check_pair_identities of two model directories; the champion's identity names the weights
-    file it runs (the CLI's default is model.q8.safetensors, the browser's artifact), the draft
-    runs model.safetensors (f32) on both paths."""
-    return check_pair_identities(load_model_identity(champion_dir, run_weights=champion_run_weights),
-                                 load_model_identity(draft_dir))
+def load_gguf_identity(path: str) -> dict:
+    """model_identity_from_files for a GGUF file, plus "model_dir" (the file): the files a Hugging
+    Face folder would hold, as the GGUF's metadata implies them (config.json from gguf_model,
+    tokenizer.json the canonical JSON of the rebuilt tokenizer, tokenizer_config.json with the
+    chat template, generation_config.json with the stop ids); the run artifact is the file itself."""
+    from .gguf_model import GGUFModel          # CPython only
+    from .gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
+    with GGUFModel(path) as model:
+        files = {"config.json": canonical_json(model.config),
+                 "tokenizer.json": canonical_json(tokenizer_spec(model.file)),
+                 "tokenizer_config.json": canonical_json(tokenizer_config(model.file)),
+                 "generation_config.json": canonical_json({"eos_token_id": list(stop_token_ids(model.file))})}
+    name = os.path.basename(path)
+    identity = model_identity_from_files(files, {name: sha256_file(path)}, source=path, run_weights=name)
+    return {"model_dir": os.path.abspath(path), **identity}
+
+
+def load_identity(path: str, run_weights: str = WEIGHTS_FILE) -> dict:
+    """load_gguf_identity of a file, load_model_identity of a folder."""
+    return load_gguf_identity(path) if is_gguf_file(path) else load_model_identity(path, run_weights=run_weights)
+
+
+def check_pair(champion: str, draft: str, champion_run_weights: str = WEIGHTS_FILE) -> dict:
+    """check_pair_identities of two models, each a folder or a GGUF file; a folder champion's
+    identity names the weights file it runs (the CLI's default is model.q8.safetensors, the
+    browser's artifact), a folder draft runs model.safetensors (f32) on both paths."""
+    fields = GGUF_PAIR_FIELDS if is_gguf_file(champion) or is_gguf_file(draft) else MUST_MATCH
+    return check_pair_identities(load_identity(champion, champion_run_weights), load_identity(draft), fields)
