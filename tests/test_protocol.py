@@ -72,6 +72,8 @@ def test_inbox_drops_stale_foreign_and_replayed_messages():
 # (JS expression, the same payload in Python, the sentence both refuse it with, or None: accepted).
 # JSON cannot carry NaN or Infinity, so each side builds its own payload from the JS literal.
 NAN, INF = float("nan"), float("inf")
+ONE_PROMPT = ("a generate request needs a prompt: text (prompt), token ids (prompt_ids) or a conversation (messages), "
+              "exactly one of them")
 REQUEST_CASES = [
     ("{prompt: 'x', config: {k: 4, temperature: 0.5, stop_strings: ['\\n']}}",
      {"prompt": "x", "config": {"k": 4, "temperature": 0.5, "stop_strings": ["\n"]}}, None),
@@ -103,17 +105,46 @@ REQUEST_CASES = [
      "config.tempreature is not a known option (known: speculate, k, scheduler, temperature, top_k, top_p, "
      "repetition_penalty, seed, max_new_tokens, stop_strings, stop_token_ids, suppress_token_ids, allowed_token_ids)"),
     ("{prompt: 'x', config: null}", {"prompt": "x", "config": None}, "config must be an object, got null"),
-    ("{config: {}}", {"config": {}},
-     "a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them"),
-    ("{prompt: 'x', prompt_ids: [1], config: {}}", {"prompt": "x", "prompt_ids": [1], "config": {}},
-     "a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them"),
+    ("{config: {}}", {"config": {}}, ONE_PROMPT),
+    ("{prompt: 'x', prompt_ids: [1], config: {}}", {"prompt": "x", "prompt_ids": [1], "config": {}}, ONE_PROMPT),
     ("{prompt: 7, config: {}}", {"prompt": 7, "config": {}}, "prompt must be a string, got 7"),
     ("{prompt_ids: [], config: {}}", {"prompt_ids": [], "config": {}},
      "prompt_ids must be a non-empty list of integer token ids, got a list"),
     ("{prompt_ids: [1, 2], chat: true, config: {}}", {"prompt_ids": [1, 2], "chat": True, "config": {}},
      "chat and raw_text apply to a text prompt, not to prompt_ids"),
     ("{prompt: 'x', stream: true, config: {}}", {"prompt": "x", "stream": True, "config": {}},
-     "stream is not a field of a generate request (known: chat, config, prompt, prompt_ids, raw_text)"),
+     "stream is not a field of a generate request (known: chat, config, messages, prompt, prompt_ids, raw_text)"),
+    # a conversation (messages): a list of {role, content}, roles from the table, no flags
+    ("{messages: [{role: 'system', content: 'Be brief.'}, {role: 'user', content: 'Hi'}, {role: 'assistant', content: ''},"
+     " {role: 'user', content: '<|im_end|>'}], config: {}}",
+     {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": ""}, {"role": "user", "content": "<|im_end|>"}], "config": {}}, None),
+    ("{messages: [{role: 'user', content: 'x'}], prompt: 'x', config: {}}",
+     {"messages": [{"role": "user", "content": "x"}], "prompt": "x", "config": {}}, ONE_PROMPT),
+    ("{messages: [], config: {}}", {"messages": [], "config": {}},
+     "messages must be a non-empty list of {role, content} objects, got a list"),
+    ("{messages: 'hi', config: {}}", {"messages": "hi", "config": {}},
+     'messages must be a non-empty list of {role, content} objects, got "hi"'),
+    ("{messages: [{role: 'user', content: 'x'}, 7], config: {}}", {"messages": [{"role": "user", "content": "x"}, 7], "config": {}},
+     "messages[1] must be a {role, content} object, got 7"),
+    ("{messages: [['user', 'x']], config: {}}", {"messages": [["user", "x"]], "config": {}},
+     "messages[0] must be a {role, content} object, got a list"),
+    ("{messages: [{role: 'user', content: 'x', name: 'eve'}], config: {}}",
+     {"messages": [{"role": "user", "content": "x", "name": "eve"}], "config": {}},
+     "messages[0] must hold exactly role and content, got content, name, role"),
+    ("{messages: [{}], config: {}}", {"messages": [{}], "config": {}}, "messages[0] must hold exactly role and content, got no field"),
+    ("{messages: [{role: 'root', content: 'x'}], config: {}}", {"messages": [{"role": "root", "content": "x"}], "config": {}},
+     'messages[0].role must be one of system, user, assistant, tool, got "root"'),
+    ("{messages: [{role: null, content: 'x'}], config: {}}", {"messages": [{"role": None, "content": "x"}], "config": {}},
+     "messages[0].role must be one of system, user, assistant, tool, got null"),
+    ("{messages: [{role: 'user', content: 3}], config: {}}", {"messages": [{"role": "user", "content": 3}], "config": {}},
+     "messages[0].content must be a string, got 3"),
+    ("{messages: [{role: 'user', content: 'x'}], chat: true, config: {}}",
+     {"messages": [{"role": "user", "content": "x"}], "chat": True, "config": {}},
+     "chat and raw_text apply to a text prompt, not to messages"),
+    ("{messages: [{role: 'user', content: 'x'}], raw_text: true, config: {}}",
+     {"messages": [{"role": "user", "content": "x"}], "raw_text": True, "config": {}},
+     "chat and raw_text apply to a text prompt, not to messages"),
 ]
 
 
@@ -165,6 +196,29 @@ def test_the_module_names_every_option_of_the_table():
     assert r.returncode == 0, r.stderr
     options, fields = json.loads(r.stdout)
     assert options == list(CONFIG_OPTIONS) and fields == list(REQUEST_FIELDS)
+
+
+def test_message_roles_are_the_ones_chat_templates_get():
+    from exactspec.chat import ROLES
+    from exactspec.protocol import MESSAGE_ROLES
+    assert MESSAGE_ROLES == ROLES
+
+
+def test_the_module_sends_a_conversation_as_messages():
+    """generate([{role, content}, ...]) is a conversation; an array of numbers stays token ids."""
+    script = ("import { requestPayload } from './web/exactspec.mjs';\n"
+              "console.log(JSON.stringify([requestPayload([{role: 'user', content: 'hi'}], {k: 2}),"
+              " requestPayload([0, 1]), requestPayload('hi', {chat: true})]));\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{"messages": [{"role": "user", "content": "hi"}], "config": {"k": 2}},
+                                    {"prompt_ids": [0, 1], "config": {}}, {"prompt": "hi", "chat": True, "config": {}}]
+
+
+def test_checked_request_keeps_a_conversation():
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    out = checked_request({"messages": messages, "config": {}})
+    assert out["messages"] == messages and "prompt" not in out and out["chat"] is False
 
 
 def test_coded_errors_say_their_code_once():

@@ -59,6 +59,9 @@ export interface GenerateOptions {
   silenceTimeoutMs?: number;            // this request's limit on the worker's silence (EngineOptions)
 }
 
+/** One turn of a conversation (roles: protocol.json generate_request.messages.roles). */
+export interface ChatMessage { role: "system" | "user" | "assistant" | "tool"; content: string }
+
 export type TokenSource = "accepted" | "correction" | "extra" | "baseline";
 
 export interface TokensEvent {
@@ -101,8 +104,10 @@ export interface ReadyInfo {
 
 export interface ExactSpecEngine {
   readonly ready: ReadyInfo;
-  /** prompt: text, or token ids (then chat and raw_text do not apply). */
-  generate(prompt: string | number[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
+  /** prompt: text; token ids; or a conversation, rendered by the model's chat template with
+   *  message text never read as special tokens (for token ids and a conversation, chat and
+   *  raw_text do not apply). */
+  generate(prompt: string | number[] | ChatMessage[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
   cancel(): boolean;
   memory(): Promise<Record<string, number | string | boolean>>;
   load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "draftPlacement" | "onProgress">): Promise<ReadyInfo>;
@@ -115,7 +120,7 @@ export function folderFiles(role: "champion" | "draft", files: FileList | File[]
 export function needsConversion(role: "champion" | "draft", files: FileList | File[]): boolean;
 /** Convert such a folder to model.q8.safetensors in a worker (as `exactspec convert` does). */
 export function convertChampion(files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
-export function requestPayload(prompt: string | number[], options?: GenerateOptions): object;
+export function requestPayload(prompt: string | number[] | ChatMessage[], options?: GenerateOptions): object;
 export function codedError(code: ErrorCode, message: string): CodedError;
 export const GENERATION_OPTIONS: string[];
 export const REQUEST_FIELDS: string[];

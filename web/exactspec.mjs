@@ -105,9 +105,10 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
 /** Fields of a generate request besides the prompt and config (types: protocol.json). */
 export const REQUEST_FIELDS = ["chat", "raw_text"];
 
-/** {prompt | prompt_ids, chat?, raw_text?, config} from generate()'s arguments; unknown options
- *  are refused here, every type by the engine (protocol.json's table, the same rules as Python).
- *  A prompt that is an array is token ids; anything else must be a string. */
+/** {prompt | prompt_ids | messages, chat?, raw_text?, config} from generate()'s arguments; unknown
+ *  options are refused here, every type by the engine (protocol.json's table, the same rules as
+ *  Python). A prompt that is an array of objects is a conversation ([{role, content}, ...], in the
+ *  model's chat template), any other array token ids; anything else must be a string. */
 export function requestPayload(prompt, options = {}) {
   const rest = { ...(options ?? {}) };
   delete rest.silenceTimeoutMs;                   // the engine's, not the request's
@@ -118,7 +119,9 @@ export function requestPayload(prompt, options = {}) {
   const defined = (entries) => Object.fromEntries(entries.filter(([, v]) => v !== undefined));
   const config = defined(Object.entries(rest).filter(([k]) => GENERATION_OPTIONS.includes(k)));
   const fields = defined(REQUEST_FIELDS.map((k) => [k, rest[k]]));
-  return { ...(Array.isArray(prompt) ? { prompt_ids: prompt } : { prompt }), ...fields, config };
+  const isConversation = Array.isArray(prompt) && prompt[0] !== null && typeof prompt[0] === "object";
+  const promptField = isConversation ? "messages" : Array.isArray(prompt) ? "prompt_ids" : "prompt";
+  return { [promptField]: prompt, ...fields, config };
 }
 
 class ExactSpecEngine {

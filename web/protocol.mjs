@@ -46,12 +46,30 @@ function typed(kind, v) {
   }
 }
 
-/** checkRequest(payload) for a generate payload {prompt | prompt_ids, chat?, raw_text?, config}:
+/** A conversation [{role, content}, ...] checked message by message (protocol.py checked_messages);
+ *  `roles` from the table. Throws E_BAD_ARGUMENT naming the first bad message. */
+function checkMessages(messages, roles, given) {
+  const bad = (message) => { throw codedError("E_BAD_ARGUMENT", message); };
+  if (!Array.isArray(messages) || !messages.length) bad(`messages must be a non-empty list of {role, content} objects, got ${shown(messages)}`);
+  messages.forEach((m, i) => {
+    if (m === null || typeof m !== "object" || Array.isArray(m)) bad(`messages[${i}] must be a {role, content} object, got ${shown(m)}`);
+    const keys = Object.keys(m).filter((k) => given(m, k)).sort();
+    if (keys.join() !== "content,role") bad(`messages[${i}] must hold exactly role and content, got ${keys.join(", ") || "no field"}`);
+    if (!roles.includes(m.role)) bad(`messages[${i}].role must be one of ${roles.join(", ")}, got ${shown(m.role)}`);
+    if (typeof m.content !== "string") bad(`messages[${i}].content must be a string, got ${shown(m.content)}`);
+  });
+}
+
+/** checkRequest(payload) for a generate payload {prompt | prompt_ids | messages, chat?, raw_text?, config}:
  *  throws E_BAD_ARGUMENT naming the first field or option of the wrong type (the sentences of
  *  protocol.py checked_request); returns the payload. The values' ranges are Python's to check. */
 export function makeRequestChecker(schema) {
   const table = (name) => Object.fromEntries(Object.entries(schema[name]).filter(([k]) => !k.startsWith("_")));
-  const fields = table("generate_request"), options = table("generate_config");
+  const request = table("generate_request"), options = table("generate_config");
+  const pick = (isPrompt) => Object.fromEntries(Object.entries(request).filter(([, rule]) => ("prompt" in rule) === isPrompt));
+  const prompts = pick(true), fields = pick(false);   // exactly one prompt field; the flags
+  const kinds = Object.entries(prompts).map(([key, rule]) => `${rule.prompt} (${key})`);
+  const onePrompt = `a generate request needs a prompt: ${kinds.slice(0, -1).join(", ")} or ${kinds.at(-1)}, exactly one of them`;
   const bad = (message) => { throw codedError("E_BAD_ARGUMENT", message); };
   const check = (rules, key, v, where = "") => {
     const rule = rules[key];
@@ -61,20 +79,21 @@ export function makeRequestChecker(schema) {
   const given = (obj, key) => Object.hasOwn(obj, key) && obj[key] !== undefined;   // JSON drops undefined
   return function checkRequest(payload) {
     if (payload === null || typeof payload !== "object" || Array.isArray(payload)) bad("a generate request must be an object");
-    const known = ["prompt", "prompt_ids", "config", ...Object.keys(fields)].sort();
+    const known = ["config", ...Object.keys(prompts), ...Object.keys(fields)].sort();
     const unknown = Object.keys(payload).filter((k) => given(payload, k) && !known.includes(k)).sort();
     if (unknown.length) bad(`${unknown[0]} is not a field of a generate request (known: ${known.join(", ")})`);
     for (const key of Object.keys(fields)) if (given(payload, key)) check(fields, key, payload[key]);
-    if (given(payload, "prompt") === given(payload, "prompt_ids")) {
-      bad("a generate request needs a prompt: text (prompt) or token ids (prompt_ids), exactly one of them");
-    }
+    const promptField = Object.keys(prompts).filter((k) => given(payload, k));
+    if (promptField.length !== 1) bad(onePrompt);
     if (given(payload, "prompt")) {
       if (typeof payload.prompt !== "string") bad(`prompt must be a string, got ${shown(payload.prompt)}`);
-    } else {
+    } else if (given(payload, "prompt_ids")) {
       if (!typed("token_ids", payload.prompt_ids) || !payload.prompt_ids.length) {
         bad(`prompt_ids must be a non-empty list of integer token ids, got ${shown(payload.prompt_ids)}`);
       }
-      if (payload.chat || payload.raw_text) bad("chat and raw_text apply to a text prompt, not to prompt_ids");
+    } else checkMessages(payload.messages, prompts.messages.roles, given);
+    if (promptField[0] !== "prompt" && (payload.chat || payload.raw_text)) {
+      bad(`chat and raw_text apply to a text prompt, not to ${promptField[0]}`);
     }
     const config = given(payload, "config") ? payload.config : {};
     if (config === null || typeof config !== "object" || Array.isArray(config)) bad(`config must be an object, got ${shown(config)}`);

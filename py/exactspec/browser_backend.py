@@ -255,15 +255,17 @@ def _generation_config(config: dict, stop_token_ids) -> GenerationConfig:
 
 
 def prompt_ids(session: Session, request: dict) -> list:
-    """The token ids of a checked request: its prompt_ids; its text in the chat template (message
-    text never parsed for special tokens); with raw_text, its text with no special token parsed;
-    else its text as transformers encodes it (special tokens written in it are parsed)."""
+    """The token ids of a checked request: its prompt_ids; its messages, or its text as one user
+    message, in the chat template (message text never parsed for special tokens); with raw_text,
+    its text with no special token parsed; else its text as transformers encodes it (special
+    tokens written in it are parsed)."""
     if "prompt_ids" in request:
         return request["prompt_ids"]
-    text = request["prompt"]
-    if request["chat"]:
+    if "messages" in request or request["chat"]:
         from .chat import encode_chat_prompt
-        return encode_chat_prompt(session.tokenizer, session.tokenizer_config, [{"role": "user", "content": text}])
+        messages = request.get("messages") or [{"role": "user", "content": request["prompt"]}]
+        return encode_chat_prompt(session.tokenizer, session.tokenizer_config, messages)
+    text = request["prompt"]
     return session.tokenizer.encode(text, add_special_tokens=True, split_special_tokens=request["raw_text"])
 
 

@@ -18,7 +18,10 @@ with open(os.path.join(os.path.dirname(__file__), "protocol.json"), encoding="ut
     SCHEMA = json.load(_f)
 KINDS = SCHEMA["kinds"]
 CODE_DESCRIPTIONS = SCHEMA["errors"]             # code -> what it means (a message when a device gives none)
-REQUEST_FIELDS = {k: v for k, v in SCHEMA["generate_request"].items() if not k.startswith("_")}
+_REQUEST_TABLE = {k: v for k, v in SCHEMA["generate_request"].items() if not k.startswith("_")}
+PROMPT_FIELDS = {k: v for k, v in _REQUEST_TABLE.items() if "prompt" in v}       # exactly one per request
+REQUEST_FIELDS = {k: v for k, v in _REQUEST_TABLE.items() if "prompt" not in v}  # flags, with defaults
+MESSAGE_ROLES = tuple(PROMPT_FIELDS["messages"]["roles"])
 CONFIG_OPTIONS = {k: v for k, v in SCHEMA["generate_config"].items() if not k.startswith("_")}
 
 
@@ -144,36 +147,66 @@ def checked_option(table: dict, key: str, v, where: str = ""):
     return value
 
 
+def checked_messages(messages) -> list:
+    """A conversation [{role, content}, ...] with each message's type checked (web/protocol.mjs
+    checkMessages says the same sentences)."""
+    if not isinstance(messages, list) or not messages:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"messages must be a non-empty list of {{role, content}} objects, "
+                             f"got {_shown(messages)}", field="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"messages[{i}] must be a {{role, content}} object, got {_shown(m)}",
+                                 field="messages")
+        if set(m) != {"role", "content"}:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"messages[{i}] must hold exactly role and content, "
+                                 f"got {', '.join(sorted(m)) or 'no field'}", field="messages")
+        if not isinstance(m["role"], str) or m["role"] not in MESSAGE_ROLES:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"messages[{i}].role must be one of {', '.join(MESSAGE_ROLES)}, "
+                                 f"got {_shown(m['role'])}", field="messages")
+        if not isinstance(m["content"], str):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"messages[{i}].content must be a string, got {_shown(m['content'])}",
+                                 field="messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def checked_request(payload) -> dict:
     """A generate payload's prompt, fields and config with their types checked and defaults
-    filled: {"prompt" | "prompt_ids", "chat", "raw_text", "config": {option: value}}."""
+    filled: {"prompt" | "prompt_ids" | "messages", "chat", "raw_text", "config": {option: value}}."""
     if not isinstance(payload, dict):
         raise ExactSpecError(E_BAD_ARGUMENT, "a generate request must be an object")
-    known = {"prompt", "prompt_ids", "config", *REQUEST_FIELDS}
+    known = {"config", *PROMPT_FIELDS, *REQUEST_FIELDS}
     unknown = sorted(k for k in payload if k not in known)
     if unknown:
         raise ExactSpecError(E_BAD_ARGUMENT, f"{unknown[0]} is not a field of a generate request "
                              f"(known: {', '.join(sorted(known))})")
     out = {k: checked_option(REQUEST_FIELDS, k, payload[k]) if k in payload else rule["default"]
            for k, rule in REQUEST_FIELDS.items()}
-    if ("prompt" in payload) == ("prompt_ids" in payload):
-        raise ExactSpecError(E_BAD_ARGUMENT, "a generate request needs a prompt: text (prompt) or token ids "
-                             "(prompt_ids), exactly one of them")
+    if sum(k in payload for k in PROMPT_FIELDS) != 1:
+        raise ExactSpecError(E_BAD_ARGUMENT, _one_prompt_sentence())
     if "prompt" in payload:
         if not isinstance(payload["prompt"], str):
             raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be a string, got {_shown(payload['prompt'])}")
         out["prompt"] = payload["prompt"]
-    else:
+    elif "prompt_ids" in payload:
         ids = payload["prompt_ids"]
         ok, ids = _typed("token_ids", ids)
         if not ok or not ids:
             raise ExactSpecError(E_BAD_ARGUMENT, f"prompt_ids must be a non-empty list of integer token ids, "
                                  f"got {_shown(payload['prompt_ids'])}")
-        if out["chat"] or out["raw_text"]:
-            raise ExactSpecError(E_BAD_ARGUMENT, "chat and raw_text apply to a text prompt, not to prompt_ids")
         out["prompt_ids"] = list(ids)
+    else:
+        out["messages"] = checked_messages(payload["messages"])
+    if "prompt" not in payload and (out["chat"] or out["raw_text"]):
+        prompt_field = "prompt_ids" if "prompt_ids" in payload else "messages"
+        raise ExactSpecError(E_BAD_ARGUMENT, f"chat and raw_text apply to a text prompt, not to {prompt_field}")
     out["config"] = checked_config(payload.get("config", {}))
     return out
+
+
+def _one_prompt_sentence() -> str:
+    """"a generate request needs a prompt: text (prompt), token ids (prompt_ids) or ..., exactly one of them"."""
+    kinds = [f"{rule['prompt']} ({key})" for key, rule in PROMPT_FIELDS.items()]
+    return f"a generate request needs a prompt: {', '.join(kinds[:-1])} or {kinds[-1]}, exactly one of them"
 
 
 def checked_config(config) -> dict:
