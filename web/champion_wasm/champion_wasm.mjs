@@ -1,5 +1,7 @@
 // champion_wasm.mjs — JS side of the WASM-SIMD champion (wasm/champion.c): loads config.json +
-// model.q8.safetensors into the module's memory (q8 linears kept int8, widened to exact float32 in the kernels), runs the
+// model.q8.safetensors, or a tensor map (a GGUF's, web/gguf/gguf_tensors.mjs), into the module's memory
+// (q8 linears kept int8 or widened to exact float32; a float32 linear `<name>` with no scale runs as
+// float32 rows times a scale of exactly 1.0), runs the
 // batch-invariant forward over a block and decides the round on the CPU with the semantics of
 // exactspec.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
 // Node (pass bytes instead of URLs there).
@@ -13,6 +15,7 @@ import { parseConfig } from "../draft/draft.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
 // "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
@@ -94,7 +97,12 @@ function checkedPolicy(policy, V) {
 
 /**
  * createWasmChampion({wasmUrl, modelUrl}) in the browser, or
- * createWasmChampion({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
+ * createWasmChampion({wasmBytes, configJson, weightsBytes}) anywhere (Node tests), or
+ * createWasmChampion({wasmUrl | wasmBytes, configJson, tensors, identity}) for a tensor map whose
+ * identity the caller computed, or createWasmChampion({wasmUrl, ggufUrl, configJson}): a GGUF file
+ * (configJson: its config as the model check mapped and validated it), identity the file's sha256.
+ * A tensor map may hold any linear as float32 `<name>` instead of `<name>.q8` + `<name>.scale`
+ * (weight storage f32 then: "int8" is refused).
  * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (champion.wasm)
  * or 2..16 (champion_mt.wasm, by default wasmUrl with champion.wasm -> champion_mt.wasm; needs
  * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results are bitwise the same for
@@ -103,6 +111,7 @@ function checkedPolicy(policy, V) {
  * beyond (what lets a 1.5B champion fit). Bitwise the same results either way.
  */
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
+                                           tensors = null, identity = null, ggufUrl = null,
                                            maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl,
                                            weightStorage = "auto" } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
@@ -115,15 +124,34 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   }
   if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/champion\.wasm(\?|$)/, "champion_mt.wasm$1");
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
+  if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
   const [wasm, configRaw, file] = await Promise.all([
     wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
     configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => {
       try { return JSON.parse(new TextDecoder().decode(b)); } catch (err) { throw codedError("E_MODEL_LOAD", `config.json: ${err.message}`); }
     }),
-    weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
+    tensors ?? (ggufUrl ? fetchGgufFile(fetchFn, ggufUrl) : null)
+      ?? weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
   ]);
   const config = typeof configRaw === "string" ? JSON.parse(configRaw) : configRaw;
   const c = parseChampionConfig(config);
+  let artifactBytes;
+  if (tensors) {
+    artifactBytes = [...tensors.values()].reduce((n, t) => n + t.bytes.byteLength, 0);
+  } else if (ggufUrl) {                 // {bytes, identity}: the file's sha256, hashed as it came
+    ({ identity } = file);
+    artifactBytes = file.bytes.byteLength;
+    try {
+      tensors = ggufTensorMap(file.bytes, config, ggufUrl);
+    } catch (err) {
+      throw asCoded(err, "E_MODEL_LOAD");
+    }
+  } else {
+    const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
+    artifactBytes = bytes.byteLength;
+    identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
+    tensors = safetensorsMap(bytes);
+  }
   maxContext = maxContext || c.max_context;
   if (!(Number.isInteger(maxContext) && maxContext >= 1 && maxContext <= c.max_context)) {
     throw badArgument(`maxContext ${maxContext} outside [1, ${c.max_context}]`);
@@ -138,17 +166,26 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   } catch (err) {
     throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
-  const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
   if (!["auto", "int8", "f32"].includes(weightStorage)) throw badArgument(`weightStorage ${weightStorage}: auto, int8 or f32`);
-  const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, bytes,
-    { maxBlock, maxContext, weightStorage });
-  champion.identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
+  const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, tensors,
+    { maxBlock, maxContext, weightStorage, artifactBytes });
+  champion.identity = identity;
   if (threads > 1) await champion._startPool(module, threads);
   return champion;
 }
 
+/** The tensor map of a whole model.q8.safetensors file (views into its bytes). */
+function safetensorsMap(bytes) {
+  const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes.buffer : bytes.slice().buffer;
+  try {
+    return parseSafetensors(whole, "model.q8.safetensors").tensors;
+  } catch (err) {
+    throw asCoded(err, "E_MODEL_LOAD");
+  }
+}
+
 export class WasmChampion {
-  constructor(exports, memory, config, c, bytes, { maxBlock, maxContext, weightStorage = "auto" }) {
+  constructor(exports, memory, config, c, tensors, { maxBlock, maxContext, weightStorage = "auto", artifactBytes }) {
     this.wasm = exports;
     this.memory = memory;                 // exported (one thread) or imported shared (threads)
     this.threads = 1;
@@ -158,18 +195,14 @@ export class WasmChampion {
     this.vocabSize = c.vocab_size;
     this.maxBlock = maxBlock;
     this.maxContext = maxContext;
-    this.artifactBytes = bytes.byteLength;
+    this.artifactBytes = artifactBytes;
     this.identity = null;
     this._destroyed = false;
-    const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes.buffer : bytes.slice().buffer;
-    let tensors;
-    try {
-      ({ tensors } = parseSafetensors(whole, "model.q8.safetensors"));
-    } catch (err) {
-      throw asCoded(err, "E_MODEL_LOAD");
-    }
     const q8Bytes = [...tensors.values()].filter((t) => t.dtype === "I8").reduce((n, t) => n + t.bytes.byteLength, 0);
-    this.weightStorage = weightStorage === "auto" ? (4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
+    this.f32Linears = LAYER_LINEARS.some(([suffix]) => tensors.has(`model.layers.0.${suffix}`)) ||
+      (!c.tie_word_embeddings && tensors.has("lm_head.weight"));
+    if (this.f32Linears && weightStorage === "int8") throw badArgument("weightStorage int8 cannot hold float32 linears (a GGUF's)");
+    this.weightStorage = weightStorage === "auto" ? (this.f32Linears || 4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
     // the model's features, from config.json and the artifact: an f32 or q8 embedding (convert
     // --q8-embedding), a tied or untied (q8) head, q|k|v biases (Qwen2)
     this.embedQ8 = tensors.has("model.embed_tokens.weight.q8");
@@ -244,8 +277,25 @@ export class WasmChampion {
     }
   }
 
+  /** A linear of `rows` rows: `<name>.q8` + `<name>.scale`, or float32 `<name>` with scales of 1.0
+   *  (x * 1.0 is x: the same arithmetic, exactly, as a float32 matmul). */
+  _placeLinear(tensors, name, kind, scaleKind, shape, label, layer = 0) {
+    if (!tensors.has(`${name}.q8`) && tensors.has(name)) {
+      this._place(kind, layer, expectTensor(tensors, name, "F32", shape, label), false);
+      this._place(scaleKind, layer, { bytes: this._ones(shape[0]) }, false);
+      return;
+    }
+    this._place(kind, layer, expectTensor(tensors, `${name}.q8`, "I8", shape, label), true);
+    this._place(scaleKind, layer, expectTensor(tensors, `${name}.scale`, "F32", [shape[0]], label), false);
+  }
+
+  _ones(n) {
+    if (!this._onesBytes || this._onesBytes.byteLength < 4 * n) this._onesBytes = new Uint8Array(new Float32Array(n).fill(1).buffer);
+    return this._onesBytes.subarray(0, 4 * n);
+  }
+
   _placeAll(tensors, c) {
-    const label = "model.q8.safetensors";
+    const label = this.f32Linears ? "tensor map" : "model.q8.safetensors";
     const H = c.hidden_size;
     const V = c.vocab_size;
     if (this.embedQ8) {
@@ -254,20 +304,13 @@ export class WasmChampion {
     } else {
       this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label), false);
     }
-    if (!c.tie_word_embeddings) {
-      this._place(T.lm_head, 0, expectTensor(tensors, "lm_head.weight.q8", "I8", [V, H], label), true);
-      this._place(T.s_lm_head, 0, expectTensor(tensors, "lm_head.weight.scale", "F32", [V], label), false);
-    }
+    if (!c.tie_word_embeddings) this._placeLinear(tensors, "lm_head.weight", T.lm_head, T.s_lm_head, [V, H], label);
     this._place(T.final_norm, 0, expectTensor(tensors, "model.norm.weight", "F32", [H], label), false);
     for (let l = 0; l < c.num_layers; l++) {
       const p = `model.layers.${l}.`;
       this._place(T.attn_norm, l, expectTensor(tensors, `${p}input_layernorm.weight`, "F32", [H], label), false);
       this._place(T.mlp_norm, l, expectTensor(tensors, `${p}post_attention_layernorm.weight`, "F32", [H], label), false);
-      for (const [suffix, kindQ8, kindScale, shape] of LAYER_LINEARS) {
-        const s = shape(c);
-        this._place(kindQ8, l, expectTensor(tensors, `${p}${suffix}.q8`, "I8", s, label), true);
-        this._place(kindScale, l, expectTensor(tensors, `${p}${suffix}.scale`, "F32", [s[0]], label), false);
-      }
+      for (const [suffix, kind, kindScale, shape] of LAYER_LINEARS) this._placeLinear(tensors, `${p}${suffix}`, kind, kindScale, shape(c), label, l);
       if (c.qkv_bias) {                // Qwen2: q|k|v biases, float32
         for (const [proj, kind] of Object.entries(T.bias)) {
           const rows = (proj === "q_proj" ? c.num_heads : c.num_kv_heads) * c.head_dim;

@@ -1,12 +1,43 @@
 // gguf_harness.mjs: drives web/gguf/ under node for tests/test_gguf_browser_js.py.
 //   node gguf_harness.mjs cases.json out.json
-// cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config}]}
+// cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config}],
+//         champions: [{wasm (path), path (a .gguf), config, forward: [[[ids, start], ...]], greedy: {prompt, n}}]}
 // out: dequant -> base64 of the float32 bytes; headers -> {ok: summary} | {error: message};
 //      models -> {ok: {name: [shape, base64 of float32 bytes]}} | {error: message}
+//      champions -> {identity, forward: base64 logits rows per sequence, greedy: ids, ms_per_token}
 import { readFileSync, writeFileSync } from "node:fs";
 import { dequantize, BLOCKS } from "../gguf/gguf_dequant.mjs";
 import { parseGgufHeader } from "../gguf/gguf_reader.mjs";
 import { ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
+import { sha256Hex } from "../sha256.mjs";
+import { runForward } from "./champion_harness.mjs";
+
+/** The WASM champion on a GGUF file's tensor map: its forward rows, and greedy decisions. */
+async function runChampion({ wasm, path, config, forward = [], greedy = null }) {
+  const bytes = new Uint8Array(readFileSync(path));
+  const champion = await createWasmChampion({ wasmBytes: readFileSync(wasm), configJson: config,
+    tensors: ggufTensorMap(bytes, config, path), identity: await sha256Hex(bytes) });
+  const out = { identity: champion.identity, forward: await runForward(champion, forward) };
+  if (greedy) {
+    const ids = [...greedy.prompt];
+    let start = 0;
+    const t0 = performance.now();
+    while (ids.length < greedy.prompt.length + greedy.n) {
+      const feed = ids.slice(start, Math.min(ids.length, start + champion.maxBlock));
+      champion.forwardNow(Int32Array.from(feed), start);
+      start += feed.length;
+      if (start < ids.length) continue;
+      const d = champion.decideNow({ nRows: 1, proposals: [], contextIds: ids, policy: {}, seed: [0, 0], roundId: 0,
+        stopTokenIds: [], remaining: 1, greedy: true });
+      ids.push(d.next_token);
+    }
+    out.greedy = ids.slice(greedy.prompt.length);
+    out.ms_total = performance.now() - t0;
+  }
+  champion.destroy();
+  return out;
+}
 
 const [, , cin, cout] = process.argv;
 const cases = JSON.parse(readFileSync(cin, "utf8"));
@@ -33,4 +64,6 @@ const out = {
     return Object.fromEntries([...tensors].map(([name, t]) => [name, [t.shape, b64Of(t.bytes)]]));
   })),
 };
+out.champions = [];
+for (const c of cases.champions ?? []) out.champions.push(await runChampion(c));
 writeFileSync(cout, JSON.stringify(out));
