@@ -308,3 +308,32 @@ def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path)
     assert out["error"] is None and len(out["token_ids"]) == 4 and out["stats"]["proposed"] > 0
     assert "converting the champion to q8" in r.stderr and "converting the draft to F32" in r.stderr
     assert sorted(os.listdir(tmp_path / "cache")) and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# demo: a chat with the real model when set-up fetched it, the toy pair one flag away
+# ---------------------------------------------------------------------------------------------
+
+def test_demo_chats_with_the_real_model():
+    from gguf_builders import smollm2_status
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    r = cli("demo", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out["models"] and out["all_greedy_identical"] is True
+    assert [("Paris" in t["assistant"], "Rome" in t["assistant"]) for t in out["turns"]] == [(True, False), (False, True)]
+    assert all(set(t["modes"]) >= {"none", "lookup"} for t in out["turns"])
+
+
+def test_demo_without_the_real_model_says_so_in_one_line_and_runs_the_toy_pair(tmp_path):
+    (tmp_path / "status.json").write_text(json.dumps({"available": False, "reason": "E_IO: no network here"}))
+    r = cli("demo", "--json", env_extra={"EXACTSPEC_BUILD_MODELS": str(tmp_path),
+                                         "EXACTSPEC_CHROMIUM": str(tmp_path / "no-chromium")})
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == ("exactspec demo: the real model is unavailable (E_IO: no network here); "
+                        "running the shipped toy pair instead")
+    assert lines[1].startswith("exactspec demo: no browser could start") and len(lines) == 2
+    assert "shipped pair" in json.loads(r.stdout)["models"]

@@ -1,4 +1,5 @@
-"""`exactspec demo`, the main job: the browser engine in headless Chromium on the shipped pair
+"""`exactspec demo --toy-pair` (the default when the real model is unavailable; the real model's
+chat: tests/test_cli.py): the browser engine in headless Chromium on the shipped pair
 (the text of each mode, greedy equality, speed-ups, a progress line while loading), and the
 reference only when no browser can start, said clearly."""
 import json
@@ -12,7 +13,7 @@ from exactspec import demo
 
 def test_demo_runs_the_browser_engine():
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "py"))
-    r = subprocess.run([sys.executable, "-m", "exactspec", "demo", "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "exactspec", "demo", "--toy-pair", "--json"], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -34,7 +35,7 @@ def test_demo_falls_back_to_the_reference_only_without_a_browser(monkeypatch, ca
         raise FileNotFoundError("/nonexistent/chromium: not found")
     monkeypatch.setattr(browser_run, "launch_chromium", no_browser)
     monkeypatch.setattr(demo, "_reference_demo", lambda toy, as_json, n, weights: 42)
-    assert demo.run_demo(as_json=True) == 42
+    assert demo.run_demo(as_json=True, toy_pair=True) == 42
     assert "no browser could start (/nonexistent/chromium: not found); running the CPython reference instead" \
         in capsys.readouterr().err
     monkeypatch.setattr(browser_run, "launch_chromium", lambda: (_ for _ in ()).throw(AssertionError("not called")))

@@ -147,7 +147,7 @@ def test_chromium_webgpu_adapter(chromium_browser, http_server):
 
 # ----------------------------------------------------------------------------- the real model
 def _models_step(dest, **env):
-    env = {**os.environ, "EXACTSPEC_FETCH_DEST": str(dest), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
+    env = {**os.environ, "EXACTSPEC_BUILD_MODELS": str(dest), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
            "PIP_CONFIG_FILE": os.devnull, **env}
     return subprocess.run(["bash", str(REPO_ROOT / "tools" / "setup.sh"), "--models-only"], capture_output=True,
                           text=True, env=env, timeout=300)

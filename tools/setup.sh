@@ -38,7 +38,7 @@ trap on_error ERR
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 # ---------------------------------------------------------------- the real model (never fails set-up)
-MODELS_DEST="${EXACTSPEC_FETCH_DEST:-$ROOT/build/models}"
+MODELS_DEST="${EXACTSPEC_BUILD_MODELS:-$ROOT/build/models}"
 fetch_real_model() {
     # an intact model is reused offline; a failure is one line, and build/models/status.json says why
     local said

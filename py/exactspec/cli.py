@@ -73,8 +73,12 @@ def _add_generation_args(p):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="exactspec", description="Exact speculative decoding (reference backend).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    demo = sub.add_parser("demo", help="the main job: the browser engine in headless Chromium, every mode on the shipped pair")
-    demo.add_argument("--reference", action="store_true", help="run the CPython reference instead of the browser engine")
+    demo = sub.add_parser("demo", help="the main job: a chat with the real model (SmolLM2, when set-up fetched it), "
+                                       "else the browser engine in headless Chromium on the shipped toy pair")
+    demo.add_argument("--toy-pair", action="store_true",
+                      help="the fast test pair: the browser engine on the shipped toy pair, every mode")
+    demo.add_argument("--reference", action="store_true",
+                      help="the shipped toy pair on the CPython reference instead of the browser engine")
     demo.add_argument("--toy", action="store_true", help="the CPython reference on NumPy toy models")
     demo.add_argument("--json", action="store_true")
     demo.add_argument("--weights", default="q8", choices=CHAMPION_WEIGHTS,
@@ -318,7 +322,8 @@ def _dispatch(args) -> int:
         args.temperature = 0.0 if args.command == "generate" and args.chat else 1.0
     if args.command == "demo":
         from .demo import run_demo
-        return run_demo(toy=args.toy, as_json=args.json, weights=args.weights, reference=args.reference)
+        return run_demo(toy=args.toy, as_json=args.json, weights=args.weights, reference=args.reference,
+                        toy_pair=args.toy_pair)
     if args.command == "convert":
         return cmd_convert(args)
     if args.command == "serve":

@@ -1,9 +1,15 @@
-"""`exactspec demo`: the browser engine in headless Chromium on the shipped pair (demo_browser.py);
-the CPython reference demo here with --reference or --toy, or when no browser can start.
+"""`exactspec demo`: a chat with the real model, SmolLM2-135M-Instruct from its GGUF file, when
+set-up fetched it (build/models/status.json); else, or with --toy-pair, the browser engine in
+headless Chromium on the shipped toy pair (demo_browser.py); the CPython reference demo here with
+--reference or --toy, or when no browser can start.
 
-The reference demo runs the shipped champion/draft pair (or NumPy toy models) champion-alone,
-speculative with the draft and with prompt lookup; checks greedy outputs are token-identical;
-reports acceptance and timings of every mode, and a sampled run's acceptance curve.
+The chat (chat_demo) runs a short conversation on the CPython reference (the browser engine does
+not take a GGUF yet): each turn in the model's chat template, greedy, champion alone, with the
+draft web/models/manifest.json binds to the file (when there is one) and with prompt lookup; the
+answers must be token-identical. The reference demo runs the shipped champion/draft pair (or
+NumPy toy models) champion-alone, speculative with the draft and with prompt lookup; checks greedy
+outputs are token-identical; reports acceptance and timings of every mode, and a sampled run's
+acceptance curve.
 """
 from __future__ import annotations
 
@@ -18,6 +24,23 @@ from .processors import SamplingPolicy
 DEMO_PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto Moses,",
                 "What light through yonder window"]
 MODES = [("none", 0), ("draft", 4), ("lookup", 4)]
+CHAT_TURNS = ["What is the capital of France?", "And what is the capital of Italy?"]
+STATUS_FILE = "status.json"     # written by tools/fetch_models.py
+
+
+def real_model():
+    """(path of the real model's GGUF, None) when $EXACTSPEC_BUILD_MODELS/status.json (default
+    build/models of the source checkout) says set-up fetched it, else (None, why not)."""
+    from .config import read_json_file
+    from .server import REPO_ROOT
+    folder = os.environ.get("EXACTSPEC_BUILD_MODELS") or os.path.join(str(REPO_ROOT), "build", "models")
+    path = os.path.join(folder, STATUS_FILE)
+    if not os.path.exists(path):
+        return None, f"{path} does not exist: run bash tools/setup.sh"
+    status = read_json_file(path)
+    if not isinstance(status, dict) or status.get("available") is not True or not isinstance(status.get("path"), str):
+        return None, str(status.get("reason") if isinstance(status, dict) else "") or f"{path} says it is unavailable"
+    return os.path.join(folder, status["path"]), None
 
 
 def _setup(toy: bool, weights: str):
@@ -47,9 +70,17 @@ def _survival(hist):
 
 
 def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48, weights: str = "q8",
-             reference: bool = False) -> int:
-    """The browser engine unless `reference` or `toy` (or no browser starts). weights: the
-    reference champion's artifact, "q8" (what the browser runs) or "f32" (reference only)."""
+             reference: bool = False, toy_pair: bool = False) -> int:
+    """The chat with the real model unless `toy_pair`, `reference` or `toy` (or it is unavailable:
+    said in one line); else the browser engine on the shipped pair unless `reference` or `toy` (or
+    no browser starts). weights: the reference champion's artifact, "q8" (what the browser runs)
+    or "f32" (reference only)."""
+    if not (toy or reference or toy_pair or weights != "q8"):
+        gguf, why = real_model()
+        if gguf is not None:
+            return chat_demo(gguf, as_json)
+        print(f"exactspec demo: the real model is unavailable ({why}); running the shipped toy pair instead",
+              file=sys.stderr, flush=True)
     if not (toy or reference):
         if weights != "q8":
             raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser engine runs the q8 champion; "
@@ -79,6 +110,47 @@ def _browser_demo(as_json: bool, max_new_tokens: int):
     finally:
         browser.close()
         pw.stop()
+
+
+def chat_demo(gguf: str, as_json: bool, max_new_tokens: int = 32) -> int:
+    """CHAT_TURNS as one conversation with the GGUF champion (see module docstring)."""
+    from .chat import encode_chat_prompt
+    from .models import known_draft, load_pair
+    say = (lambda *a: None) if as_json else print
+    draft = known_draft(gguf)
+    pair = load_pair(gguf, draft)
+    modes = [mode for mode in MODES if draft or mode[0] != "draft"]
+    label = (f"chat with {os.path.basename(gguf)} on the CPython reference, greedy; draft: "
+             f"{draft or 'none bound to it in web/models/manifest.json'}")
+    say(f"exactspec demo: {label}")
+    out = {"engine": "reference", "models": label, "turns": [], "all_greedy_identical": True}
+    messages = []
+    for question in CHAT_TURNS:
+        messages.append({"role": "user", "content": question})
+        ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, messages)
+        turn, answer = {"user": question, "modes": {}}, None
+        say(f"\nyou: {question}")
+        for mode, k in modes:
+            r = pair.orchestrator.generate(ids, GenerationConfig(
+                max_new_tokens=max_new_tokens, policy=SamplingPolicy(temperature=0), speculate=mode, k=max(k, 1),
+                stop_token_ids=pair.stop_token_ids))
+            same = answer is None or r.token_ids == answer.token_ids
+            answer = answer or r
+            out["all_greedy_identical"] &= same
+            rounds = r.stats["rounds"] + r.stats["baseline_steps"]
+            turn["modes"][mode] = {"tokens": len(r.token_ids), "rounds": rounds, "identical": same,
+                                   "total_ms": round(r.timing_ms["total"], 1), "finish_reason": r.finish_reason}
+            if mode == "none":
+                say(f"model: {r.text}")
+            say(f"  {mode:7} {len(r.token_ids):3d} tokens, {rounds:3d} rounds, {r.timing_ms['total']:8.1f} ms, "
+                f"same as champion alone: {'yes' if same else 'NO'}")
+        turn["assistant"] = answer.text
+        messages.append({"role": "assistant", "content": answer.text})
+        out["turns"].append(turn)
+    say("\ngreedy outputs identical across modes: " + ("yes" if out["all_greedy_identical"] else "NO"))
+    if as_json:
+        print(json.dumps(out))
+    return 0 if out["all_greedy_identical"] else 1
 
 
 def _reference_demo(toy: bool, as_json: bool, max_new_tokens: int, weights: str) -> int:
