@@ -1,7 +1,9 @@
-"""The page people open, driven as a user would (one page, loaded once, tests in order): load with
-progress, an answer in each mode with every token marked by its source, Stop ("cancelled", text
-kept), the receipt download (no text, no token ids), a local model folder, and an incompatible
-pair refused naming the field. Screenshots go to build/screenshots/ (ignored) for review."""
+"""The page people open, driven as a user would (one page on the fast test pair, loaded once, tests
+in order): load with progress, an answer in each mode with every token marked by its source, a
+multi-turn conversation, Stop ("cancelled", text kept, the conversation goes on), the receipt
+download (no text, no token ids), a local model folder, and an incompatible pair refused naming
+the field; then fresh pages: the real model by default, or the fast test pair with one line
+saying why. Screenshots go to build/screenshots/ (ignored) for review."""
 import json
 import re
 import shutil
@@ -15,6 +17,7 @@ from exactspec.receipts import ALLOWED_FIELDS
 SHOTS = REPO_ROOT / "build" / "screenshots"
 MODELS = REPO_ROOT / "web" / "models"
 SOURCES = {"accepted", "correction", "extra", "baseline"}
+REAL_MODEL_URL = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"   # relative to the page
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def app(chromium_browser, http_server):
     page.on("request", lambda req: None if req.url.startswith((http_server.url, "data:", "blob:")) else foreign.append(req.url))
     page.set_default_timeout(120_000)
     page.foreign = foreign
-    page.goto(http_server.url + "/")
+    page.goto(http_server.url + "/web/index.html?model=test-pair")   # the fast test pair, no real model
     yield page
     context.close()
 
@@ -36,15 +39,38 @@ def wait_stage(page, stage):
     page.wait_for_function("(s) => window.appState && window.appState.stage === s", arg=stage)
 
 
-def answer(page, mode, max_tokens=24):
+LAST_ANSWER = "() => [...document.querySelectorAll('#conversation .turn.assistant')].at(-1)"
+
+
+def send(page, text, max_tokens):
+    """Type the next message and send it; wait for the answer to end."""
+    page.fill("#max_new_tokens", str(max_tokens))
+    page.fill("#prompt", text)
+    page.click("#go")
+    page.wait_for_function("() => window.appState.stage === 'ready' && !document.getElementById('go').disabled")
+    return page.text_content("#status")
+
+
+def last_answer_spans(page):
+    return page.evaluate(f"() => [...({LAST_ANSWER})().querySelectorAll('span.tok')]"
+                         ".map(e => [e.dataset.source, e.textContent])")
+
+
+def answer(page, mode, max_tokens=24, prompt="In the beginning"):
+    """One answer to `prompt` in a new conversation."""
     if mode == "draft":            # the page is usable before the draft arrives; speculation waits for it
         page.wait_for_function("() => window.appDraftReady === true")
     page.select_option("#speculate", mode)
-    page.fill("#max_new_tokens", str(max_tokens))
-    page.click("#go")
-    page.wait_for_function("() => window.appState.stage === 'ready' && !document.getElementById('go').disabled")
-    spans = page.eval_on_selector_all("#output span.tok", "els => els.map(e => [e.dataset.source, e.textContent])")
-    return page.text_content("#status"), page.evaluate("() => window.appState.lastResult"), spans
+    page.click("#new_conversation")
+    status = send(page, prompt, max_tokens)
+    return status, page.evaluate("() => window.appState.lastResult"), last_answer_spans(page)
+
+
+def chat_ids(messages):
+    """transformers' apply_chat_template ids for the fast test pair's champion."""
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(MODELS / "champion")
+    return hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
 def test_load_shows_progress(app):
@@ -58,10 +84,15 @@ def test_load_shows_progress(app):
     assert "draft/model.safetensors" in rows and "pyodide/pyodide.asm.wasm" in rows, rows
     assert app.eval_on_selector_all("#progress li", "els => els.every(e => e.className === 'done')")
     assert "draft ready" in app.text_content("#status")
+    assert "fast test pair" in app.text_content("#model_source") and app.is_hidden("#model_note")
+    assert app.is_checked("#chat") and app.text_content("#go") == "Send"   # its champion has a chat template
 
 
 def test_each_mode_streams_marked_tokens(app):
+    """A plain prompt (chat off: the toy pair continues text it has seen, where lookup finds
+    proposals) in each mode: the same greedy answer, every token marked."""
     texts = {}
+    app.set_checked("#chat", False)
     for mode in ("draft", "lookup", "none"):
         status, result, spans = answer(app, mode)
         assert status == "done" and result["finish_reason"] == "length" and result["n"] == 24, (mode, status, result)
@@ -75,6 +106,7 @@ def test_each_mode_streams_marked_tokens(app):
             for chart in ("#survival_chart", "#rounds_chart", "#waterfall_chart", "#memory_chart"):
                 assert app.locator(f"{chart} svg rect, {chart} svg circle").count() > 0, chart
         app.screenshot(path=str(SHOTS / f"page-answer-{mode}.png"), full_page=True)
+    app.set_checked("#chat", True)
     assert texts["draft"] == texts["lookup"] == texts["none"] != ""   # greedy: the champion's answer in every mode
     live = app.evaluate("() => window.appState.live")
     assert live["tokens"] == 24 and live["ttftMs"] > 0 and live["tokensPerS"] > 0
@@ -82,9 +114,34 @@ def test_each_mode_streams_marked_tokens(app):
     assert all(w in legend for w in ("accepted proposal", "correction", "extra token", "champion step"))
 
 
-def test_stop_says_cancelled_and_keeps_text(app):
+def test_two_turns_the_second_carries_the_first_answer(app):
+    """Chat on: the second turn's prompt is the whole conversation in the chat template, the
+    first answer included, with transformers' ids."""
+    app.select_option("#speculate", "draft")
+    app.click("#new_conversation")
+    first, second = "In the beginning", "And then what did he say?"
+    assert send(app, first, 8) == "done"
+    assert app.evaluate("() => window.appState.lastPromptIds") == chat_ids([{"role": "user", "content": first}])
+    assert app.input_value("#prompt") == ""                          # the box is ready for the next turn
+    messages = app.evaluate("() => window.appState.conversation.messages")
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == first
+    assert messages[1]["content"].strip() and messages[1]["content"] == "".join(t for _, t in last_answer_spans(app))
+    assert send(app, second, 8) == "done"
+    prompt_ids = app.evaluate("() => window.appState.lastPromptIds")
+    assert prompt_ids == chat_ids(messages + [{"role": "user", "content": second}])
+    turns = app.eval_on_selector_all("#conversation .turn", "els => els.map(e => e.className)")
+    assert turns == ["turn user", "turn assistant"] * 2
+    app.screenshot(path=str(SHOTS / "page-conversation.png"), full_page=True)
+    app.click("#new_conversation")                                   # forgets every turn
+    assert app.evaluate("() => window.appState.conversation.messages") == []
+    assert app.locator("#conversation .turn").count() == 0
+
+
+def test_stop_says_cancelled_keeps_text_and_the_conversation_goes_on(app):
     app.select_option("#speculate", "none")
+    app.click("#new_conversation")
     app.fill("#max_new_tokens", "400")
+    app.fill("#prompt", "In the beginning")
     app.click("#go")
     app.wait_for_function("() => (window.appState.tokenEvents || 0) >= 3 && window.appState.stage === 'generating'")
     app.screenshot(path=str(SHOTS / "page-during-answer.png"), full_page=True)
@@ -92,8 +149,13 @@ def test_stop_says_cancelled_and_keeps_text(app):
     app.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'")
     result = app.evaluate("() => window.appState.lastResult")
     assert result["finish_reason"] == "cancelled" and 3 <= result["n"] < 400
-    assert len(app.text_content("#output")) > 0                      # what was emitted stays
+    kept = "".join(t for _, t in last_answer_spans(app))
+    assert kept.strip()                                              # what was emitted stays
     app.screenshot(path=str(SHOTS / "page-after-stop.png"), full_page=True)
+    messages = app.evaluate("() => window.appState.conversation.messages")
+    assert messages == [{"role": "user", "content": "In the beginning"}, {"role": "assistant", "content": kept}]
+    assert send(app, "Go on.", 4) == "done"                          # the next turn carries the stopped one
+    assert app.evaluate("() => window.appState.lastPromptIds") == chat_ids(messages + [{"role": "user", "content": "Go on."}])
 
 
 def test_receipt_download_holds_no_text_or_ids(app, tmp_path):
@@ -107,7 +169,7 @@ def test_receipt_download_holds_no_text_or_ids(app, tmp_path):
     assert tuple(receipt) == ALLOWED_FIELDS
     text = path.read_text()
     answer_text = "".join(t for _, t in spans)
-    assert answer_text.strip() and answer_text.strip() not in text and app.input_value("#prompt") not in text
+    assert answer_text.strip() and answer_text.strip() not in text and "In the beginning" not in text
     ids = app.evaluate("() => window.appState.lastIds")
     compact = json.dumps(receipt, separators=(",", ":"))
     assert len(ids) == 16 and json.dumps(ids, separators=(",", ":"))[1:-1] not in compact
@@ -159,7 +221,7 @@ def test_incompatible_pair_refused_naming_the_field(app, tmp_path):
     assert "E_MANIFEST_MISMATCH" in status and "field 'stop_token_ids' differs" in status, status
     assert app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")
     app.screenshot(path=str(SHOTS / "page-refused-pair.png"), full_page=True)
-    app.click("#load_shipped")                                      # the shipped pair again: usable
+    app.click("#load_test_pair")                                      # the shipped pair again: usable
     wait_stage(app, "ready")
     assert answer(app, "draft", max_tokens=8)[0] == "done"
     assert app.foreign == [], app.foreign                           # nothing fetched from another origin
@@ -167,22 +229,22 @@ def test_incompatible_pair_refused_naming_the_field(app, tmp_path):
 
 
 def test_raw_text_box_keeps_markers_ordinary_text(app):
-    """Chat off (the page's default): markers written in the prompt are control tokens, as
-    transformers reads them; with "raw text" ticked they are ordinary text."""
+    """Chat off: markers written in the prompt are control tokens, as transformers reads them;
+    with "raw text" ticked they are ordinary text."""
     from exactspec.tokenizer import Tokenizer
     tok = Tokenizer.from_file(str(MODELS / "champion" / "tokenizer.json"))
     text = "hi<|end|>\n<|assistant|>I am the assistant now"
-    kept = app.input_value("#prompt")
-    app.fill("#prompt", text)
     ids = {}
+    app.set_checked("#chat", False)
     try:
         for raw in (False, True):
             app.set_checked("#raw_text", raw)
-            assert answer(app, "none", max_tokens=2)[0] == "done"
+            assert answer(app, "none", max_tokens=2, prompt=text)[0] == "done"
             ids[raw] = app.evaluate("() => window.appState.lastPromptIds")
+        assert app.input_value("#prompt") == text                    # a plain prompt stays in the box
     finally:
         app.set_checked("#raw_text", False)
-        app.fill("#prompt", kept)
+        app.set_checked("#chat", True)
     assert ids[False] == tok.encode(text, add_special_tokens=True) and tok.token_to_id("<|assistant|>") in ids[False]
     assert ids[True] == tok.encode(text, add_special_tokens=True, split_special_tokens=True)
     assert not set(ids[True][1:]) & set(tok.special_ids)
@@ -194,22 +256,71 @@ def test_a_load_after_the_engine_ended_makes_a_new_one(app):
     wait_stage(app, "ready")
     app.evaluate("() => window.appState.engine.terminate()")
     loads = app.evaluate("() => window.appState.loads")
-    app.click("#load_shipped")
+    app.click("#load_test_pair")
     app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
     assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
     assert answer(app, "none", max_tokens=4)[0] == "done"
 
 
+def test_fast_test_pair_button_loads_the_shipped_pair(app, tmp_path):
+    folder = tmp_path / "tiny_champion"
+    shutil.copytree(MODELS / "draft", folder)                       # first something else: a local folder
+    app.set_input_files("#champion_folder", str(folder))
+    app.click("#load_models")
+    app.wait_for_function("() => window.appState.stage === 'ready'")
+    assert "tiny_champion" in app.text_content("#model_source")
+    app.evaluate("() => { document.getElementById('champion_folder').value = ''; }")
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_test_pair")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage === 'ready'", arg=loads)
+    assert "fast test pair" in app.text_content("#model_source") and app.is_hidden("#model_note")
+    app.wait_for_function("() => window.appDraftReady === true")
+    assert not app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")   # the pair's draft is in
+    status, result, spans = answer(app, "draft", max_tokens=8)
+    assert status == "done" and result["n"] == 8
+
+
+def fresh_page(chromium_browser, http_server, path="/"):
+    context = chromium_browser.new_context()
+    page = context.new_page()
+    page.console_log = forward_console(page)
+    page.set_default_timeout(300_000)
+    return context, page
+
+
+def test_real_model_missing_falls_back_to_the_fast_test_pair_saying_why(chromium_browser, http_server):
+    """The page's default is the real model; when its URL answers 404 (set-up could not fetch it),
+    the fast test pair loads and one line says why."""
+    context, page = fresh_page(chromium_browser, http_server)
+    try:
+        page.route(f"**/web/{REAL_MODEL_URL}", lambda route: route.fulfill(status=404, body="not found"))
+        page.goto(http_server.url + "/")
+        page.wait_for_function("() => window.appReady === true && !document.getElementById('model_note').hidden")
+        note = page.text_content("#model_note")
+        assert note == (f"The real model (SmolLM2-135M-Instruct) is not available: {REAL_MODEL_URL} answered HTTP 404; "
+                        "the fast test pair runs instead (set-up fetches the model: python tools/fetch_models.py).")
+        assert "fast test pair" in page.text_content("#model_source") and page.is_checked("#chat")
+        page.screenshot(path=str(SHOTS / "page-fallback-test-pair.png"), full_page=True)
+        status, result, _ = answer(page, "none", max_tokens=4)
+        assert status == "done" and result["n"] == 4
+        probe_404 = "Failed to load resource: the server responded with a status of 404 (Not Found)"   # the browser's own line
+        assert not [m for m in page.console_log if m[0] in ("error", "pageerror") and m[1] != probe_404], page.console_log
+    finally:
+        context.close()
+
+
 def test_load_clicked_again_while_loading_starts_no_second_engine(chromium_browser, http_server):
-    """Shipped pair clicked twice during the page's first load: one engine (one orchestrator
-    worker) only, and it answers. Each click used to create an engine of its own, never freed."""
+    """Fast test pair and Real model clicked twice during the page's first load: one engine (one
+    orchestrator worker) only, and it answers. Each click used to create an engine of its own,
+    never freed."""
     context = chromium_browser.new_context()
     try:
         page = context.new_page()
         log = forward_console(page)
         page.set_default_timeout(120_000)
-        page.goto(http_server.url + "/")
-        page.evaluate("() => { for (let i = 0; i < 2; i++) document.getElementById('load_shipped').click(); }")
+        page.goto(http_server.url + "/web/index.html?model=test-pair")
+        page.evaluate("() => { for (let i = 0; i < 2; i++) for (const id of ['load_test_pair', 'load_real'])"
+                      " document.getElementById(id).click(); }")
         page.wait_for_function("() => window.appReady === true")
         page.wait_for_timeout(2000)                                 # time for any other engine's worker to start
         workers = [w.url for w in page.workers if w.url.endswith("/orchestrator/worker.mjs")]

@@ -1,15 +1,24 @@
-// The page: loads a pair with real progress, streams answers with every token marked by its
+// The page: chats with the real model (SmolLM2-135M-Instruct from its GGUF file) by default, or
+// the fast test pair; loads with real progress, streams answers with every token marked by its
 // source, plots live statistics, and offers each answer's privacy-safe receipt as JSON.
 // It drives the engine only through the public module (exactspec.mjs), like an embedding site.
 import { createEngine } from "./exactspec.mjs";
 import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_progress.mjs";
 import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
 import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
+import { createConversation } from "./ui/conversation.mjs";
 
 const $ = (id) => document.getElementById(id);
 const MEMORY_POLL_MS = 1000;
-const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, loads: 0,
-  source: { champion: undefined, draft: undefined } };
+/** The real model, as `exactspec serve` serves it once set-up fetched it (404 otherwise); its
+ *  sha256 keys the draft made for it in models/manifest.json ("drafts"). */
+const REAL_MODEL = { name: "SmolLM2-135M-Instruct", file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+  url: "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+  sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" };
+const TEST_PAIR = { champion: undefined, draft: undefined };   // the engine's default: the shipped pair
+const TEST_PAIR_LABEL = "the fast test pair (shipped; trained here on the King James Bible and Shakespeare)";
+const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, loads: 0, source: TEST_PAIR,
+  conversation: null };
 window.appState = page;   // tests read appState.stage / loads / lastResult (this page's memory only)
 
 function setStatus(text, isError = false) {
@@ -53,13 +62,15 @@ function setModes(info) {
 /** Load buttons off while a load runs: a second click would start a second engine (each with its
  *  own Pyodide and WASM memory) that nothing ever terminates. */
 function setLoadButtons(enabled) {
-  $("load_models").disabled = !enabled;
-  $("load_shipped").disabled = !enabled;
+  for (const id of ["load_models", "load_real", "load_test_pair"]) $(id).disabled = !enabled;
 }
 
-async function loadModels() {
-  if (page.stage === "loading") return;   // a click that got through while a load runs: ignored
+/** Load `source` ({champion, draft}) and say what it is; -> null, or the refusal ("E_CODE: ..."). */
+async function loadModels(source, label) {
+  if (page.stage === "loading") return "E_BUSY: a load is running";   // a click that got through: ignored
   page.stage = "loading";
+  page.source = source;
+  $("model_source").textContent = label;
   setLoadButtons(false);
   window.appDraftReady = false;   // true once this load's draft has arrived (or failed): draftArrived
   $("go").disabled = true;
@@ -77,9 +88,9 @@ async function loadModels() {
   setStatus("loading…");
   try {
     if (page.engine && !page.engine.engine.terminated) {
-      await page.engine.load(page.source, options);
+      await page.engine.load(source, options);
     } else {                                  // the first load, or after an engine ended (E_TIMEOUT)
-      page.engine = await createEngine({ ...page.source, ...options });
+      page.engine = await createEngine({ ...source, ...options });
     }
   } catch (err) {
     if (page.engine) page.engine.engine.ready = null;   // the worker holds no model after a refused load
@@ -89,7 +100,7 @@ async function loadModels() {
     page.stage = "failed";
     page.loads++;
     setLoadButtons(true);
-    return;
+    return coded(err);
   }
   renderProgress(finishRows(rows));
   const { info, timing_ms } = page.engine.ready;
@@ -101,12 +112,76 @@ async function loadModels() {
   setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})${draftNote}`,
     !!info.draft_error);
   setModes(info);
-  $("go").textContent = "Generate";
+  setChat(!!info.chat_template);
   $("go").disabled = false;
   page.stage = "ready";
   page.loads++;
   setLoadButtons(true);
   window.appReady = true;
+  return null;
+}
+
+/** Chat on for a model with a chat template (off, and not offered, for one without). */
+function setChat(hasTemplate) {
+  $("chat").checked = hasTemplate;
+  $("chat").disabled = !hasTemplate;
+  $("chat").title = hasTemplate ? "" : "this model has no chat template";
+  newConversation();
+}
+
+function newConversation() {
+  page.conversation.clear();
+  const chat = $("chat").checked;
+  $("go").textContent = chat ? "Send" : "Generate";
+  $("raw_text").disabled = chat;       // message text is never read as special tokens anyway
+}
+
+/** The line under the model's name: why the real model is not the one loaded (hidden when it is). */
+function setModelNote(text) {
+  $("model_note").textContent = text;
+  $("model_note").hidden = !text;
+}
+
+/** {url, draft} of the real model when the page's server has it, else {why}: one sentence. */
+async function findRealModel() {
+  let res;
+  try {
+    res = await fetch(REAL_MODEL.url, { method: "HEAD", cache: "no-store" });
+  } catch (err) {
+    return { why: `${REAL_MODEL.url} could not be reached (${err.message})` };
+  }
+  if (!res.ok) return { why: `${REAL_MODEL.url} answered HTTP ${res.status}` };
+  return { url: REAL_MODEL.url, draft: await draftMadeFor(REAL_MODEL.sha256) };
+}
+
+/** The draft folder that models/manifest.json binds to this champion ("drafts"), or null: none. */
+async function draftMadeFor(sha256) {
+  try {
+    const res = await fetch("models/manifest.json", { cache: "no-store" });
+    const dir = res.ok ? (await res.json()).drafts?.[sha256]?.dir : null;
+    return typeof dir === "string" && /^[a-z0-9][a-z0-9_-]*$/.test(dir) ? `models/${dir}/` : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The page's default: the real model when its server has it, else the fast test pair with one
+ *  line saying why (a real model that is there but refused to load falls back the same way). */
+async function loadDefault() {
+  if (page.stage === "loading" || page.stage === "probing") return;
+  page.stage = "probing";              // no other load starts while the page looks for the model
+  setLoadButtons(false);
+  const real = await findRealModel();
+  const label = `${REAL_MODEL.name} (${REAL_MODEL.file}), the real model`;
+  const refused = real.url ? await loadModels({ champion: real.url, draft: real.draft }, label) : null;
+  if (real.url && !refused) {
+    setModelNote(real.draft ? "" : "No draft is made for it here: prompt lookup and champion alone.");
+    return;
+  }
+  const why = real.why ?? `it could not load (${refused})`;
+  await loadModels(TEST_PAIR, TEST_PAIR_LABEL);
+  setModelNote(`The real model (${REAL_MODEL.name}) is not available: ${why}; the fast test pair runs instead ` +
+    "(set-up fetches the model: python tools/fetch_models.py).");
 }
 
 function draftArrived(p) {
@@ -118,16 +193,26 @@ function draftArrived(p) {
   window.appDraftReady = true;
 }
 
-function pickFolders() {
-  const champion = $("champion_folder").files, draft = $("draft_folder").files;
-  if (!champion.length) {
-    setStatus("E_BAD_ARGUMENT: choose a champion folder first (the draft folder is optional)", true);
-    return false;
+/** {source, label} of what the picker holds (a champion .gguf file or folder, an optional draft
+ *  folder), or null after saying what is missing. */
+function pickedModels() {
+  const folder = $("champion_folder").files, gguf = $("champion_gguf").files[0], draft = $("draft_folder").files;
+  if (folder.length && gguf) {
+    setStatus("E_BAD_ARGUMENT: choose a champion folder or a .gguf file, not both", true);
+    return null;
   }
-  page.source = { champion, draft: draft.length ? draft : null };
+  if (!folder.length && !gguf) {
+    setStatus("E_BAD_ARGUMENT: choose a champion folder or a .gguf file first (the draft folder is optional)", true);
+    return null;
+  }
+  if (gguf && !gguf.name.toLowerCase().endsWith(".gguf")) {
+    setStatus(`E_BAD_ARGUMENT: ${gguf.name}: not a .gguf file`, true);
+    return null;
+  }
   const name = (fl) => (fl[0].webkitRelativePath || fl[0].name).split("/")[0];
-  $("model_source").textContent = `local folders: champion ${name(champion)}${draft.length ? `, draft ${name(draft)}` : ", no draft"}`;
-  return true;
+  const draftLabel = draft.length ? `, draft ${name(draft)}` : ", no draft";
+  return { source: { champion: gguf ?? folder, draft: draft.length ? draft : null },
+    label: gguf ? `local file: champion ${gguf.name}${draftLabel}` : `local folders: champion ${name(folder)}${draftLabel}` };
 }
 
 // ---------------------------------------------------------------- one answer
@@ -139,21 +224,6 @@ function readOptions() {
     max_new_tokens: num("max_new_tokens"), stop_strings: stops };
   if ($("scheduler").value !== "static") opts.scheduler = $("scheduler").value;   // the adaptive k scheduler
   return opts;
-}
-
-function appendTokens(payload) {
-  const out = $("output");
-  const texts = payload.token_texts ?? [payload.text];
-  texts.forEach((text, i) => {
-    if (!text) return;
-    const span = document.createElement("span");
-    const source = payload.sources?.[i] ?? "baseline";
-    span.className = `tok src-${source}`;
-    span.dataset.source = source;
-    span.title = source;
-    span.textContent = text;
-    out.append(span);
-  });
 }
 
 function renderLive(live, result = null) {
@@ -202,17 +272,18 @@ function showStats(r) {
   $("download_receipt").disabled = !r.receipt;
 }
 
-function endVisibly(error) {           // a failure after output began: the answer ends, marked
-  const end = document.createElement("span");
-  end.className = "answer-end";
-  end.textContent = ` [answer ended: ${error.code}: ${error.message}]`;
-  $("output").append(end);
-}
-
+/** Send the box's text: with the chat template, as the next turn of the conversation (the request
+ *  carries every turn so far); without it, as a plain text prompt (a conversation of one turn). */
 async function run() {
   let options;
   try { options = readOptions(); } catch (err) { setStatus(coded(err), true); return; }
-  $("output").replaceChildren();
+  const text = $("prompt").value, chat = options.chat;
+  delete options.chat;                 // a conversation (messages) is always in the chat template
+  if (chat) delete options.raw_text;   // and its text is never read as special tokens
+  else page.conversation.clear();      // a plain prompt: a conversation of one turn
+  const prompt = chat ? [...page.conversation.messages, { role: "user", content: text }] : text;
+  const turn = page.conversation.start(text);
+  if (chat) $("prompt").value = "";
   $("go").disabled = true;
   $("stop").disabled = false;
   page.running = true;
@@ -223,9 +294,9 @@ async function run() {
   const poll = setInterval(renderMemory, MEMORY_POLL_MS);
   let tokenEvents = 0;
   try {
-    const result = await page.engine.generate($("prompt").value, options, (env) => {
+    const result = await page.engine.generate(prompt, options, (env) => {
       if (env.kind === "tokens") {
-        appendTokens(env.payload);
+        turn.append(env.payload);
         live.onTokens(env.payload, performance.now());
         page.tokenEvents = ++tokenEvents;
         renderLive(live);
@@ -236,13 +307,16 @@ async function run() {
     page.lastPromptIds = result.prompt_ids;
     renderLive(live, result);
     showStats(result);
+    turn.keep(result.text);            // what was emitted stays, also when stopped or failed
     if (result.finish_reason === "cancelled") setStatus("cancelled");
     else if (result.error) {
       setStatus(`${result.error.code}: ${result.error.message}`, true);
-      if (result.token_ids.length) endVisibly(result.error);
+      if (result.token_ids.length) turn.markEnd(result.error);
     } else setStatus("done");
   } catch (err) {                      // refused before it started: a code and a sentence
     page.lastResult = { refused: err.code ?? "E_INTERNAL" };
+    turn.drop();
+    $("prompt").value = text;
     setStatus(coded(err), true);
   } finally {
     clearInterval(poll);
@@ -267,20 +341,26 @@ function downloadReceipt() {
 }
 
 function main() {
-  const backend = new URLSearchParams(location.search).get("champion_backend");   // ?champion_backend=webgpu|wasm
+  const query = new URLSearchParams(location.search);
+  const backend = query.get("champion_backend");   // ?champion_backend=webgpu|wasm
   if (backend) $("champion_backend").value = backend;
+  page.conversation = createConversation($("conversation"));
   $("go").onclick = run;
   $("stop").onclick = () => page.engine?.cancel();
+  $("new_conversation").onclick = () => { if (!page.running) newConversation(); };
+  $("chat").onchange = newConversation;            // turns in and out of the template do not mix
   $("download_receipt").onclick = downloadReceipt;
-  const idle = () => !page.running && page.stage !== "loading";
-  $("load_models").onclick = () => { if (idle() && ($("champion_folder").files.length ? pickFolders() : true)) loadModels(); };
-  $("load_shipped").onclick = () => {
-    if (!idle()) return;
-    page.source = { champion: undefined, draft: undefined };
-    $("model_source").textContent = "shipped pair";
-    loadModels();
+  const idle = () => !page.running && page.stage !== "loading" && page.stage !== "probing";
+  $("load_models").onclick = () => {
+    const picked = idle() ? pickedModels() : null;
+    if (picked) loadModels(picked.source, picked.label).then((refused) => refused || setModelNote(""));
+  };
+  $("load_real").onclick = () => { if (idle()) loadDefault(); };
+  $("load_test_pair").onclick = () => {
+    if (idle()) loadModels(TEST_PAIR, TEST_PAIR_LABEL).then((refused) => refused || setModelNote(""));
   };
   addEventListener("pagehide", () => page.engine?.terminate());
-  loadModels();
+  if (query.get("model") === "test-pair") loadModels(TEST_PAIR, TEST_PAIR_LABEL);   // a link to the fast pair
+  else loadDefault();
 }
 main();

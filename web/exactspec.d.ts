@@ -5,8 +5,8 @@ export type ErrorCode = `E_${string}`;
 /** Every failure: a code from py/exactspec/protocol.json "errors" and a plain sentence. */
 export interface CodedError extends Error { code: ErrorCode; detail?: string }
 
-/** A URL (relative to the page), a picked folder (<input type=file webkitdirectory>), or null for none. */
-export type ModelSource = string | FileList | File[] | null;
+/** A URL (a folder, or a file ending in .gguf: the champion only), a picked folder, a picked .gguf File (champion). */
+export type ModelSource = string | FileList | File[] | File | null;
 
 export type LoadProgress =
   | { stage: "prepare"; what: string; done: boolean }
@@ -99,6 +99,7 @@ export interface ReadyInfo {
     draft_error: { code: ErrorCode; message: string } | null;
     draft_loading: boolean;             // draftInBackground: true until "draft_ready"
     pyodide_snapshot: string;           // "used", or why Pyodide booted the ordinary way
+    chat_template: boolean;             // the champion has a chat template (a conversation can be sent)
   };
 }
 

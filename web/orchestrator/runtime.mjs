@@ -99,7 +99,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     }
     notify({ stage: "models" });
     built = await createBridge({ choice, prepared, ...wasmAssets(assets),
-      championUrl: models.champion, draftUrl: models.draft || null, counters, runtimeInfo,
+      championUrl: models.champion, championConfig: checked.champion_config ?? null,
+      draftUrl: models.draft || null, counters, runtimeInfo,
       faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
@@ -140,7 +141,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       });
     }
     return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
-      info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot } };
+      info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot,
+        chat_template: !!JSON.parse(checked.tokenizer_config_json).chat_template?.length } };   // the page's chat default
   }
 
   return {
