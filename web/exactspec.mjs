@@ -82,6 +82,9 @@ export function folderFiles(role, fileList, converted = null) {
   return out;
 }
 
+/** A picked GGUF file (a File or Blob with a name ending in .gguf): a champion on its own. */
+const isGgufFile = (value) => typeof Blob !== "undefined" && value instanceof Blob && /\.gguf$/i.test(value.name ?? "");
+
 /** models for Engine.load from {champion, draft} where each is a URL string or a picked folder
  *  (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
  *  champion folder with only a Hugging Face checkpoint is converted to q8 here first. */
@@ -92,6 +95,11 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
   for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
     if (value === null || value === undefined || value === "") continue;
     if (typeof value === "string") { models[role] = value; continue; }
+    if (role === "champion" && isGgufFile(value)) {      // one picked .gguf: read in the worker, nothing uploaded
+      files[`champion/${value.name}`] = value;
+      models.champion = localModelUrl("champion") + encodeURIComponent(value.name);
+      continue;
+    }
     Object.assign(files, folderFiles(role, value, role === "champion" ? converted : null));
     models[role] = localModelUrl(role);
   }

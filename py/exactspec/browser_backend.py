@@ -335,3 +335,31 @@ def check_models(spec_json: str, get_file) -> str:
         return json.dumps({"ok": summary})
     except Exception as exc:
         return json.dumps({"error": coded_error(exc, E_INTERNAL, "model check").to_dict()})
+
+
+def check_gguf(prefix, size: int, label: str) -> str:
+    """The browser's load-time check of a GGUF champion, in Pyodide, over the bytes before its data
+    section (the page reads no weights for it): gguf.py's container checks against the file's
+    `size`, gguf_model's config (validated as any config.json) and tensor table, and the tokenizer
+    rebuilt from tokenizer.ggml.*. Returns JSON {"ok": {config, tokenizer_json, tokenizer_config_json,
+    generation_config_json, summary}} or {"error": {code, message}}: nothing raises across."""
+    from .gguf import GGUFFile
+    from .gguf_model import GGUFModel
+    from .gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config, tokenizer_spec
+    try:
+        raw = bytes(prefix.to_bytes()) if hasattr(prefix, "to_bytes") else bytes(prefix)
+        model = GGUFModel(label, file=GGUFFile.from_header(raw, int(size), label))
+        spec = tokenizer_spec(model.file)
+        load_tokenizer(model.file)                         # its own refusals, named
+        generation = {"eos_token_id": list(stop_token_ids(model.file))}
+        if "bos_token_id" in model.config:
+            generation["bos_token_id"] = model.config["bos_token_id"]
+        c = model.llama_config
+        return json.dumps({"ok": {
+            "config": model.config, "tokenizer_json": json.dumps(spec, ensure_ascii=False),
+            "tokenizer_config_json": json.dumps(tokenizer_config(model.file), ensure_ascii=False),
+            "generation_config_json": json.dumps(generation),
+            "summary": {"configs": {"champion": {"layers": c.num_hidden_layers, "hidden": c.hidden_size}},
+                        "gguf": {"architecture": model.architecture, "tensors": len(model.file.tensors)}}}})
+    except Exception as exc:
+        return json.dumps({"error": coded_error(exc, E_INTERNAL, "GGUF check").to_dict()})

@@ -23,6 +23,10 @@ def _url_for(model_dir: str, name: str, mounts: dict) -> str:
     inside web/, else a mount /models/<name>/ that serves only regular files inside model_dir
     (server.resolve_request_path applies the same rules to both)."""
     full = os.path.realpath(model_dir)
+    if full.endswith(".gguf") and os.path.isfile(full):   # one file, mounted alone
+        prefix = f"/models/{name}/"
+        mounts[prefix] = full
+        return prefix + urllib.parse.quote(os.path.basename(full))
     web = os.path.realpath(os.path.join(REPO_ROOT, "web"))
     if full.startswith(web + os.sep):
         return "/web/" + urllib.parse.quote(os.path.relpath(full, web).replace(os.sep, "/")) + "/"
@@ -37,11 +41,14 @@ class BrowserRuntime:
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
                  champion_backend: str = "webgpu", on_progress=None):
         """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs)."""
-        for d in filter(None, (champion_dir, draft_dir)):
+        gguf_champion = str(champion_dir).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
+        for d in filter(None, (None if gguf_champion else champion_dir, draft_dir)):
             if not os.path.isfile(os.path.join(d, "config.json")):
                 raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
         from .model_cache import browser_ready   # a folder as published: converted once, cached under build/
-        champion_dir, draft_dir = browser_ready(champion_dir, "champion"), draft_dir and browser_ready(draft_dir, "draft")
+        if not gguf_champion:
+            champion_dir = browser_ready(champion_dir, "champion")
+        draft_dir = draft_dir and browser_ready(draft_dir, "draft")
         mounts: dict = {}
         models = {"champion": _url_for(champion_dir, "champion", mounts),
                   "draft": _url_for(draft_dir, "draft", mounts) if draft_dir else None}

@@ -92,8 +92,9 @@ class _Cursor:
     """Sequential reads of the region before the data section, each checked against the bytes
     the file holds and MAX_HEADER_BYTES before anything is read or allocated."""
 
-    def __init__(self, f, size: int, path: str):
+    def __init__(self, f, size: int, path: str, readable: int | None = None):
         self.f, self.size, self.path = f, size, path
+        self.readable = size if readable is None else readable   # bytes f holds (a header-only copy: fewer)
         self.pos = 0                       # file offset of the next byte
         self._buf, self._i = b"", 0
 
@@ -107,7 +108,7 @@ class _Cursor:
             raise refuse(self.path, field, f"runs past {MAX_HEADER_BYTES} bytes of header and metadata")
         avail = len(self._buf) - self._i
         if avail < n:
-            want = min(max(n - avail, _CHUNK), self.size - self.pos - avail)
+            want = min(max(n - avail, _CHUNK), max(self.readable - self.pos - avail, n - avail))
             self._buf = self._buf[self._i:] + read_exact(self.f, want, self.path)
             self._i = 0
         out = self._buf[self._i:self._i + n]
@@ -178,9 +179,21 @@ class GGUFFile:
             self._f.close()
             raise
 
-    def _parse(self) -> None:
+    @classmethod
+    def from_header(cls, prefix: bytes, size: int, path: str) -> "GGUFFile":
+        """The header, metadata and tensor table of a file of `size` bytes from its first bytes
+        (the browser hands over only those, up to the data section): every check of a whole
+        file, judged against `size`; no tensor data can be read from it."""
+        import io
+        self = cls.__new__(cls)
+        self.path, self.size = path, size
+        self._f = io.BytesIO(prefix)
+        self._parse(readable=len(prefix))
+        return self
+
+    def _parse(self, readable: int | None = None) -> None:
         path = self.path
-        cur = _Cursor(self._f, self.size, path)
+        cur = _Cursor(self._f, self.size, path, readable)
         if cur.take(min(4, self.size), "magic") != MAGIC:
             raise refuse(path, "magic", "the file does not start with 'GGUF' (not a GGUF file)")
         self.version = cur.unpack("I", "version")

@@ -92,8 +92,8 @@ class GGUFModel:
     """See module docstring. Attributes: file (GGUFFile), architecture, config (dict),
     llama_config (LlamaConfig), names (HF name -> GGUF tensor name)."""
 
-    def __init__(self, path):
-        self.file = GGUFFile(path)
+    def __init__(self, path, file: GGUFFile | None = None):
+        self.file = file if file is not None else GGUFFile(path)   # file: an open one (GGUFFile.from_header)
         try:
             self.path = self.file.path
             self.architecture = self._architecture()

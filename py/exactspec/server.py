@@ -27,6 +27,9 @@ from .errors import E_BAD_ARGUMENT, E_IO, ExactSpecError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PREFIXES = ("/web/", "/shaders/", "/py/exactspec/", "/node_modules/pyodide/", "/build/")
 MOUNT_PREFIX = re.compile(r"/models/[a-z][a-z0-9_-]*/\Z")   # the only shape a mount URL may take
+# The real model that tools/fetch_models.py fetches, where the page finds it (models/<name>/ beside
+# web/index.html): only regular .gguf files of that build/ folder; 404 while it is absent.
+GGUF_ONLY_PREFIXES = {"/web/models/smollm2-135m-instruct/": "build/models/smollm2-135m-instruct"}
 LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?\Z")
 MAX_PATH_CHARS = 1024          # longer request paths are refused before any decoding
 READ_TIMEOUT_S = 20.0          # a connection that sends nothing (or reads nothing) this long is closed
@@ -36,7 +39,7 @@ MIME_TYPES = {
     ".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
     ".json": "application/json", ".wgsl": "text/plain; charset=utf-8", ".py": "text/plain; charset=utf-8",
     ".zip": "application/zip", ".whl": "application/zip", ".html": "text/html; charset=utf-8",
-    ".css": "text/css", ".safetensors": "application/octet-stream", ".txt": "text/plain; charset=utf-8",
+    ".css": "text/css", ".safetensors": "application/octet-stream", ".gguf": "application/octet-stream", ".txt": "text/plain; charset=utf-8",
     ".svg": "image/svg+xml", ".png": "image/png",
 }
 # Why each directive: docs/browser.md, "The static server".
@@ -88,6 +91,8 @@ def resolve_request_path(raw_target: str, root: str | Path, allowed_prefixes=ALL
     if not path.startswith("/") or any(c in path for c in "\\%") or any(ord(c) < 0x20 or c == "\x7f" for c in path):
         return None
     bases = {prefix: os.path.join(str(root), prefix.strip("/")) for prefix in allowed_prefixes}
+    gguf_only = {prefix: os.path.join(str(root), folder) for prefix, folder in GGUF_ONLY_PREFIXES.items()}
+    bases.update(gguf_only)
     bases.update(mounts or {})
     prefix = max((p for p in bases if path.startswith(p)), key=len, default=None)
     if prefix is None:
@@ -95,6 +100,10 @@ def resolve_request_path(raw_target: str, root: str | Path, allowed_prefixes=ALL
     segments = path[len(prefix):].split("/")
     if any(s in ("", ".", "..") for s in segments):
         return None
+    if prefix in gguf_only and not (len(segments) == 1 and segments[0].endswith(".gguf")):
+        return None
+    if os.path.isfile(bases[prefix]):     # a one-file mount (a .gguf): only its own name
+        return bases[prefix] if segments == [os.path.basename(bases[prefix])] else None
     base = os.path.realpath(bases[prefix])
     real = os.path.realpath(os.path.join(base, *segments))
     if os.path.commonpath([base, real]) != base or real == base:
@@ -139,13 +148,15 @@ def check_port(port) -> int:
 
 
 def check_mounts(mounts: dict) -> dict:
-    """URL prefix ("/models/x/") -> real path of an existing directory."""
+    """URL prefix ("/models/x/") -> real path of an existing directory, or of one regular .gguf
+    file (served under its own name only)."""
     checked = {}
     for prefix, directory in mounts.items():
         if not MOUNT_PREFIX.match(prefix):
             raise ExactSpecError(E_BAD_ARGUMENT, f"mount {prefix!r} is not of the form /models/<name>/")
-        if not os.path.isdir(directory):
-            raise ExactSpecError(E_BAD_ARGUMENT, f"mount {prefix}: {directory} is not a directory")
+        one_file = os.path.isfile(directory) and str(directory).endswith(".gguf")
+        if not (one_file or os.path.isdir(directory)):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"mount {prefix}: {directory} is not a directory or a .gguf file")
         checked[prefix] = os.path.realpath(directory)
     return checked
 

@@ -31,13 +31,13 @@ export function chooseDraftPlacement(placement, championKind) {
  * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
  * allocation after that many (tests).
  */
-export async function createBridge({ championUrl, draftUrl, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
+export async function createBridge({ championUrl, championConfig = null, draftUrl, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/champion.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0 }) {
   const t0 = performance.now();
   choice ??= await chooseChampionBackend(championBackend);
-  const openOpts = { championUrl, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
+  const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0, closed = false;

@@ -1,7 +1,8 @@
 // The two champion backends behind one interface, and the choice between them.
 //   webgpu: WGSL kernels (web/gpu/champion.mjs + accept.mjs) on a device whose buffers are counted
 //   wasm:   WASM-SIMD forward + float64 decisions in C (web/champion_wasm/champion_wasm.mjs)
-// Both run the same q8 artifact and give decide() results of one shape:
+// Both run the same q8 artifact, or a GGUF file (championConfig: its config as the model check
+// mapped it; the file dequantised to float32 linears, web/gguf/), and give decide() results of one shape:
 //   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
 //               forward(ids Int32Array, startPos), decide(args) -> {n_accepted, next_token, ...},
 //               wasm only: forwardNow / decideNow, the same synchronously,
@@ -9,7 +10,8 @@
 // "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
 // navigator.gpu or no adapter at all gives the WASM champion.
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
-import { compileChampionPipelines, createChampion } from "../gpu/champion.mjs";
+import { compileChampionPipelines, createChampion, createChampionFromTensors } from "../gpu/champion.mjs";
+import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
 import { codedError } from "../protocol.mjs";
 
@@ -62,13 +64,20 @@ export function prepareChampion(kind) {
   };
 }
 
-async function openWebGpu({ championUrl, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null }) {
+async function openWebGpu({ championUrl, championConfig = null, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null }) {
   const device = prepared ? await prepared.devicePromise : await requestDevice();
   const accounting = trackDevice(device);
   accounting.refuseAfter = refuseAllocAfter;
   let champion = null, acceptor = null;
   try {
-    champion = await createChampion({ device, modelUrl: championUrl, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+    if (championConfig) {              // a GGUF file: its tensor map, float32 linears
+      const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
+      const tensors = ggufTensorMap(bytes, championConfig, championUrl);
+      champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: championUrl,
+        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+    } else {
+      champion = await createChampion({ device, modelUrl: championUrl, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+    }
     acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock });
   } catch (err) {
     accounting.destroyAll();   // whatever was allocated before the failure
@@ -100,7 +109,7 @@ async function openWebGpu({ championUrl, maxContext, maxBlock, refuseAllocAfter 
   return backend;
 }
 
-async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = "auto" }) {
+async function openWasm({ championUrl, championConfig = null, maxContext, maxBlock, wasmUrl, threads = "auto" }) {
   threads = championThreads(threads);
   let mod;
   try {
@@ -108,7 +117,8 @@ async function openWasm({ championUrl, maxContext, maxBlock, wasmUrl, threads = 
   } catch (err) {
     throw codedError("E_MODEL_LOAD", `the WASM champion module did not load: ${err.message ?? err}`);
   }
-  const champion = await mod.createWasmChampion({ wasmUrl, modelUrl: championUrl, maxBlock, maxContext, threads });
+  const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads,
+    ...(championConfig ? { ggufUrl: championUrl, configJson: championConfig } : { modelUrl: championUrl }) });
   let nanRows = 0;
   const backend = {
     kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,

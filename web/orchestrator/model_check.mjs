@@ -5,6 +5,8 @@
 // sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { declaredSize, readGgufHeader } from "../gguf/gguf_reader.mjs";
+import { LOCAL_SCHEME } from "../fetch_progress.mjs";
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
@@ -40,9 +42,61 @@ function runPy(pyodide, specJson, blobs) {
   }
 }
 
-/** -> {tokenizer_json, tokenizer_config_json, generation_config_json, summary, ms, verifyRunArtifacts(info)} */
+/** A champion given as one GGUF file (a URL, or a picked File behind a local URL, ending in .gguf). */
+export const isGgufUrl = (url) => typeof url === "string" && /\.gguf$/i.test(url.split(/[?#]/)[0]);
+
+/** What refusals name a GGUF by: its path on the server, or a picked file's name. */
+function ggufLabel(url) {
+  if (url.startsWith(LOCAL_SCHEME)) return decodeURIComponent(url.split(/[?#]/)[0].split("/").pop());
+  return decodeURIComponent(new URL(url, location.href).pathname);
+}
+
+/** A GGUF champion: only the bytes before its data section are read here (the body is cancelled
+ *  there), and exactspec.browser_backend.check_gguf maps them to a config, tokenizer.json,
+ *  tokenizer_config and generation config in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the
+ *  CLI's code). The champion loader then gets the checked config (champion_config). */
+async function checkGgufChampion(pyodide, models, t0) {
+  const url = models.champion, label = ggufLabel(url);
+  let res;
+  try {
+    res = await fetch(url);
+  } catch (err) {
+    throw codedError("E_MODEL_LOAD", `${label}: cannot fetch: ${err.message}`);
+  }
+  if (!res.ok) throw codedError("E_MODEL_LOAD", `${label}: HTTP ${res.status}`);
+  const size = declaredSize(res);
+  if (size === null) throw codedError("E_MODEL_LOAD", `${label}: the server did not declare the file's size (Content-Length)`);
+  const { prefix } = await readGgufHeader(res, size, label);
+  const check = pyodide.pyimport("exactspec.browser_backend").check_gguf;
+  let out;
+  try {
+    out = JSON.parse(check(prefix, size, label));
+  } finally {
+    check.destroy();
+  }
+  if (out.error) throw codedError(out.error.code, out.error.message);
+  const ok = out.ok;
+  return {
+    tokenizer_json: ok.tokenizer_json, tokenizer_config_json: ok.tokenizer_config_json,
+    generation_config_json: ok.generation_config_json, champion_config: ok.config,
+    ms: performance.now() - t0,
+    summary: { ...ok.summary, manifest_checked: false, pair_checked: false, differs: [] },
+    /** The draft (a folder) against the GGUF champion: the output vocabulary must be the same size.
+     *  (The tokenizer fields of the pair check are not compared for a GGUF champion yet.) */
+    verifyRunArtifacts(info) {
+      if (info.draft && info.draft.vocab_size !== info.champion.vocab_size) {
+        throw codedError("E_MANIFEST_MISMATCH", `field 'vocab_size' differs: champion ${info.champion.vocab_size} draft ${info.draft.vocab_size}`);
+      }
+      return this.summary;
+    },
+  };
+}
+
+/** -> {tokenizer_json, tokenizer_config_json, generation_config_json, summary, ms, verifyRunArtifacts(info)}
+ *  (+ champion_config for a GGUF champion) */
 export async function checkModels(pyodide, models) {
   const t0 = performance.now();
+  if (isGgufUrl(models.champion)) return checkGgufChampion(pyodide, models, t0);
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
   const mUrl = manifestUrl(models);
   const blobs = new Map();              // "role/name" -> Uint8Array

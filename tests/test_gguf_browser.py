@@ -1,0 +1,85 @@
+"""A GGUF file as the browser engine's champion, in headless Chromium (WASM champion, Pyodide
+orchestrator): the real SmolLM2-135M-Instruct Q4_1 file answers a chat turn with the CPython
+reference's greedy tokens (gguf_pair), prompt lookup gives the same tokens, the receipt names the
+file's sha256; a hostile .gguf is refused with the CLI's code and field. The real-file tests skip
+only when build/models/status.json says the model is unavailable."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from browser_fixture import chromium_browser  # noqa: F401
+from exactspec.browser_run import BrowserRuntime
+from exactspec.errors import ExactSpecError
+from exactspec.gguf_model import GGUFModel
+from gguf_builders import REPO, smollm2_status, write_tiny_model
+
+QUESTION = "What is the capital of France?"
+N_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def smollm2_path():
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    return os.path.join(REPO, "build", "models", status["path"])
+
+
+def reference_tokens(path) -> list:
+    from exactspec.gguf_pair import load_gguf_pair
+    from exactspec.orchestrator import GenerationConfig
+    from exactspec.policy import SamplingPolicy
+    from exactspec.chat import encode_chat_prompt
+    pair = load_gguf_pair(path)
+    prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": QUESTION}])
+    result = pair.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N_TOKENS, speculate="none",
+                                                                 policy=SamplingPolicy(temperature=0),
+                                                                 stop_token_ids=pair.stop_token_ids))
+    return prompt, list(result.token_ids)
+
+
+def test_smollm2_gguf_chat_in_the_browser_equals_reference(smollm2_path, chromium_browser):
+    prompt, want = reference_tokens(smollm2_path)
+    from exactspec.manifest import sha256_file
+    identity, size = sha256_file(smollm2_path)
+    times = []
+    for _ in range(2):                      # first and second load (one page each)
+        start = time.perf_counter()
+        rt = BrowserRuntime(smollm2_path, None, browser=chromium_browser, champion_backend="auto")
+        times.append(time.perf_counter() - start)
+        if len(times) == 1:
+            rt.close()
+    try:
+        info = rt.ready["info"]
+        assert info["champion"]["backend"] == "wasm" and info["champion"]["identity"] == identity
+        assert info["champion"]["artifact_bytes"] == size
+        config = {"temperature": 0, "max_new_tokens": N_TOKENS}
+        alone = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "none"}})["result"]
+        lookup = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "lookup"}})["result"]
+        assert alone["prompt_ids"] == prompt
+        assert alone["token_ids"] == want, alone["text"]
+        assert lookup["token_ids"] == want
+        assert "Paris" in alone["text"]
+        receipt = alone["receipt"]
+        assert identity in str(receipt)
+        ms = alone["timing"] if "timing" in alone else {}
+        print(f"[measure] browser GGUF load (page, Pyodide, check, fetch, dequantise): first {times[0]:.1f} s, "
+              f"second {times[1]:.1f} s; timing_ms {rt.ready['timing_ms']}; result timing {ms}")
+    finally:
+        rt.close()
+
+
+def test_hostile_gguf_refused_with_the_clis_code(tmp_path, chromium_browser):
+    """A tiny model whose metadata says 3 layers but holds 2: the page names the same field."""
+    path = tmp_path / "bad.gguf"
+    write_tiny_model(str(path), edit=lambda w: w.add_uint32("llama.block_count", 3))
+    with pytest.raises(ExactSpecError) as cli:
+        GGUFModel(str(path))
+    with pytest.raises(ExactSpecError) as page:
+        BrowserRuntime(str(path), None, browser=chromium_browser, champion_backend="wasm")
+    assert page.value.code == cli.value.code == "E_MODEL_LOAD"
+    field = cli.value.message.split(": ")[1]
+    assert field in page.value.message and str(page.value).count("E_MODEL_LOAD") == 1, (str(page.value), str(cli.value))
