@@ -119,6 +119,13 @@ def test_without_a_bound_draft_the_default_is_lookup_and_draft_is_refused(gguf_p
     assert r.returncode == 2 and "no draft is known for" in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
 
 
+def test_a_gguf_draft_runs_on_the_reference(gguf_path, alone):
+    """The file as its own draft: every proposal accepted, the answer champion alone's."""
+    out = chat_json(gguf_path, "--draft", gguf_path)
+    assert out["stats"]["mode"] == "draft" and out["stats"]["accepted"] == out["stats"]["proposed"] > 0
+    assert out["token_ids"] == alone["token_ids"]
+
+
 def _broken_copy(draft: str, dest, file: str, edit) -> str:
     shutil.copytree(draft, dest)
     path = os.path.join(dest, file)
