@@ -149,7 +149,9 @@ def test_a_mismatched_draft_is_refused_naming_the_field(gguf_path, tiny_draft, t
         r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--max-new-tokens", "1", *flags,
                 models_dir=models_dir)
         assert r.returncode == 1 and r.stdout == ""
-        assert f"field '{field}' differs" in one_coded_line(r.stderr, "E_MANIFEST_MISMATCH")
+        line = one_coded_line(r.stderr, "E_MANIFEST_MISMATCH")
+        assert f"draft {flags[1] if flags else models_dir / 'smollm2-draft'} does not pair with champion {gguf_path}: " \
+            f"field '{field}' differs" in line, line
 
 
 def test_the_shipped_draft_is_refused_for_the_gguf(gguf_path):

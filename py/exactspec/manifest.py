@@ -555,4 +555,10 @@ def check_pair(champion: str, draft: str, champion_run_weights: str = WEIGHTS_FI
     identity names the weights file it runs (the CLI's default is model.q8.safetensors, the
     browser's artifact), a folder draft runs model.safetensors (f32) on both paths."""
     fields = GGUF_PAIR_FIELDS if is_gguf_file(champion) or is_gguf_file(draft) else MUST_MATCH
-    return check_pair_identities(load_identity(champion, champion_run_weights), load_identity(draft), fields)
+    try:
+        return check_pair_identities(load_identity(champion, champion_run_weights), load_identity(draft), fields)
+    except ExactSpecError as e:
+        if e.code != E_MANIFEST_MISMATCH:
+            raise
+        raise ExactSpecError(e.code, f"draft {draft} does not pair with champion {champion}: {e.message}",
+                             **e.detail) from None
