@@ -296,15 +296,18 @@ def check_models(spec_json: str, get_file) -> str:
 
     spec: {"roles": ["champion"(, "draft")], "manifest": web/models/manifest.json or null,
            "served": {role: {name: [sha256 (WebCrypto), bytes]}} (run artifacts included, or
-           absent for the first stage)}; get_file("role/name") -> Uint8Array of a MODEL_FILES file.
+           absent for the first stage), "run_weights": {role: run artifact name} (optional: a GGUF
+           champion's file name), "gguf_pair": true when a side is a GGUF (its tokenizer.json is
+           rebuilt, so manifest.GGUF_PAIR_FIELDS are compared)}; get_file("role/name") ->
+           Uint8Array of a MODEL_FILES file (a GGUF champion's: check_gguf's files).
     Stage 1 (no "served"): every config.json through the one config validator (the reference
     loader's), so both paths refuse the same files with the same code, before any weights load.
     Stage 2: served files against the manifest (when there is one), the run artifacts against
     models.<role>.run_artifact, and the pair's identities over the same fields as under CPython.
     Returns JSON {"ok": summary} or {"error": {code, message}}: nothing raises across the boundary."""
     from .config import load_json_bounded, validate_config
-    from .manifest import (check_pair_identities, check_run_artifact, check_served_files, check_served_pair,
-                           model_identity_from_files)
+    from .manifest import (GGUF_PAIR_FIELDS, MUST_MATCH, check_pair_identities, check_run_artifact,
+                           check_served_files, check_served_pair, model_identity_from_files)
     try:
         spec = json.loads(spec_json)
         roles = spec["roles"]
@@ -324,11 +327,13 @@ def check_models(spec_json: str, get_file) -> str:
                 check_served_files(manifest, role, served[role])
                 bound = manifest["models"][role]["run_artifact"]["file"]
                 check_run_artifact(manifest, role, bound, *served[role][bound])
-            run = {role: (manifest["models"][role]["run_artifact"]["file"] if manifest else DEFAULT_RUN_WEIGHTS[role])
-                   for role in roles}
+            named = spec.get("run_weights") or {}
+            run = {role: (manifest["models"][role]["run_artifact"]["file"] if manifest
+                          else named.get(role, DEFAULT_RUN_WEIGHTS[role])) for role in roles}
             ids = {role: model_identity_from_files(files[role], served[role], source=role, run_weights=run[role])
                    for role in roles}
-            pair = check_pair_identities(ids["champion"], ids["draft"]) if len(roles) == 2 else None
+            fields = GGUF_PAIR_FIELDS if spec.get("gguf_pair") else MUST_MATCH
+            pair = check_pair_identities(ids["champion"], ids["draft"], fields) if len(roles) == 2 else None
         summary["manifest_checked"] = manifest is not None
         summary["pair_checked"] = pair is not None
         summary["differs"] = pair["differs"] if pair else []
@@ -337,29 +342,29 @@ def check_models(spec_json: str, get_file) -> str:
         return json.dumps({"error": coded_error(exc, E_INTERNAL, "model check").to_dict()})
 
 
+
 def check_gguf(prefix, size: int, label: str) -> str:
     """The browser's load-time check of a GGUF champion, in Pyodide, over the bytes before its data
     section (the page reads no weights for it): gguf.py's container checks against the file's
     `size`, gguf_model's config (validated as any config.json) and tensor table, and the tokenizer
-    rebuilt from tokenizer.ggml.*. Returns JSON {"ok": {config, tokenizer_json, tokenizer_config_json,
-    generation_config_json, summary}} or {"error": {code, message}}: nothing raises across."""
+    rebuilt from tokenizer.ggml.*. Returns JSON {"ok": {"config", "files", "summary"}} where files
+    are the four MODEL_FILES the file implies, as manifest.load_gguf_identity writes them (canonical
+    JSON text: the same identities as under CPython), or {"error": {code, message}}."""
     from .gguf import GGUFFile
     from .gguf_model import GGUFModel
     from .gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config, tokenizer_spec
+    from .manifest import canonical_json
     try:
         raw = bytes(prefix.to_bytes()) if hasattr(prefix, "to_bytes") else bytes(prefix)
         model = GGUFModel(label, file=GGUFFile.from_header(raw, int(size), label))
-        spec = tokenizer_spec(model.file)
-        load_tokenizer(model.file)                         # its own refusals, named
-        generation = {"eos_token_id": list(stop_token_ids(model.file))}
-        if "bos_token_id" in model.config:
-            generation["bos_token_id"] = model.config["bos_token_id"]
+        load_tokenizer(model.file)                         # its own refusals, named, before any weight is read
+        files = {"config.json": model.config, "tokenizer.json": tokenizer_spec(model.file),
+                 "tokenizer_config.json": tokenizer_config(model.file),
+                 "generation_config.json": {"eos_token_id": list(stop_token_ids(model.file))}}
         c = model.llama_config
         return json.dumps({"ok": {
-            "config": model.config, "tokenizer_json": json.dumps(spec, ensure_ascii=False),
-            "tokenizer_config_json": json.dumps(tokenizer_config(model.file), ensure_ascii=False),
-            "generation_config_json": json.dumps(generation),
-            "summary": {"configs": {"champion": {"layers": c.num_hidden_layers, "hidden": c.hidden_size}},
-                        "gguf": {"architecture": model.architecture, "tensors": len(model.file.tensors)}}}})
+            "config": model.config, "files": {name: canonical_json(v).decode("utf-8") for name, v in files.items()},
+            "summary": {"gguf": {"architecture": model.architecture, "tensors": len(model.file.tensors),
+                                 "layers": c.num_hidden_layers, "hidden": c.hidden_size}}}})
     except Exception as exc:
         return json.dumps({"error": coded_error(exc, E_INTERNAL, "GGUF check").to_dict()})

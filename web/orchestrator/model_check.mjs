@@ -52,11 +52,11 @@ function ggufLabel(url) {
 }
 
 /** A GGUF champion: only the bytes before its data section are read here (the body is cancelled
- *  there), and exactspec.browser_backend.check_gguf maps them to a config, tokenizer.json,
- *  tokenizer_config and generation config in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the
- *  CLI's code). The champion loader then gets the checked config (champion_config). */
-async function checkGgufChampion(pyodide, models, t0) {
-  const url = models.champion, label = ggufLabel(url);
+ *  there), and exactspec.browser_backend.check_gguf turns them into the config and the four model
+ *  files the file implies, in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the CLI's code).
+ *  -> {name (the run artifact's name), files: name -> text, config, summary} */
+async function readGgufChampion(pyodide, url) {
+  const label = ggufLabel(url);
   let res;
   try {
     res = await fetch(url);
@@ -75,36 +75,27 @@ async function checkGgufChampion(pyodide, models, t0) {
     check.destroy();
   }
   if (out.error) throw codedError(out.error.code, out.error.message);
-  const ok = out.ok;
-  return {
-    tokenizer_json: ok.tokenizer_json, tokenizer_config_json: ok.tokenizer_config_json,
-    generation_config_json: ok.generation_config_json, champion_config: ok.config,
-    ms: performance.now() - t0,
-    summary: { ...ok.summary, manifest_checked: false, pair_checked: false, differs: [] },
-    /** The draft (a folder) against the GGUF champion: the output vocabulary must be the same size.
-     *  (The tokenizer fields of the pair check are not compared for a GGUF champion yet.) */
-    verifyRunArtifacts(info) {
-      if (info.draft && info.draft.vocab_size !== info.champion.vocab_size) {
-        throw codedError("E_MANIFEST_MISMATCH", `field 'vocab_size' differs: champion ${info.champion.vocab_size} draft ${info.draft.vocab_size}`);
-      }
-      return this.summary;
-    },
-  };
+  return { name: label.split("/").pop(), ...out.ok };
 }
 
 /** -> {tokenizer_json, tokenizer_config_json, generation_config_json, summary, ms, verifyRunArtifacts(info)}
  *  (+ champion_config for a GGUF champion) */
 export async function checkModels(pyodide, models) {
   const t0 = performance.now();
-  if (isGgufUrl(models.champion)) return checkGgufChampion(pyodide, models, t0);
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
-  const mUrl = manifestUrl(models);
+  // a GGUF champion: its implied files stand for a folder's; no manifest lists it
+  const gguf = isGgufUrl(models.champion) ? await readGgufChampion(pyodide, models.champion) : null;
+  const mUrl = gguf ? null : manifestUrl(models);
   const blobs = new Map();              // "role/name" -> Uint8Array
   const served = {};                    // role -> name -> [sha256, bytes]
   const [manifest] = await Promise.all([
     mUrl ? fetchBytes(mUrl, MAX_SMALL_FILE).then((b) => JSON.parse(new TextDecoder().decode(b))) : null,
     ...roles.map(async (role) => {
       served[role] = {};
+      if (role === "champion" && gguf) {
+        for (const [name, text] of Object.entries(gguf.files)) blobs.set(`champion/${name}`, new TextEncoder().encode(text));
+        return;
+      }
       const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
       await Promise.all(MODEL_FILES.map(async (name) => {
         const bytes = await fetchBytes(base + name, MAX_SMALL_FILE);
@@ -115,21 +106,25 @@ export async function checkModels(pyodide, models) {
   ]);
   let summary = runPy(pyodide, JSON.stringify({ roles }), blobs);     // stage 1: configs
   const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
+  if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
   const ms = performance.now() - t0;
+  const runWeights = gguf ? { champion: gguf.name } : {};
   return {
     tokenizer_json: text("tokenizer.json"),
     tokenizer_config_json: text("tokenizer_config.json"),
     generation_config_json: text("generation_config.json"),
+    champion_config: gguf ? gguf.config : null,
     ms,
     get summary() { return summary; },
     /** Stage 2, given the bridge's info: the run artifacts' sha256 and bytes, as loaded. */
     verifyRunArtifacts(info) {
       const run = { champion: info.champion, draft: info.draft };
       const present = roles.filter((r) => run[r]);          // a draft that failed to load is not checked
-      const runFile = (role) => manifest?.models?.[role]?.run_artifact?.file
+      const runFile = (role) => manifest?.models?.[role]?.run_artifact?.file ?? runWeights[role]
         ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
       for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
-      summary = runPy(pyodide, JSON.stringify({ roles: present, manifest, served }), blobs);
+      summary = runPy(pyodide, JSON.stringify({ roles: present, manifest, served, run_weights: runWeights, gguf_pair: !!gguf }), blobs);
+      if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
       return summary;
     },
   };
