@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from browser_fixture import chromium_browser  # noqa: F401
+from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 from exactspec.browser_run import BrowserRuntime
 from exactspec.errors import ExactSpecError
 from exactspec.gguf_model import GGUFModel
@@ -113,3 +113,48 @@ def test_a_mismatched_draft_is_refused_naming_the_field(smollm2_path, tiny_draft
         BrowserRuntime(smollm2_path, str(bad), browser=chromium_browser, champion_backend="wasm")
     assert page.value.code == "E_MANIFEST_MISMATCH" and "field 'stop_token_ids' differs" in page.value.message
     assert str(page.value).count("E_MANIFEST_MISMATCH") == 1
+
+
+PICKED_FILE_JS = """async ([fileUrl, name]) => {
+  const { createEngine } = await import("/web/exactspec.mjs");
+  const blob = await (await fetch(fileUrl)).blob();
+  const file = new File([blob], name);                 // as <input type=file> gives it
+  try {
+    const engine = await createEngine({ champion: file, draft: null, championBackend: "wasm" });
+    const out = await engine.generate("What is the capital of France?",
+      { chat: true, temperature: 0, max_new_tokens: 16, speculate: "none" });
+    const info = engine.ready.info.champion;
+    engine.terminate();
+    return { token_ids: out.token_ids, identity: info.identity };
+  } catch (err) {
+    return { error: { code: err.code, message: err.message } };
+  }
+}"""
+
+
+def test_a_picked_gguf_file_runs_through_the_engine_api(smollm2_path, browser_page, http_server, tmp_path):
+    """createEngine({champion: File}): the file read in the worker behind a local URL; the real model
+    fetched from where `exactspec serve` puts it (web/models/smollm2-135m-instruct/)."""
+    prompt, want = reference_tokens(smollm2_path)
+    from exactspec.manifest import sha256_file
+    name = os.path.basename(smollm2_path)
+    browser_page.goto(http_server.url + "/web/runner.html")
+    out = browser_page.evaluate(PICKED_FILE_JS, [f"/web/models/smollm2-135m-instruct/{name}", name])
+    assert out.get("token_ids") == want and out["identity"] == sha256_file(smollm2_path)[0], out
+
+
+def test_a_picked_hostile_gguf_file_is_refused_with_the_clis_code(browser_page, http_server, tmp_path):
+    path = tmp_path / "bad.gguf"
+    write_tiny_model(str(path), edit=lambda w: w.add_uint32("llama.block_count", 3))
+    with pytest.raises(ExactSpecError) as cli:
+        GGUFModel(str(path))
+    served = os.path.join(REPO, "build", "test_gguf_browser_hostile.gguf")   # build/ is served; removed below
+    with open(served, "wb") as f:
+        f.write(path.read_bytes())
+    try:
+        browser_page.goto(http_server.url + "/web/runner.html")
+        out = browser_page.evaluate(PICKED_FILE_JS, ["/build/test_gguf_browser_hostile.gguf", "bad.gguf"])
+    finally:
+        os.remove(served)
+    assert out["error"]["code"] == cli.value.code == "E_MODEL_LOAD", out
+    assert out["error"]["message"] == "E_MODEL_LOAD: bad.gguf: " + cli.value.message.split(": ", 1)[1], (out, str(cli.value))
