@@ -158,3 +158,30 @@ def test_a_picked_hostile_gguf_file_is_refused_with_the_clis_code(browser_page, 
         os.remove(served)
     assert out["error"]["code"] == cli.value.code == "E_MODEL_LOAD", out
     assert out["error"]["message"] == "E_MODEL_LOAD: bad.gguf: " + cli.value.message.split(": ", 1)[1], (out, str(cli.value))
+
+
+def test_a_picked_gguf_with_an_inf_weight_is_refused_naming_tensor_and_row(browser_page, http_server, tmp_path):
+    """The header is sound, a weight is not: refused at load as the CLI's reference refuses it."""
+    import numpy as np
+    from exactspec.gguf import GGUFFile
+    from exactspec.gguf_model import load_reference
+    path = tmp_path / "inf.gguf"
+    write_tiny_model(str(path))                                     # every tensor F32
+    data = bytearray(path.read_bytes())
+    with GGUFFile(str(path)) as f:
+        t = f.tensors["blk.1.ffn_up.weight"]
+        at = t.offset + 5 * t.row_bytes + 4 * 7                     # row 5, column 7
+    data[at:at + 4] = np.float32(np.inf).tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(ExactSpecError) as cli:
+        load_reference(str(path))
+    served = os.path.join(REPO, "build", "test_gguf_browser_inf.gguf")
+    with open(served, "wb") as f:
+        f.write(bytes(data))
+    try:
+        browser_page.goto(http_server.url + "/web/runner.html")
+        out = browser_page.evaluate(PICKED_FILE_JS, ["/build/test_gguf_browser_inf.gguf", "inf.gguf"])
+    finally:
+        os.remove(served)
+    assert "row 5 holds a value that is inf or NaN" in cli.value.message
+    assert out["error"]["message"] == "E_MODEL_LOAD: inf.gguf: " + cli.value.message.split(": ", 1)[1], (out, str(cli.value))

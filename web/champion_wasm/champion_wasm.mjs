@@ -16,6 +16,7 @@ import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safeten
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { ggufLabel } from "../gguf/gguf_reader.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
 // "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
@@ -142,7 +143,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     ({ identity } = file);
     artifactBytes = file.bytes.byteLength;
     try {
-      tensors = ggufTensorMap(file.bytes, config, ggufUrl);
+      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl));
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }

@@ -9,6 +9,7 @@
 // `bytes` may be a prefix of the file: a parse that needs more throws NeedMoreBytes (readGgufHeader
 // then reads on); refusals are judged against fileSize, the whole file's.
 import { modelLoadError } from "../model_checks.mjs";
+import { LOCAL_SCHEME } from "../fetch_progress.mjs";
 
 export const LIMITS = {
   MAX_TENSORS: 2 ** 16, MAX_KV: 2 ** 16, MAX_KEY_BYTES: 2 ** 16, MAX_STRING_BYTES: 2 ** 24, MAX_ARRAY_LEN: 2 ** 21,
@@ -33,6 +34,14 @@ export class NeedMoreBytes extends Error {
 }
 
 export const refuse = (label, field, problem) => modelLoadError(`${label}: ${field}: ${problem}`);
+
+/** What refusals name a fetched GGUF by: its path on the server, or a picked file's name (behind a
+ *  local URL). */
+export function ggufLabel(url) {
+  const path = String(url).split(/[?#]/)[0];
+  if (path.startsWith(LOCAL_SCHEME)) return decodeURIComponent(path.split("/").pop());
+  return decodeURIComponent(new URL(path, globalThis.location?.href).pathname);
+}
 
 /** Python's repr() of a str, as gguf.py writes keys and names into fields. */
 export function pyRepr(s) {

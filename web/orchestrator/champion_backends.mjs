@@ -12,6 +12,7 @@
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
 import { compileChampionPipelines, createChampion, createChampionFromTensors } from "../gpu/champion.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
 import { codedError } from "../protocol.mjs";
 
@@ -72,8 +73,8 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
   try {
     if (championConfig) {              // a GGUF file: its tensor map, float32 linears
       const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
-      const tensors = ggufTensorMap(bytes, championConfig, championUrl);
-      champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: championUrl,
+      const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl));
+      champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: ggufLabel(championUrl),
         artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
     } else {
       champion = await createChampion({ device, modelUrl: championUrl, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });

@@ -5,8 +5,7 @@
 // sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
-import { declaredSize, readGgufHeader } from "../gguf/gguf_reader.mjs";
-import { LOCAL_SCHEME } from "../fetch_progress.mjs";
+import { declaredSize, ggufLabel, readGgufHeader } from "../gguf/gguf_reader.mjs";
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
@@ -44,12 +43,6 @@ function runPy(pyodide, specJson, blobs) {
 
 /** A champion given as one GGUF file (a URL, or a picked File behind a local URL, ending in .gguf). */
 export const isGgufUrl = (url) => typeof url === "string" && /\.gguf$/i.test(url.split(/[?#]/)[0]);
-
-/** What refusals name a GGUF by: its path on the server, or a picked file's name. */
-function ggufLabel(url) {
-  if (url.startsWith(LOCAL_SCHEME)) return decodeURIComponent(url.split(/[?#]/)[0].split("/").pop());
-  return decodeURIComponent(new URL(url, location.href).pathname);
-}
 
 /** A GGUF champion: only the bytes before its data section are read here (the body is cancelled
  *  there), and exactspec.browser_backend.check_gguf turns them into the config and the four model
