@@ -53,6 +53,23 @@ def test_tiny_gguf_logits_match_reference_and_blocks_are_bitwise(tmp_path, arch)
     assert within(block, want, "wasm_champion_logits")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_linears_run_the_q8_kernel_exactly(tmp_path, arch):
+    """The same integer-valued linears as float32 `<name>` and as `<name>.q8` with scales of 1.0
+    (widened to float32, times 1.0): the same logits bits, so a float32 linear is the q8 path's
+    arithmetic with nothing changed (untied head included)."""
+    path = str(tmp_path / f"{arch}.gguf")
+    write_tiny_model(path, arch=arch, types=TYPES)
+    with GGUFModel(path) as model:
+        config = model.config
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, config["vocab_size"], 12)]
+    case = {"wasm": WASM, "path": path, "config": config, "forward": [[[ids[:9], 0], [ids[9:], 9]]]}
+    out = run_harness(HARNESS, {"champions": [{**case, "integer_linears": "f32"}, {**case, "integer_linears": "q8"}]})
+    f32, q8 = ([base64.b64decode(r) for r in c["forward"][0]] for c in out["champions"])
+    assert f32 == q8
+    assert len(set(np.frombuffer(f32[0], np.float32).tolist())) > 100      # real logits, not a constant
+
+
 @pytest.fixture(scope="module")
 def smollm2_path():
     status = smollm2_status()

@@ -13,11 +13,32 @@ import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { runForward } from "./champion_harness.mjs";
 
+/** integerLinears: every linear's values rounded to integers in [-127, 127] (x 100 first), held as
+ *  float32 `<name>` ("f32") or as `<name>.q8` + `<name>.scale` of 1.0 ("q8"): the same numbers in
+ *  both forms, so the two champions must give the same bits. */
+function integerLinears(tensors, form) {
+  for (const [name, t] of [...tensors]) {
+    if (!/(_proj|lm_head)\.weight$/.test(name)) continue;
+    const values = new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.byteLength / 4);
+    const ints = Int8Array.from(values, (v) => Math.max(-127, Math.min(127, Math.round(v * 100))));
+    if (form === "f32") {
+      tensors.set(name, { ...t, bytes: new Uint8Array(Float32Array.from(ints).buffer) });
+    } else {
+      tensors.delete(name);
+      tensors.set(`${name}.q8`, { dtype: "I8", shape: t.shape, bytes: new Uint8Array(ints.buffer) });
+      tensors.set(`${name}.scale`, { dtype: "F32", shape: [t.shape[0]], bytes: new Uint8Array(new Float32Array(t.shape[0]).fill(1).buffer) });
+    }
+  }
+  return tensors;
+}
+
 /** The WASM champion on a GGUF file's tensor map: its forward rows, and greedy decisions. */
-async function runChampion({ wasm, path, config, forward = [], greedy = null }) {
+async function runChampion({ wasm, path, config, forward = [], greedy = null, integer_linears: form = null }) {
   const bytes = new Uint8Array(readFileSync(path));
+  let tensors = ggufTensorMap(bytes, config, path);
+  if (form) tensors = integerLinears(tensors, form);
   const champion = await createWasmChampion({ wasmBytes: readFileSync(wasm), configJson: config,
-    tensors: ggufTensorMap(bytes, config, path), identity: await sha256Hex(bytes) });
+    tensors, identity: await sha256Hex(bytes), weightStorage: "f32" });
   const out = { identity: champion.identity, forward: await runForward(champion, forward) };
   if (greedy) {
     const ids = [...greedy.prompt];
