@@ -280,7 +280,36 @@ def test_fast_test_pair_button_loads_the_shipped_pair(app, tmp_path):
     assert status == "done" and result["n"] == 8
 
 
-def fresh_page(chromium_browser, http_server, path="/"):
+def test_a_gguf_file_from_the_picker(app, tmp_path):
+    """A .gguf file chosen in the picker is the champion (read in the page's worker, never
+    uploaded): its tokenizer and chat template come from the file, and it holds a conversation."""
+    import subprocess
+    import sys
+    gguf = tmp_path / "toy-champion.gguf"                          # the fast pair's champion as a GGUF file
+    subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "export_gguf.py"), str(MODELS / "champion"), str(gguf),
+                    "--type", "f32", "--weights", "q8"], check=True, capture_output=True)
+    app.set_input_files("#champion_gguf", str(gguf))
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_models")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    try:
+        assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
+        assert app.text_content("#model_source") == "local file: champion toy-champion.gguf, no draft"
+        assert app.is_checked("#chat")                               # the file's chat template
+        app.select_option("#speculate", "lookup")
+        app.click("#new_conversation")
+        assert send(app, "In the beginning", 6) == "done"
+        assert app.evaluate("() => window.appState.lastPromptIds") == chat_ids([{"role": "user", "content": "In the beginning"}])
+        messages = app.evaluate("() => window.appState.conversation.messages")
+        assert send(app, "And then?", 6) == "done"
+        assert app.evaluate("() => window.appState.lastPromptIds") == chat_ids(messages + [{"role": "user", "content": "And then?"}])
+    finally:
+        app.evaluate("() => { document.getElementById('champion_gguf').value = ''; }")
+        app.click("#load_test_pair")
+        wait_stage(app, "ready")
+
+
+def fresh_page(chromium_browser, http_server):
     context = chromium_browser.new_context()
     page = context.new_page()
     page.console_log = forward_console(page)
@@ -305,6 +334,33 @@ def test_real_model_missing_falls_back_to_the_fast_test_pair_saying_why(chromium
         assert status == "done" and result["n"] == 4
         probe_404 = "Failed to load resource: the server responded with a status of 404 (Not Found)"   # the browser's own line
         assert not [m for m in page.console_log if m[0] in ("error", "pageerror") and m[1] != probe_404], page.console_log
+    finally:
+        context.close()
+
+
+def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_browser, http_server):
+    """The page opened plainly loads SmolLM2-135M-Instruct from its GGUF file (chat on) and
+    answers a chat turn, then a second turn that carries the first."""
+    from gguf_builders import smollm2_status
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    context, page = fresh_page(chromium_browser, http_server)
+    try:
+        page.goto(http_server.url + "/")
+        page.wait_for_function("() => window.appReady === true")
+        source = page.text_content("#model_source")
+        assert source == "SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf), the real model", \
+            (source, page.text_content("#model_note"), page.text_content("#status"))
+        assert page.is_checked("#chat")
+        assert send(page, "What is the capital of France? Answer in one word.", 12) == "done"
+        first = page.evaluate("() => window.appState.conversation.messages")[1]["content"]
+        assert "Paris" in first, first
+        assert send(page, "And of Italy?", 12) == "done"
+        messages = page.evaluate("() => window.appState.conversation.messages")
+        assert [m["role"] for m in messages] == ["user", "assistant"] * 2 and messages[1]["content"] == first
+        assert "Rome" in messages[3]["content"], messages
+        page.screenshot(path=str(SHOTS / "page-real-model.png"), full_page=True)
     finally:
         context.close()
 
