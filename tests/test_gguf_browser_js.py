@@ -128,3 +128,33 @@ def test_tensor_map_refuses_a_non_finite_row(tmp_path):
     out = run_harness(HARNESS, {"models": [{"label": str(path), "file": b64(path.read_bytes()),
                                             "config": {"model_type": "llama"}}]})["models"][0]
     assert out["error"] == str(info.value)
+
+
+def test_header_stream_stops_at_the_data_section(tmp_path):
+    """readGgufHeader (what the page's model check runs) reads a streamed file only up to the chunk
+    that completes the tensor table (it asks for 64 KiB, then doubles); the tensor table is judged
+    against the declared size (a truncated file is refused from its header alone)."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(str(path))
+    with GGUFFile(str(path)) as f:
+        data_offset, n_tensors, size = f.data_offset, len(f.tensors), f.size
+    chunk = 4096
+    out = run_harness(HARNESS, {"streams": [{"path": str(path), "chunk": chunk},
+                                            {"path": str(path), "chunk": chunk, "size": size - 100}]})["streams"]
+    ok = out[0]["ok"]
+    assert ok["data_offset"] == data_offset and ok["prefix"] == data_offset and ok["n_tensors"] == n_tensors
+    assert ok["pulled"] <= max(1 << 16, 2 * data_offset) + chunk < size, (ok, size)
+    assert out[1]["error"].startswith(f"E_MODEL_LOAD: {path}: tensor ") and "run past its end" in out[1]["error"]
+
+
+def test_header_stream_of_the_real_model_reads_a_few_megabytes():
+    from gguf_builders import REPO, smollm2_status
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    path = str(Path(REPO) / "build" / "models" / status["path"])
+    with GGUFFile(path) as f:
+        data_offset, size = f.data_offset, f.size
+    ok = run_harness(HARNESS, {"streams": [{"path": path, "chunk": 1 << 16}]})["streams"][0]["ok"]
+    print(f"[measure] SmolLM2 header: data section at {data_offset} bytes; the stream read {ok['pulled']} of {size}")
+    assert ok["prefix"] == data_offset and ok["pulled"] <= 2 * data_offset + (1 << 16)

@@ -5,9 +5,11 @@
 // out: dequant -> base64 of the float32 bytes; headers -> {ok: summary} | {error: message};
 //      models -> {ok: {name: [shape, base64 of float32 bytes]}} | {error: message}
 //      champions -> {identity, forward: base64 logits rows per sequence, greedy: ids, ms_per_token}
+//      streams ({path, chunk, size}: the file as a streamed body of `chunk`-byte pieces, declaring
+//      `size`) -> {ok: {pulled (bytes the reader took), prefix, data_offset, n_tensors}} | {error}
 import { readFileSync, writeFileSync } from "node:fs";
 import { dequantize, BLOCKS } from "../gguf/gguf_dequant.mjs";
-import { parseGgufHeader } from "../gguf/gguf_reader.mjs";
+import { parseGgufHeader, readGgufHeader } from "../gguf/gguf_reader.mjs";
 import { ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { sha256Hex } from "../sha256.mjs";
@@ -85,6 +87,28 @@ const out = {
     return Object.fromEntries([...tensors].map(([name, t]) => [name, [t.shape, b64Of(t.bytes)]]));
   })),
 };
+/** readGgufHeader over a counted stream of the file: how far it read before it stopped. */
+async function runStream({ path, chunk, size }) {
+  const bytes = new Uint8Array(readFileSync(path));
+  let at = 0;
+  const body = new ReadableStream({
+    pull(controller) {
+      if (at >= bytes.byteLength) { controller.close(); return; }
+      controller.enqueue(bytes.slice(at, at + chunk));
+      at += chunk;
+    },
+  }, { highWaterMark: 0 });
+  try {
+    const { header, prefix } = await readGgufHeader(new Response(body), size ?? bytes.byteLength, path);
+    return { ok: { pulled: Math.min(at, bytes.byteLength), prefix: prefix.byteLength, data_offset: header.dataOffset,
+      n_tensors: header.tensors.size } };
+  } catch (err) {
+    return { error: err.message };
+  }
+}
+
+out.streams = [];
+for (const c of cases.streams ?? []) out.streams.push(await runStream(c));
 out.champions = [];
 for (const c of cases.champions ?? []) out.champions.push(await runChampion(c));
 writeFileSync(cout, JSON.stringify(out));
