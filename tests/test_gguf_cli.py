@@ -161,12 +161,21 @@ def test_the_shipped_draft_is_refused_for_the_gguf(gguf_path):
 
 
 @pytest.mark.parametrize("flags,what", [
-    (["--backend", "browser"], "--champion: the browser backend takes a model folder, not a file"),
-    (["--weights", "q8"], "--weights: a GGUF champion runs the file's own weights"),
+    (["--backend", "browser", "--draft", "GGUF"], "--draft: the browser backend takes a draft folder, not a file"),
+    (["--weights", "q8", "--speculate", "none"], "--weights: a GGUF champion runs the file's own weights"),
 ])
-def test_what_a_gguf_champion_cannot_do_is_one_line(gguf_path, flags, what):
-    r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--speculate", "none", *flags)
+def test_what_a_gguf_cannot_do_is_one_line(gguf_path, flags, what):
+    r = cli("generate", "--champion", gguf_path, "--prompt", "x", *[gguf_path if f == "GGUF" else f for f in flags])
     assert r.returncode == 2 and what in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
+
+
+def test_generate_chat_on_the_gguf_answers_in_the_browser(gguf_path, alone):
+    """The browser engine (WASM champion, the file's own weights) gives champion alone's tokens."""
+    r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", gguf_path, "--chat",
+            "--prompt", QUESTION, "--max-new-tokens", str(ANSWER_TOKENS), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stats"]["mode"] == "lookup" and out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
 
 def test_a_file_that_is_not_gguf_is_named(tmp_path):

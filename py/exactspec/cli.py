@@ -43,7 +43,7 @@ def _add_generation_args(p):
                    help="never parse special tokens (<|im_end|>, ...) written in the prompt; by default they are "
                         "parsed, as transformers does (with --chat the message text is never parsed)")
     p.add_argument("--champion", default=None, type=_model_dir_arg,
-                   help="champion: a Hugging Face folder or a .gguf file (reference backend) (default: shipped)")
+                   help="champion: a Hugging Face folder or a .gguf file (default: shipped)")
     p.add_argument("--draft", default=None, type=_model_dir_arg,
                    help="draft: a folder or a .gguf file (reference backend) (default: the shipped draft, or for a "
                         "GGUF champion the one web/models/manifest.json binds to it)")
@@ -163,9 +163,9 @@ def _models(args):
     base = default_models_dir()
     champion = args.champion or os.path.join(base, "champion")
     gguf = [flag for flag, path in (("--champion", champion), ("--draft", args.draft)) if path and is_gguf_file(path)]
-    if gguf and args.backend == "browser":
-        raise ExactSpecError(E_BAD_ARGUMENT, f"{gguf[0]}: the browser backend takes a model folder, not a file; "
-                             "a .gguf runs on --backend reference")
+    if "--draft" in gguf and args.backend == "browser":
+        raise ExactSpecError(E_BAD_ARGUMENT, "--draft: the browser backend takes a draft folder, not a file; "
+                             "a .gguf draft runs on --backend reference")
     if gguf[:1] == ["--champion"] and args.weights:
         raise ExactSpecError(E_BAD_ARGUMENT, "--weights: a GGUF champion runs the file's own weights")
     if args.speculate in (None, "draft"):
