@@ -185,3 +185,14 @@ def test_a_picked_gguf_with_an_inf_weight_is_refused_naming_tensor_and_row(brows
         os.remove(served)
     assert "row 5 holds a value that is inf or NaN" in cli.value.message
     assert out["error"]["message"] == "E_MODEL_LOAD: inf.gguf: " + cli.value.message.split(": ", 1)[1], (out, str(cli.value))
+
+
+def test_smollm2_gguf_on_the_webgpu_champion(smollm2_path, chromium_browser):
+    """The same file through the WebGPU champion (createChampionFromTensors; SwiftShader here, ~2 s
+    a token, so 6 tokens): the reference's greedy tokens."""
+    prompt, want = reference_tokens(smollm2_path)
+    with BrowserRuntime(smollm2_path, None, browser=chromium_browser, champion_backend="webgpu") as rt:
+        assert rt.ready["info"]["champion"]["backend"] == "webgpu"
+        out = rt.generate({"prompt": QUESTION, "chat": True,
+                           "config": {"temperature": 0, "max_new_tokens": 6, "speculate": "none"}})["result"]
+    assert out["token_ids"] == want[:6], out["text"]
