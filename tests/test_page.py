@@ -288,6 +288,7 @@ def test_a_gguf_file_from_the_picker(app, tmp_path):
     gguf = tmp_path / "toy-champion.gguf"                          # the fast pair's champion as a GGUF file
     subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "export_gguf.py"), str(MODELS / "champion"), str(gguf),
                     "--type", "f32", "--weights", "q8"], check=True, capture_output=True)
+    app.evaluate("() => { for (const id of ['champion_folder', 'draft_folder']) document.getElementById(id).value = ''; }")
     app.set_input_files("#champion_gguf", str(gguf))
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
