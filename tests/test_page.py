@@ -137,6 +137,22 @@ def test_two_turns_the_second_carries_the_first_answer(app):
     assert app.locator("#conversation .turn").count() == 0
 
 
+def test_a_turn_refused_before_it_starts_leaves_the_conversation_as_it_was(app):
+    """A turn the engine refuses (here: it would overflow the champion's context) leaves the view
+    and the history unchanged and gives its text back to the box; the conversation goes on."""
+    app.select_option("#speculate", "none")
+    app.click("#new_conversation")
+    assert send(app, "In the beginning", 4) == "done"
+    before = app.evaluate("() => window.appState.conversation.messages")
+    status = send(app, "And then?", 600)                              # 600 new tokens > the context of 512
+    assert re.fullmatch(r"E_CONTEXT_OVERFLOW: prompt \(\d+ tokens\) \+ max_new_tokens \(600\) exceeds the "
+                        r"champion's context of 512", status), status
+    assert app.evaluate("() => window.appState.conversation.messages") == before
+    assert app.locator("#conversation .turn").count() == 2 and app.input_value("#prompt") == "And then?"
+    assert send(app, "And then?", 4) == "done"
+    assert app.evaluate("() => window.appState.lastPromptIds") == chat_ids(before + [{"role": "user", "content": "And then?"}])
+
+
 def test_stop_says_cancelled_keeps_text_and_the_conversation_goes_on(app):
     app.select_option("#speculate", "none")
     app.click("#new_conversation")
