@@ -4,7 +4,7 @@ import {
 } from "./device.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "./safetensors.mjs";
 import { parseConfig, resolveMaxContext, ropeTable } from "./champion_config.mjs";
-import { bindingLimit, LINEAR_GROUPS, planChampion } from "./champion_plan.mjs";
+import { bindingLimit, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { modelLoadError } from "../model_checks.mjs";
 
@@ -145,9 +145,9 @@ function uploadLayer(device, tensors, hp, i, forms, pieces, where) {
     }
     qkvBias = storageBuffer(device, bias.byteLength, bias, `${p}qkv.bias`);
   }
-  const cols = { qkv: H, o: hp.heads * hp.headDim, gateUp: H, down: hp.inter };
+  const shapes = linearShapes(hp);
   const linears = Object.fromEntries(LINEAR_GROUPS.map(
-    (g) => [g, uploadPieces(device, tensors, parts[g], cols[g], forms[g], pieces[g], where)]));
+    (g) => [g, uploadPieces(device, tensors, parts[g], shapes[g][1], forms[g], pieces[g], where)]));
   return {
     attnNorm: f32("input_layernorm.weight", H), mlpNorm: f32("post_attention_layernorm.weight", H), qkvBias, ...linears,
   };

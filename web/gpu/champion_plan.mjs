@@ -53,7 +53,7 @@ export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, w
     return byForm[form][group];
   };
   const layerPieces = layerForms.map((f) => Object.fromEntries(LINEAR_GROUPS.map((g) => [g, linearPieces(g, f[g])])));
-  const longest = (g) => layerPieces.reduce((a, p) => (p[g].length > a.length ? p[g] : a), layerPieces[0]?.[g] ?? []);
+  const longest = (g) => layerPieces.map((p) => p[g]).reduce((a, b) => (b.length > a.length ? b : a));
   const pieces = {
     embed: rowPieces("model.embed_tokens.weight", V, rowBytes(forms.embed, H), weightLimit),
     head: forms.head === "tied" ? null : rowPieces("lm_head.weight", V, rowBytes(forms.head, H), weightLimit),
