@@ -314,14 +314,20 @@ def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path)
 # demo: a chat with the real model when set-up fetched it, the toy pair one flag away
 # ---------------------------------------------------------------------------------------------
 
-def test_demo_chats_with_the_real_model():
+@pytest.mark.parametrize("engine", ["browser", "reference"])
+def test_demo_chats_with_the_real_model(engine, tmp_path):
+    """In the browser engine; on the CPython reference only when no browser can start, said in one line."""
     from gguf_builders import smollm2_status
     status = smollm2_status()
     if not status.get("available"):
         pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    r = cli("demo", "--json")
+    r = cli("demo", "--json", env_extra={"EXACTSPEC_CHROMIUM": str(tmp_path / "no-chromium")} if engine == "reference" else {})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert out["engine"] == engine and "Traceback" not in r.stderr
+    if engine == "reference":
+        assert r.stderr.strip().splitlines()[0].startswith("exactspec demo: no browser could start")
+        assert "chatting on the CPython reference instead" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out["models"] and out["all_greedy_identical"] is True
     assert [("Paris" in t["assistant"], "Rome" in t["assistant"]) for t in out["turns"]] == [(True, False), (False, True)]
     assert all(set(t["modes"]) >= {"none", "lookup"} for t in out["turns"])

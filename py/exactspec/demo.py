@@ -3,10 +3,10 @@ set-up fetched it (build/models/status.json); else, or with --toy-pair, the brow
 headless Chromium on the shipped toy pair (demo_browser.py); the CPython reference demo here with
 --reference or --toy, or when no browser can start.
 
-The chat (chat_demo) runs a short conversation on the CPython reference (the browser engine does
-not take a GGUF yet): each turn in the model's chat template, greedy, champion alone, with the
-draft web/models/manifest.json binds to the file (when there is one) and with prompt lookup; the
-answers must be token-identical. The reference demo runs the shipped champion/draft pair (or
+The chat (chat_demo) runs a short conversation in the browser engine (the page reads the GGUF
+itself), or on the CPython reference when no browser can start: each turn in the model's chat
+template, greedy, champion alone, with the draft web/models/manifest.json binds to the file (when
+there is one) and with prompt lookup; the answers must be token-identical. The reference demo runs the shipped champion/draft pair (or
 NumPy toy models) champion-alone, speculative with the draft and with prompt lookup; checks greedy
 outputs are token-identical; reports acceptance and timings of every mode, and a sampled run's
 acceptance curve.
@@ -112,40 +112,71 @@ def _browser_demo(as_json: bool, max_new_tokens: int):
         pw.stop()
 
 
-def chat_demo(gguf: str, as_json: bool, max_new_tokens: int = 32) -> int:
-    """CHAT_TURNS as one conversation with the GGUF champion (see module docstring)."""
-    from .chat import encode_chat_prompt
-    from .models import known_draft, load_pair
-    say = (lambda *a: None) if as_json else print
+def chat_demo(gguf: str, as_json: bool, max_new_tokens: int = 32, reference: bool = False) -> int:
+    """CHAT_TURNS as one conversation with the GGUF champion (see module docstring): in the browser
+    engine, or on the CPython reference when `reference` or when no browser can start (said)."""
+    from .models import known_draft
     draft = known_draft(gguf)
+    modes = [mode for mode, _ in MODES if draft or mode != "draft"]
+    if not reference:
+        from .browser_run import BrowserRuntime, launch_chromium
+        try:
+            pw, browser = launch_chromium()
+        except Exception as exc:   # no Chromium, no Playwright driver, a sandbox refusing it, ...
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"exactspec demo: no browser could start ({why}); chatting on the CPython reference instead",
+                  file=sys.stderr, flush=True)
+        else:
+            try:
+                from .demo_browser import ProgressLine
+                progress = ProgressLine()
+                with BrowserRuntime(gguf, draft, browser=browser, champion_backend="auto", on_progress=progress) as rt:
+                    progress.done(rt.ready)
+                    engine = f"the browser engine (champion on {rt.ready['info']['champion']['backend']})"
+                    return _chat(engine, gguf, draft, modes, as_json, max_new_tokens,
+                                 lambda messages, config: rt.generate({"messages": messages, "config": config})["result"])
+            finally:
+                browser.close()
+                pw.stop()
+    from .chat import encode_chat_prompt
+    from .models import load_pair
     pair = load_pair(gguf, draft)
-    modes = [mode for mode in MODES if draft or mode[0] != "draft"]
-    label = (f"chat with {os.path.basename(gguf)} on the CPython reference, greedy; draft: "
+
+    def generate(messages, config):
+        ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, messages)
+        return pair.orchestrator.generate(ids, GenerationConfig(
+            max_new_tokens=config["max_new_tokens"], policy=SamplingPolicy(temperature=0), speculate=config["speculate"],
+            k=config["k"], stop_token_ids=pair.stop_token_ids)).to_dict()
+    return _chat("the CPython reference", gguf, draft, modes, as_json, max_new_tokens, generate)
+
+
+def _chat(engine: str, gguf: str, draft, modes, as_json: bool, max_new_tokens: int, generate) -> int:
+    """The conversation; generate(messages, config) -> a result dict (text, token_ids, stats, timing_ms)."""
+    say = (lambda *a: None) if as_json else print
+    label = (f"chat with {os.path.basename(gguf)} in {engine}, greedy; draft: "
              f"{draft or 'none bound to it in web/models/manifest.json'}")
     say(f"exactspec demo: {label}")
-    out = {"engine": "reference", "models": label, "turns": [], "all_greedy_identical": True}
+    out = {"engine": "browser" if engine.startswith("the browser") else "reference", "models": label, "turns": [],
+           "all_greedy_identical": True}
     messages = []
     for question in CHAT_TURNS:
         messages.append({"role": "user", "content": question})
-        ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, messages)
         turn, answer = {"user": question, "modes": {}}, None
         say(f"\nyou: {question}")
-        for mode, k in modes:
-            r = pair.orchestrator.generate(ids, GenerationConfig(
-                max_new_tokens=max_new_tokens, policy=SamplingPolicy(temperature=0), speculate=mode, k=max(k, 1),
-                stop_token_ids=pair.stop_token_ids))
-            same = answer is None or r.token_ids == answer.token_ids
+        for mode in modes:
+            r = generate(messages, {"speculate": mode, "k": 4, "temperature": 0, "max_new_tokens": max_new_tokens})
+            same = answer is None or r["token_ids"] == answer["token_ids"]
             answer = answer or r
             out["all_greedy_identical"] &= same
-            rounds = r.stats["rounds"] + r.stats["baseline_steps"]
-            turn["modes"][mode] = {"tokens": len(r.token_ids), "rounds": rounds, "identical": same,
-                                   "total_ms": round(r.timing_ms["total"], 1), "finish_reason": r.finish_reason}
+            rounds = r["stats"]["rounds"] + r["stats"]["baseline_steps"]
+            turn["modes"][mode] = {"tokens": len(r["token_ids"]), "rounds": rounds, "identical": same,
+                                   "total_ms": round(r["timing_ms"]["total"], 1), "finish_reason": r["finish_reason"]}
             if mode == "none":
-                say(f"model: {r.text}")
-            say(f"  {mode:7} {len(r.token_ids):3d} tokens, {rounds:3d} rounds, {r.timing_ms['total']:8.1f} ms, "
+                say(f"model: {r['text']}")
+            say(f"  {mode:7} {len(r['token_ids']):3d} tokens, {rounds:3d} rounds, {r['timing_ms']['total']:8.1f} ms, "
                 f"same as champion alone: {'yes' if same else 'NO'}")
-        turn["assistant"] = answer.text
-        messages.append({"role": "assistant", "content": answer.text})
+        turn["assistant"] = answer["text"]
+        messages.append({"role": "assistant", "content": answer["text"]})
         out["turns"].append(turn)
     say("\ngreedy outputs identical across modes: " + ("yes" if out["all_greedy_identical"] else "NO"))
     if as_json:
