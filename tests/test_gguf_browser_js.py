@@ -110,10 +110,10 @@ def test_tensor_map_equals_gguf_model(tmp_path, arch):
              "ffn_down.weight": Q.Q6_K, "attn_norm.weight": Q.F16}
     write_tiny_model(str(path), arch=arch, types=types)
     with GGUFModel(str(path)) as model:
-        out = run_harness(HARNESS, {"models": [{"label": "m.gguf", "file": b64(path.read_bytes()),
-                                                "config": model.config}]})["models"][0]["ok"]
-        assert sorted(out) == sorted(model.names)
-        for name, (shape, data) in out.items():
+        case = {"label": "m.gguf", "file": b64(path.read_bytes()), "config": model.config}
+        eager, lazy = (m["ok"] for m in run_harness(HARNESS, {"models": [case, {**case, "lazy": True}]})["models"])
+        assert sorted(eager) == sorted(model.names) and lazy == eager
+        for name, (shape, data) in eager.items():
             ours = np.frombuffer(base64.b64decode(data), dtype=np.float32).reshape(shape)
             assert np.array_equal(ours.view(np.uint32), model.read_float32(name).view(np.uint32)), name
 
@@ -125,8 +125,8 @@ def test_tensor_map_refuses_a_non_finite_row(tmp_path):
                               np.array([0.0] * 64 + [np.inf] + [0.0] * 31, dtype=np.float32).tobytes()))
     with GGUFFile(str(path)) as f, pytest.raises(ExactSpecError) as info:
         f.read_float32("output_norm.weight")
-    out = run_harness(HARNESS, {"models": [{"label": str(path), "file": b64(path.read_bytes()),
-                                            "config": {"model_type": "llama"}}]})["models"][0]
+    case = {"label": str(path), "file": b64(path.read_bytes()), "config": {"model_type": "llama"}}
+    out = run_harness(HARNESS, {"models": [case]})["models"][0]
     assert out["error"] == str(info.value)
 
 

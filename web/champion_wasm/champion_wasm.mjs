@@ -143,7 +143,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     ({ identity } = file);
     artifactBytes = file.bytes.byteLength;
     try {
-      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl));
+      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl), { lazy: true });   // one float32 tensor at a time
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }

@@ -58,26 +58,43 @@ export async function fetchGgufFile(fetchFn, url, label = String(url)) {
 }
 
 /** See the header comment. config: the validated HF config dict (num_attention_heads, num_key_value_heads,
- *  model_type) from the model check. */
-export function ggufTensorMap(bytes, config, label) {
+ *  model_type) from the model check. lazy: each tensor's bytes are dequantised when read, and only
+ *  the last one read is kept (a loader that copies tensors one by one then holds the file and one
+ *  float32 tensor, not the whole float32 model twice); refusals of a weight then come at that read. */
+export function ggufTensorMap(bytes, config, label, { lazy = false } = {}) {
   const header = parseGgufHeader(bytes, bytes.byteLength, label);
   const permuted = config.model_type === "llama";          // qwen2 files are stored unpermuted
   const tensors = new Map();
+  let last = { name: null, bytes: null };
   for (const t of header.tensors.values()) {
     const name = hfName(t.name);
     if (name === null) throw refuse(label, `tensor ${pyRepr(t.name)}`, "is not a tensor of this model");
-    const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
-    let values = new Float32Array(cols * rows);
-    dequantize(bytes.subarray(t.offset, t.offset + t.nbytes), t.typeName, values);
-    for (let r = 0; r < rows; r++) {
-      for (let i = r * cols, end = i + cols; i < end; i++) {
-        if (!Number.isFinite(values[i])) throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${r} holds a value that is inf or NaN`);
-      }
+    const heads = !permuted ? 0 : name.endsWith(".q_proj.weight") ? config.num_attention_heads
+      : name.endsWith(".k_proj.weight") ? config.num_key_value_heads : 0;
+    const materialise = () => float32Tensor(bytes, t, heads, label);
+    const shape = [...t.dims].reverse();
+    if (!lazy) {
+      tensors.set(name, { dtype: "F32", shape, bytes: materialise() });
+      continue;
     }
-    if (permuted && /\.(q_proj|k_proj)\.weight$/.test(name)) {
-      values = unpermuteRopeRows(values, name.includes(".q_proj.") ? config.num_attention_heads : config.num_key_value_heads, cols);
-    }
-    tensors.set(name, { dtype: "F32", shape: [...t.dims].reverse(), bytes: new Uint8Array(values.buffer) });
+    tensors.set(name, { dtype: "F32", shape, get bytes() {
+      if (last.name !== name) last = { name, bytes: materialise() };
+      return last.bytes;
+    } });
   }
   return tensors;
+}
+
+/** One tensor's float32 bytes: dequantised, every row finite, q/k rows un-permuted over `heads` (0: none). */
+function float32Tensor(bytes, t, heads, label) {
+  const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
+  let values = new Float32Array(cols * rows);
+  dequantize(bytes.subarray(t.offset, t.offset + t.nbytes), t.typeName, values);
+  for (let r = 0; r < rows; r++) {
+    for (let i = r * cols, end = i + cols; i < end; i++) {
+      if (!Number.isFinite(values[i])) throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${r} holds a value that is inf or NaN`);
+    }
+  }
+  if (heads) values = unpermuteRopeRows(values, heads, cols);
+  return new Uint8Array(values.buffer);
 }

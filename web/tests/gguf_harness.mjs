@@ -1,6 +1,6 @@
 // gguf_harness.mjs: drives web/gguf/ under node for tests/test_gguf_browser_js.py.
 //   node gguf_harness.mjs cases.json out.json
-// cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config}],
+// cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config, lazy}],
 //         champions: [{wasm (path), path (a .gguf), config, forward: [[[ids, start], ...]], greedy: {prompt, n}}]}
 // out: dequant -> base64 of the float32 bytes; headers -> {ok: summary} | {error: message};
 //      models -> {ok: {name: [shape, base64 of float32 bytes]}} | {error: message}
@@ -82,8 +82,8 @@ const out = {
     return { version: h.version, n_kv: h.metadata.size, data_offset: h.dataOffset,
       tensors: [...h.tensors.values()].map((t) => [t.name, t.typeName, t.dims, t.offset, t.nbytes]) };
   })),
-  models: (cases.models ?? []).map(({ label, file, config }) => attempt(() => {
-    const tensors = ggufTensorMap(bytesOf(file), config, label);
+  models: (cases.models ?? []).map(({ label, file, config, lazy = false }) => attempt(() => {
+    const tensors = ggufTensorMap(bytesOf(file), config, label, { lazy });
     return Object.fromEntries([...tensors].map(([name, t]) => [name, [t.shape, b64Of(t.bytes)]]));
   })),
 };
