@@ -120,8 +120,11 @@ class Cursor {
     }
   }
 
-  scalar(vtype, field) {
-    const at = this.take(VALUE_TYPES[vtype][1], field), v = this.view;
+  scalar(vtype, field) { return this.scalarAt(vtype, this.take(VALUE_TYPES[vtype][1], field)); }
+
+  /** The value of type vtype at byte `at` (already taken). */
+  scalarAt(vtype, at) {
+    const v = this.view;
     switch (vtype) {
       case 0: return v.getUint8(at);
       case 1: return v.getInt8(at);
@@ -155,10 +158,10 @@ function readValue(cur, vtype, field) {
       for (let i = 0; i < count; i++) out[i] = cur.string(`${field}[${i}]`);
       return [out, "ARRAY[STRING]"];
     }
-    cur.take(count * VALUE_TYPES[etype][1], field);        // bounds first, then the elements
-    cur.pos -= count * VALUE_TYPES[etype][1];
+    const width = VALUE_TYPES[etype][1];
+    const at = cur.take(count * width, field);               // every element's bytes checked at once
     const out = new Array(count);
-    for (let i = 0; i < count; i++) out[i] = cur.scalar(etype, field);
+    for (let i = 0; i < count; i++) out[i] = cur.scalarAt(etype, at + i * width);
     if (etype === BOOL) {
       if (out.some((v) => v > 1)) throw refuse(cur.label, field, "a bool array element is neither 0 nor 1");
       for (let i = 0; i < count; i++) out[i] = out[i] === 1;
@@ -295,7 +298,7 @@ export async function readGgufHeader(response, fileSize, label) {
         have += value.byteLength;
       }
       try {
-        const header = parseGgufHeader(buf.subarray(0, have), have < fileSize ? fileSize : have, label);
+        const header = parseGgufHeader(buf.subarray(0, have), fileSize, label);
         return { header, prefix: buf.slice(0, Math.min(header.dataOffset, have)) };
       } catch (err) {
         if (!(err instanceof NeedMoreBytes)) throw err;
