@@ -305,7 +305,17 @@ def test_a_gguf_file_from_the_picker(app, tmp_path):
     subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "export_gguf.py"), str(MODELS / "champion"), str(gguf),
                     "--type", "f32", "--weights", "q8"], check=True, capture_output=True)
     app.evaluate("() => { for (const id of ['champion_folder', 'draft_folder']) document.getElementById(id).value = ''; }")
+    wait_stage(app, "ready")
+    loads = app.evaluate("() => window.appState.loads")
+    app.set_input_files("#champion_gguf", str(MODELS / "champion" / "config.json"))   # refused before any load
+    app.click("#load_models")
+    assert app.text_content("#status") == "E_BAD_ARGUMENT: config.json: not a .gguf file"
     app.set_input_files("#champion_gguf", str(gguf))
+    app.set_input_files("#champion_folder", str(MODELS / "champion"))
+    app.click("#load_models")
+    assert app.text_content("#status") == "E_BAD_ARGUMENT: choose a champion folder or a .gguf file, not both"
+    assert app.evaluate("() => window.appState.loads") == loads
+    app.evaluate("() => { document.getElementById('champion_folder').value = ''; }")
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
     app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
