@@ -298,6 +298,14 @@ def test_browser_ready_converts_a_published_folder_once_keyed_by_its_content(bf1
         assert browser_ready(shipped, role, cache_root=str(cache)) == shipped
 
 
+def test_chat_without_a_template_names_the_model_once(bf16_folder):
+    r = cli("generate", "--champion", bf16_folder, "--draft", bf16_folder, "--chat", "--prompt", "Hi")
+    assert r.returncode == 1
+    assert _one_coded_line(r.stderr, "E_MODEL_LOAD") == (
+        f"exactspec: E_MODEL_LOAD: {bf16_folder}: chat template: the model has none (chat_template.jinja, "
+        "tokenizer_config.json's chat_template, or a GGUF's tokenizer.chat_template)")
+
+
 def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path):
     """It failed with a bare HTTP 404 for model.q8.safetensors; the bf16 draft was refused."""
     r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", bf16_folder,

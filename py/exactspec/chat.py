@@ -32,6 +32,8 @@ SUPPORTED_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>
 ROLES = ("system", "user", "assistant", "tool")
 NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _compiled: dict = {}
+NO_TEMPLATE = ("the model has none (chat_template.jinja, tokenizer_config.json's chat_template, or a GGUF's "
+               "tokenizer.chat_template)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,14 +72,14 @@ def _jinja_available() -> bool:
 
 def _compile(template: str):
     if not isinstance(template, str) or not template:
-        raise ExactSpecError(E_MODEL_LOAD, "tokenizer_config.json chat_template is missing or not a string")
+        raise ExactSpecError(E_MODEL_LOAD, f"chat template: {NO_TEMPLATE}")
     compiled = _compiled.get(template)
     if compiled is None:
         import jinja2
         try:
             compiled = _environment().from_string(template)
         except jinja2.TemplateError as e:
-            raise ExactSpecError(E_MODEL_LOAD, f"tokenizer_config.json chat_template does not compile: {e}") from None
+            raise ExactSpecError(E_MODEL_LOAD, f"chat template: does not compile: {e}") from None
         if len(_compiled) > 16:
             _compiled.clear()
         _compiled[template] = compiled
@@ -144,7 +146,7 @@ def template_of(tokenizer_config: dict) -> str:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     if not isinstance(template, str):
-        raise ExactSpecError(E_MODEL_LOAD, "tokenizer_config.json has no chat_template")
+        raise ExactSpecError(E_MODEL_LOAD, f"chat template: {NO_TEMPLATE}")
     return template
 
 

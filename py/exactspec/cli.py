@@ -131,10 +131,15 @@ def _load(args, champion, draft):
     return load_pair(champion, draft, champion_weights=weights)   # a folder as published runs its own weights
 
 
-def _prompt_ids(pair, args):
+def _prompt_ids(pair, args, champion: str):
     if args.chat:   # message text without special-token parsing: see exactspec.chat
         from .chat import encode_chat_prompt
-        return encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": args.prompt}])
+        try:
+            return encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": args.prompt}])
+        except ExactSpecError as e:
+            if e.code == E_BAD_ARGUMENT:
+                raise
+            raise ExactSpecError(e.code, f"{champion}: {e.message}") from None   # the model's template: name it
     return pair.tokenizer.encode(args.prompt, add_special_tokens=True, split_special_tokens=args.raw_text)
 
 
@@ -202,8 +207,9 @@ def _run(args, seeds, stream=None) -> list:
                                        }
                 outs.append(result)
             return outs
-    pair = _load(args, *_models(args))
-    ids = _prompt_ids(pair, args)
+    champion, draft = _models(args)
+    pair = _load(args, champion, draft)
+    ids = _prompt_ids(pair, args, champion)
     results = []
     for seed in seeds:
         cancel = stream.cancel if stream else None
