@@ -380,6 +380,12 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         assert source == "SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf), the real model", \
             (source, page.text_content("#model_note"), page.text_content("#status"))
         assert page.is_checked("#chat")
+        manifest = json.loads((MODELS / "manifest.json").read_text())
+        if status["sha256"] in manifest.get("drafts", {}):         # a draft made for it: paired automatically
+            page.wait_for_function("() => window.appDraftReady === true")
+            assert page.is_hidden("#model_note") and "speculation on" in page.text_content("#status")
+        else:
+            assert page.text_content("#model_note") == "No draft is made for it here: prompt lookup and champion alone."
         assert send(page, "What is the capital of France? Answer in one word.", 12) == "done"
         first = page.evaluate("() => window.appState.conversation.messages")[1]["content"]
         assert "Paris" in first, first
