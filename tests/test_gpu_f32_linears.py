@@ -362,3 +362,38 @@ def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page, tmp_path):
             break                                            # a near tie: the continuations part here
     else:
         assert got["tokens"] == want
+
+
+def test_smollm2_gguf_tensor_map_lazy_and_eager_give_the_same_bits(gpu_page):
+    """The page's own GGUF reader (web/gguf/gguf_tensors.mjs) straight into
+    createChampionFromTensors: its lazy map (one float32 tensor materialised at a time: the loader
+    reads each tensor when it uploads it) gives the eager map's logits bit for bit."""
+    from exactspec.gguf_model import GGUFModel
+    gguf = smollm2_gguf()
+    with GGUFModel(gguf) as model:
+        config = model.config
+    url = "/" + gguf.resolve().relative_to(REPO_ROOT).as_posix()
+    result = gpu_page.evaluate("""async ([url, config, ids]) => {
+      const { requestDevice } = await import('/web/gpu/device.mjs');
+      const { compileChampionPipelines, createChampionFromTensors } = await import('/web/gpu/champion.mjs');
+      const { fetchGgufFile, ggufTensorMap } = await import('/web/gguf/gguf_tensors.mjs');
+      const t = (window.f32t ??= {});
+      if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
+      t.champion?.destroy();
+      t.champion = null;
+      const { bytes, identity } = await fetchGgufFile(fetch, url);
+      const logits = {};
+      for (const lazy of [true, false]) {
+        const tensors = ggufTensorMap(bytes, config, 'smollm2.gguf', { lazy });
+        const c = await createChampionFromTensors({ device: t.device, config, tensors, identity, label: 'smollm2.gguf',
+                                                    pipelinesPromise: t.pipelines, maxBlock: 9, maxContext: 64 });
+        await c.forward(Int32Array.from(ids), 0);
+        logits[lazy] = Array.from(new Uint32Array((await c.readLogits(ids.length)).buffer));
+        c.destroy();
+      }
+      let differ = 0;
+      for (let i = 0; i < logits.true.length; i++) differ += logits.true[i] !== logits.false[i];
+      return { differ, count: logits.true.length, identity };
+    }""", [url, config, [1, 504, 3575, 282, 4649, 314, 7042, 30, 198]])
+    assert result["identity"] == sha256_of(gguf)
+    assert result["count"] == 9 * 49152 and result["differ"] == 0, result
