@@ -19,7 +19,7 @@ from browser_fixture import REPO_ROOT, chromium_browser, http_server  # noqa: F4
 from test_gpu_champion import (TEST_MODELS, build_tiny_llama, forward_blocks, gpu_page, load_champion,  # noqa: F401
                                quantize_rows, split, unb64, url_of)
 from test_gpu_real_sizes import build_family
-from tolerances import TOLERANCES, flip_margin, max_error, within
+from tolerances import flip_margin, max_error, within
 
 from exactspec.reference_llama import LlamaReference
 
@@ -169,7 +169,7 @@ def test_f32_linears_vs_reference_blocks_and_pieces(gpu_page, f32_models, name):
     assert np.array_equal(bits(pieces), bits(singles)), f"{name}: row pieces change the bits"
 
 
-def test_url_loader_takes_f32_linears_and_gives_the_same_bits(gpu_page, f32_models, tmp_path):
+def test_url_loader_takes_f32_linears_and_gives_the_same_bits(gpu_page, f32_models):
     """createChampion(modelUrl) on a model.q8.safetensors that holds F32 linears: the same code,
     the same bits as the tensor-map entry point."""
     src = f32_models["tiny_llama_tied"]
@@ -223,7 +223,7 @@ def test_q8_and_f32_linears_mixed(gpu_page, f32_models):
     assert_blocks_bitwise(gpu_page, info["vocabSize"], 9, "mixed q8/f32")
 
 
-def test_tensor_map_refusals(gpu_page, f32_models, tmp_path):
+def test_tensor_map_refusals(gpu_page, f32_models):
     """A missing linear, a linear stored in both forms, a wrong shape, a hand-made map's tensor
     with too few bytes or not in a Uint8Array: E_MODEL_LOAD naming the source and the tensor once;
     a malformed call: E_BAD_ARGUMENT."""
@@ -320,7 +320,7 @@ def smollm2_gguf() -> Path:
     return REPO_ROOT / "build" / "models" / status["path"]
 
 
-def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page, tmp_path):
+def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page):
     """The real SmolLM2-135M Q4_1 GGUF, dequantised by gguf_model (every linear F32, HF names):
     greedy tokens on WebGPU equal the CPython reference's on the same file; the identity is the
     file's sha256."""
@@ -340,7 +340,7 @@ def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page, tmp_path):
             (model_dir / "model.safetensors.part").rename(weights)
     identity = sha256_of(gguf)
     info = load_tensors(gpu_page, weights, config, identity=identity, label=gguf.name, maxContext=64)
-    assert info["identity"] == identity and all(f == "f32" for l in info["forms"]["layers"] for f in l.values())
+    assert info["identity"] == identity and all(f == "f32" for layer in info["forms"]["layers"] for f in layer.values())
     ref = load_reference(gguf)
     assert ref.identity == identity
     prompt = tokenizer.encode("The capital of France is")
