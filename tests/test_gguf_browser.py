@@ -5,6 +5,7 @@ file's sha256; a hostile .gguf is refused with the CLI's code and field. The rea
 only when build/models/status.json says the model is unavailable."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -28,7 +29,9 @@ def smollm2_path():
     return os.path.join(REPO, "build", "models", status["path"])
 
 
-def reference_tokens(path) -> list:
+@functools.lru_cache(maxsize=None)
+def reference_tokens(path) -> tuple:
+    """(chat prompt ids, greedy answer ids stopping on EOS) of the CPython reference on the file."""
     from exactspec.gguf_pair import load_gguf_pair
     from exactspec.orchestrator import GenerationConfig
     from exactspec.policy import SamplingPolicy
