@@ -398,6 +398,23 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         context.close()
 
 
+def test_real_model_that_cannot_load_falls_back_saying_why(chromium_browser, http_server):
+    """A real model file that is there but is no GGUF (a broken download) is refused by the load
+    check; the fast test pair loads instead and the line gives the refusal."""
+    context, page = fresh_page(chromium_browser, http_server)
+    try:
+        page.route(f"**/web/{REAL_MODEL_URL}", lambda route: route.fulfill(status=200, body=b"<html>not a model</html>"))
+        page.goto(http_server.url + "/")
+        page.wait_for_function("() => window.appReady === true && !document.getElementById('model_note').hidden")
+        note = page.text_content("#model_note")
+        assert note.startswith("The real model (SmolLM2-135M-Instruct) is not available: it could not load (E_MODEL_LOAD: ") \
+            and note.endswith("); the fast test pair runs instead."), note
+        assert "fast test pair" in page.text_content("#model_source")
+        assert answer(page, "none", max_tokens=4)[0] == "done"
+    finally:
+        context.close()
+
+
 def test_load_clicked_again_while_loading_starts_no_second_engine(chromium_browser, http_server):
     """Fast test pair and Real model clicked twice during the page's first load: one engine (one
     orchestrator worker) only, and it answers. Each click used to create an engine of its own,

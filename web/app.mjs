@@ -178,10 +178,10 @@ async function loadDefault() {
     setModelNote(real.draft ? "" : "No draft is made for it here: prompt lookup and champion alone.");
     return;
   }
-  const why = real.why ?? `it could not load (${refused})`;
+  const why = real.why ? `${real.why}; the fast test pair runs instead (set-up fetches the model: python tools/fetch_models.py)`
+    : `it could not load (${refused}); the fast test pair runs instead`;
   await loadModels(TEST_PAIR, TEST_PAIR_LABEL);
-  setModelNote(`The real model (${REAL_MODEL.name}) is not available: ${why}; the fast test pair runs instead ` +
-    "(set-up fetches the model: python tools/fetch_models.py).");
+  setModelNote(`The real model (${REAL_MODEL.name}) is not available: ${why}.`);
 }
 
 function draftArrived(p) {
