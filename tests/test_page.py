@@ -380,6 +380,7 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         assert source == "SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf), the real model", \
             (source, page.text_content("#model_note"), page.text_content("#status"))
         assert page.is_checked("#chat")
+        print("real model:", page.text_content("#status"))           # load time and champion backend
         manifest = json.loads((MODELS / "manifest.json").read_text())
         if status["sha256"] in manifest.get("drafts", {}):         # a draft made for it: paired automatically
             page.wait_for_function("() => window.appDraftReady === true")
@@ -393,6 +394,7 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         messages = page.evaluate("() => window.appState.conversation.messages")
         assert [m["role"] for m in messages] == ["user", "assistant"] * 2 and messages[1]["content"] == first
         assert "Rome" in messages[3]["content"], messages
+        print("real model, second turn:", page.evaluate("() => window.appState.live"))
         page.screenshot(path=str(SHOTS / "page-real-model.png"), full_page=True)
     finally:
         context.close()
