@@ -394,6 +394,11 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         messages = page.evaluate("() => window.appState.conversation.messages")
         assert [m["role"] for m in messages] == ["user", "assistant"] * 2 and messages[1]["content"] == first
         assert "Rome" in messages[3]["content"], messages
+        from transformers import AutoTokenizer                       # transformers' own reading of the same file
+        gguf = REPO_ROOT / "build" / "models" / status["path"]
+        hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        assert page.evaluate("() => window.appState.lastPromptIds") == hf.apply_chat_template(
+            messages[:3], tokenize=True, add_generation_prompt=True, return_dict=False)
         print("real model, second turn:", page.evaluate("() => window.appState.live"))
         page.screenshot(path=str(SHOTS / "page-real-model.png"), full_page=True)
     finally:
