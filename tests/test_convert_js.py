@@ -1,6 +1,6 @@
 """web/convert/q8_artifact.mjs (the page's streaming converter) writes exactly the bytes of
-`exactspec convert` (py/exactspec/convert.py): bf16 shards with an index and f16 single files,
-embedding as float32 or q8. Runs the module in node over file-backed Blobs (fs.openAsBlob),
+`exactspec convert [--role draft]` (py/exactspec/convert.py): bf16 shards with an index and f16
+single files, embedding as float32 or q8, and the draft's all-F32 model.safetensors. Runs the module in node over file-backed Blobs (fs.openAsBlob),
 the same Blob.slice reads the worker makes on picked File objects."""
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_RUN = r"""
 import { openAsBlob } from "node:fs";
 import { writeFileSync, readdirSync } from "node:fs";
-import { writeQ8Artifact } from "%(module)s";
-const [dir, out, q8Embedding] = process.argv.slice(1);
+import { writeRunArtifact } from "%(module)s";
+const [dir, out, q8Embedding, role] = process.argv.slice(1);
 const files = {};
 for (const name of readdirSync(dir)) files[name] = await openAsBlob(`${dir}/${name}`);
 const chunks = [];
 let last = null;
-const res = await writeQ8Artifact(files, { q8Embedding: q8Embedding === "1", onChunk: (c) => chunks.push(Buffer.from(c)),
+const res = await writeRunArtifact(files, { role, q8Embedding: q8Embedding === "1", onChunk: (c) => chunks.push(Buffer.from(c)),
                                            onProgress: (p) => { last = p; } });
 writeFileSync(out, Buffer.concat(chunks));
 console.log(JSON.stringify({ ...res, last }));
@@ -37,16 +37,20 @@ def _folder(tmp, dtype: str, shards: int) -> str:
     return hf_folder(str(tmp / f"{dtype}_{shards}"), dtype, shards)
 
 
-@pytest.mark.parametrize("dtype,shards,q8_embedding", [("BF16", 2, False), ("F16", 1, True)])
-def test_js_converter_gives_the_bytes_of_exactspec_convert(tmp_path, dtype, shards, q8_embedding):
+ARTIFACT = {"champion": "model.q8.safetensors", "draft": "model.safetensors"}
+
+
+@pytest.mark.parametrize("role,dtype,shards,q8_embedding", [("champion", "BF16", 2, False), ("champion", "F16", 1, True),
+                                                            ("draft", "BF16", 1, False), ("draft", "F16", 2, False)])
+def test_js_converter_gives_the_bytes_of_exactspec_convert(tmp_path, role, dtype, shards, q8_embedding):
     src = _folder(tmp_path, dtype, shards)
-    convert(src, str(tmp_path / "py_out"), q8_embedding=q8_embedding)
-    with open(tmp_path / "py_out" / "model.q8.safetensors", "rb") as f:
+    convert(src, str(tmp_path / "py_out"), role=role, q8_embedding=q8_embedding)
+    with open(tmp_path / "py_out" / ARTIFACT[role], "rb") as f:
         want = f.read()
     out = str(tmp_path / "js.safetensors")
     module = "file://" + os.path.join(ROOT, "web", "convert", "q8_artifact.mjs")
     r = subprocess.run(["node", "--input-type=module", "-e", NODE_RUN % {"module": module}, src, out,
-                        "1" if q8_embedding else "0"], capture_output=True, text=True, timeout=120)
+                        "1" if q8_embedding else "0", role], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     with open(out, "rb") as f:

@@ -1,11 +1,12 @@
-// Module worker: converts a picked Hugging Face folder (File objects) to the q8 run artifact,
-// streaming the safetensors files (web/convert/q8_artifact.mjs), with progress messages.
-//   in:  {files: {name: File}, q8Embedding?: bool}
+// Module worker: converts a picked Hugging Face folder (File objects) to a role's run artifact
+// (champion: model.q8.safetensors; draft: the all-float32 model.safetensors), streaming the
+// safetensors files (web/convert/q8_artifact.mjs), with progress messages.
+//   in:  {files: {name: File}, role?: "champion" (default) | "draft", q8Embedding?: bool}
 //   out: {type: "progress", tensors_done, tensors, bytes_done, bytes_total, peak_block_bytes}
-//        {type: "done", blob (model.q8.safetensors), bytes, sha256, peak_block_bytes, ms}
+//        {type: "done", blob (the artifact), bytes, sha256, peak_block_bytes, ms}
 //        {type: "error", code, message}: the folder's refusal (E_MODEL_LOAD naming the file), a
 //        file the browser could not read (E_IO), or a bug (E_INTERNAL naming the exception)
-import { writeQ8Artifact } from "./q8_artifact.mjs";
+import { writeRunArtifact } from "./q8_artifact.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const UNREADABLE = ["NotReadableError", "NotFoundError", "SecurityError"];   // a picked file gone or changed
@@ -21,8 +22,8 @@ self.onmessage = async (ev) => {
   const t0 = performance.now();
   try {
     const chunks = [];
-    const out = await writeQ8Artifact(new Map(Object.entries(ev.data.files ?? {})), {
-      q8Embedding: Boolean(ev.data.q8Embedding),
+    const out = await writeRunArtifact(new Map(Object.entries(ev.data.files ?? {})), {
+      role: ev.data.role ?? "champion", q8Embedding: Boolean(ev.data.q8Embedding),
       onChunk: (c) => chunks.push(c),
       onProgress: (p) => self.postMessage({ type: "progress", ...p }),
     });

@@ -1,8 +1,10 @@
-// The q8 run artifact (model.q8.safetensors, scheme q8-sym-row-v1) of a Hugging Face folder,
-// streamed tensor by tensor and row block by row block from File/Blob objects (Blob.slice), the
-// same bytes `exactspec convert` writes (py/exactspec/convert.py): the same plan (every 2-D
-// tensor but the embedding as <name>.q8 int8 + <name>.scale float32 per row, the rest float32,
-// tied lm_head and rotary inv_freq dropped), the same layout (descending element size, then
+// The run artifact of a Hugging Face folder, streamed tensor by tensor and row block by row block
+// from File/Blob objects (Blob.slice), the same bytes `exactspec convert [--role draft]` writes
+// (py/exactspec/convert.py). Role "champion": model.q8.safetensors (scheme q8-sym-row-v1), every
+// 2-D tensor but the embedding as <name>.q8 int8 + <name>.scale float32 per row, the rest
+// float32. Role "draft": the WASM draft's all-float32 model.safetensors, every tensor under its
+// own name, no `quantization` metadata. Both: the same plan (tied lm_head and rotary inv_freq
+// dropped), the same layout (descending element size, then
 // name; header JSON compact, space-padded to 8 bytes; metadata merged over shards, sorted, with
 // `quantization`), the same quantiser in float32 (amax = max|row| clamped to f32(1e-12),
 // scale = f32(amax / 127), q = clip(rint(f32(w / scale)), -127, 127), ties to even).
@@ -16,6 +18,7 @@ import {
   IGNORED_SUFFIXES, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, WEIGHTS_FILE, checkTensorsAgainstConfig, modelLoadError,
   parseJsonBounded, readBlobSafetensorsHeader, readSmallBlob, shardFiles, validateConfig,
 } from "../model_checks.mjs";
+import { codedError } from "../protocol.mjs";
 
 export const CHUNK_VALUES = 1 << 20;
 export const EMBEDDING = "model.embed_tokens.weight";
@@ -85,12 +88,13 @@ export async function openFolder(files) {
   return { tensors, metadata, config };
 }
 
-/** Output name -> [dtype, shape, source, kind ("f32" | "q8" | "scale")], as convert.plan_outputs. */
-export function planOutputs(tensors, tied, q8Embedding = false) {
+/** Output name -> [dtype, shape, source, kind ("f32" | "q8" | "scale")], as convert.plan_outputs;
+ *  quantise false: every tensor float32 under its own name (the draft's model.safetensors). */
+export function planOutputs(tensors, tied, q8Embedding = false, quantise = true) {
   const plan = new Map();
   for (const [name, t] of tensors) {
     if (IGNORED_SUFFIXES.some((s) => name.endsWith(s)) || (tied && name === "lm_head.weight")) continue;
-    if (t.shape.length === 2 && (name !== EMBEDDING || q8Embedding)) {
+    if (quantise && t.shape.length === 2 && (name !== EMBEDDING || q8Embedding)) {
       plan.set(`${name}.q8`, ["I8", t.shape, name, "q8"]);
       plan.set(`${name}.scale`, ["F32", t.shape.slice(0, 1), name, "scale"]);
     } else {
@@ -193,14 +197,21 @@ export function quantiseRows(values, rows, cols, scales) {
   return q;
 }
 
-/** Stream the artifact: onChunk(Uint8Array) in file order, onProgress({tensors_done, tensors,
- *  bytes_done, bytes_total, peak_block_bytes}). Returns {bytes, peak_block_bytes}. */
-export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onProgress = () => {} } = {}) {
+/** The file each role's artifact is (the browser runs it): as convert.ROLES. */
+export const ARTIFACT_FILES = { champion: "model.q8.safetensors", draft: WEIGHTS_FILE };
+
+/** Stream the artifact of `role` ("champion": q8, "draft": all float32): onChunk(Uint8Array) in
+ *  file order, onProgress({tensors_done, tensors, bytes_done, bytes_total, peak_block_bytes}).
+ *  Returns {bytes, peak_block_bytes}. */
+export async function writeRunArtifact(files, { role = "champion", q8Embedding = false, onChunk, onProgress = () => {} } = {}) {
+  if (!(role in ARTIFACT_FILES)) throw codedError("E_BAD_ARGUMENT", `role must be champion or draft, got ${role}`);
+  if (q8Embedding && role !== "champion") throw codedError("E_BAD_ARGUMENT", "q8Embedding applies to the champion's q8 artifact only");
   const { tensors, metadata, config } = await openFolder(files);
   const meta = new Map(metadata);
-  meta.set("quantization", QUANTIZATION);
+  meta.delete("quantization");
+  if (role === "champion") meta.set("quantization", QUANTIZATION);
   const sortedMeta = new Map([...meta].sort((a, b) => byCodePoints(a[0], b[0])));
-  const plan = planOutputs(tensors, config.tie_word_embeddings, q8Embedding);
+  const plan = planOutputs(tensors, config.tie_word_embeddings, q8Embedding, role === "champion");
   const [prefix, order] = layout(plan, sortedMeta);
   const total = prefix.length + order.reduce((a, [, n]) => a + n, 0);
   let done = 0;
@@ -249,3 +260,6 @@ export async function writeQ8Artifact(files, { q8Embedding = false, onChunk, onP
   if (done !== total) throw fail(`wrote ${done} bytes, the header declares ${total}`);
   return { bytes: done, peak_block_bytes: peak };
 }
+
+/** The champion's q8 artifact (writeRunArtifact with role "champion"). */
+export const writeQ8Artifact = (files, options = {}) => writeRunArtifact(files, { ...options, role: "champion" });
