@@ -117,9 +117,13 @@ export interface ExactSpecEngine {
 
 export function createEngine(options?: EngineOptions): Promise<ExactSpecEngine>;
 export function folderFiles(role: "champion" | "draft", files: FileList | File[], converted?: Blob | null): Record<string, File | Blob>;
-/** A champion folder holding a Hugging Face checkpoint but no model.q8.safetensors. */
+/** By file names: a champion folder holding a Hugging Face checkpoint but no model.q8.safetensors, or a sharded draft folder. */
 export function needsConversion(role: "champion" | "draft", files: FileList | File[]): boolean;
-/** Convert such a folder to model.q8.safetensors in a worker (as `exactspec convert` does). */
+/** A draft folder that is sharded or whose model.safetensors is not all F32 (its header is read). */
+export function draftNeedsConversion(files: FileList | File[]): Promise<boolean>;
+/** Convert such a folder to its role's run artifact in a worker (as `exactspec convert [--role draft]` does). */
+export function convertFolder(role: "champion" | "draft", files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
+/** convertFolder("champion", ...): model.q8.safetensors. */
 export function convertChampion(files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
 export function requestPayload(prompt: string | number[] | ChatMessage[], options?: GenerateOptions): object;
 export function codedError(code: ErrorCode, message: string): CodedError;

@@ -9,6 +9,7 @@
 import { Engine, engineAssets, startModuleWorker } from "./engine.mjs";
 import { codedError } from "./protocol.mjs";
 import { localModelUrl } from "./fetch_progress.mjs";
+import { readBlobSafetensorsHeader } from "./model_checks.mjs";
 
 export { codedError };
 
@@ -33,44 +34,65 @@ function filesByName(fileList) {
   return byName;
 }
 
-/** A champion folder without model.q8.safetensors but with a Hugging Face checkpoint
- *  (model.safetensors or sharded with model.safetensors.index.json): it can be converted here. */
+/** The weights file each role runs (what a conversion writes). */
+const RUN_ARTIFACT = { champion: "model.q8.safetensors", draft: "model.safetensors" };
+
+/** By file names: a champion folder without model.q8.safetensors but with a Hugging Face
+ *  checkpoint (model.safetensors or sharded with model.safetensors.index.json), or a draft folder
+ *  with only the sharded checkpoint: it can be converted here. A draft's single model.safetensors
+ *  that is not all F32 (bf16/f16 as transformers writes them) needs its header read:
+ *  draftNeedsConversion. */
 export function needsConversion(role, fileList) {
   const byName = filesByName(fileList);
-  return role === "champion" && !byName.has("model.q8.safetensors") &&
-    (byName.has("model.safetensors") || byName.has("model.safetensors.index.json"));
+  const sharded = byName.has("model.safetensors.index.json");
+  if (role === "draft") return !byName.has("model.safetensors") && sharded;
+  return role === "champion" && !byName.has("model.q8.safetensors") && (byName.has("model.safetensors") || sharded);
 }
 
-/** Convert a Hugging Face champion folder to model.q8.safetensors in a worker
- *  (web/convert/convert_worker.mjs, byte-identical to `exactspec convert`); -> Blob. */
-export function convertChampion(fileList, { onProgress = null, workerUrl } = {}) {
+/** A picked draft folder the WASM draft cannot run as it is: sharded, or a model.safetensors
+ *  holding a tensor that is not F32 (its header alone is read). */
+export async function draftNeedsConversion(fileList) {
+  if (needsConversion("draft", fileList)) return true;
+  const weights = filesByName(fileList).get("model.safetensors");
+  if (!weights) return false;                     // folderFiles names the missing file
+  const { entries } = await readBlobSafetensorsHeader(weights, "draft/model.safetensors");
+  return [...entries.values()].some((e) => e.dtype !== "F32");
+}
+
+/** Convert a picked Hugging Face folder to the run artifact of `role` in a worker
+ *  (web/convert/convert_worker.mjs, byte-identical to `exactspec convert [--role draft]`), with
+ *  {stage: "convert"} progress; -> Blob. */
+export function convertFolder(role, fileList, { onProgress = null, workerUrl } = {}) {
   const files = Object.fromEntries(filesByName(fileList));
   const worker = startModuleWorker(workerUrl ?? new URL("./convert/convert_worker.mjs", import.meta.url).href);
+  const name = `${role}/${RUN_ARTIFACT[role]} (converting here)`;
   return new Promise((resolve, reject) => {
     worker.onmessage = ({ data }) => {
       if (data.type === "progress") {
-        onProgress?.({ stage: "convert", url: "convert:champion", name: "champion/model.q8.safetensors (converting here)",
-          loaded: data.bytes_done, total: data.bytes_total, done: false });
+        onProgress?.({ stage: "convert", url: `convert:${role}`, name, loaded: data.bytes_done, total: data.bytes_total, done: false });
         return;
       }
       worker.terminate();
       if (data.type === "done") {
-        onProgress?.({ stage: "convert", url: "convert:champion", name: "champion/model.q8.safetensors (converting here)",
-          loaded: data.bytes, total: data.bytes, done: true });
+        onProgress?.({ stage: "convert", url: `convert:${role}`, name, loaded: data.bytes, total: data.bytes, done: true });
         resolve(data.blob);
-      } else reject(codedError(data.code ?? "E_MODEL_LOAD", `champion folder conversion: ${data.message}`));
+      } else reject(codedError(data.code ?? "E_MODEL_LOAD", `${role} folder conversion: ${data.message}`));
     };
     worker.onerror = (ev) => { worker.terminate(); reject(codedError("E_MODEL_LOAD", `the converter failed: ${ev.message || "error"}`)); };
-    worker.postMessage({ files });
+    worker.postMessage({ files, role });
   });
 }
 
+/** Convert a Hugging Face champion folder to model.q8.safetensors (convertFolder("champion", ...)). */
+export const convertChampion = (fileList, options = {}) => convertFolder("champion", fileList, options);
+
 /** A picked folder as {"role/name": File} for the top-level files `role` needs; throws
  *  E_MODEL_LOAD naming a missing one. Nothing is read or uploaded here: the engine's worker reads
- *  the files at load. `converted`: the champion's q8 artifact made by convertChampion. */
+ *  the files at load. `converted`: the role's run artifact made by convertFolder (it stands for
+ *  the folder's own model.q8.safetensors / model.safetensors). */
 export function folderFiles(role, fileList, converted = null) {
   const byName = filesByName(fileList);
-  if (converted) byName.set("model.q8.safetensors", converted);
+  if (converted) byName.set(RUN_ARTIFACT[role], converted);
   const missing = FOLDER_FILES[role].filter((n) => !byName.has(n));
   if (missing.length) {
     const more = role === "champion" && missing.includes("model.q8.safetensors")
@@ -87,10 +109,14 @@ const isGgufFile = (value) => typeof Blob !== "undefined" && value instanceof Bl
 
 /** models for Engine.load from {champion, draft} where each is a URL string or a picked folder
  *  (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
- *  champion folder with only a Hugging Face checkpoint is converted to q8 here first. */
+ *  champion folder with only a Hugging Face checkpoint is converted to q8 here first, a draft
+ *  folder that is sharded or not all F32 (bf16/f16) to the all-F32 model.safetensors. */
 export async function resolveModels({ champion, draft, manifest }, defaults, onProgress = null) {
-  const converted = champion && typeof champion !== "string" && needsConversion("champion", champion)
-    ? await convertChampion(champion, { onProgress }) : null;
+  const picked = (v) => v && typeof v !== "string" && !isGgufFile(v);
+  const converted = {
+    champion: picked(champion) && needsConversion("champion", champion) ? await convertFolder("champion", champion, { onProgress }) : null,
+    draft: picked(draft) && await draftNeedsConversion(draft) ? await convertFolder("draft", draft, { onProgress }) : null,
+  };
   const models = {}, files = {};
   for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
     if (value === null || value === undefined || value === "") continue;
@@ -100,7 +126,7 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
       models.champion = localModelUrl("champion") + encodeURIComponent(value.name);
       continue;
     }
-    Object.assign(files, folderFiles(role, value, role === "champion" ? converted : null));
+    Object.assign(files, folderFiles(role, value, converted[role]));
     models[role] = localModelUrl(role);
   }
   if (Object.keys(files).length) {

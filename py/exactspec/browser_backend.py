@@ -219,10 +219,16 @@ def _worker_draft(champion: BrowserChampion, d: dict) -> WorkerDraft:
 
 
 def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, generation_config_json: str,
-                 champion_info_json: str, draft_info_json: str, draft_error: str = "") -> Session:
+                 champion_info_json: str, draft_info_json: str, draft_error: str = "",
+                 chat_template_jinja: str | None = None) -> Session:
+    """chat_template_jinja: the champion folder's chat_template.jinja text, or None/"" when it has
+    none; it wins over tokenizer_config.json's chat_template (manifest.chat_template_of, as the CLI)."""
+    from .manifest import chat_template_of
     from .tokenizer import Tokenizer
     tok = Tokenizer.from_json_str(tokenizer_json)
     tok_config = json.loads(tokenizer_config_json)
+    if chat_template_jinja:
+        tok_config["chat_template"] = chat_template_of(tok_config, chat_template_jinja.encode("utf-8"))
     eos = json.loads(generation_config_json).get("eos_token_id", [])
     champion_info = json.loads(champion_info_json)
     champion = BrowserChampion(bridge, champion_info["vocab_size"], champion_info["max_context"],
@@ -288,6 +294,7 @@ async def generate(session: Session, request_json: str, post) -> str:
 
 # ------------------------------------------------------------------ load-time checks
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+OPTIONAL_MODEL_FILES = ("chat_template.jinja",)    # passed when the folder has it (manifest.CHAT_TEMPLATE_FILE)
 DEFAULT_RUN_WEIGHTS = {"champion": "model.q8.safetensors", "draft": "model.safetensors"}
 
 
@@ -299,19 +306,29 @@ def check_models(spec_json: str, get_file) -> str:
            absent for the first stage), "run_weights": {role: run artifact name} (optional: a GGUF
            champion's file name), "gguf_pair": true when a side is a GGUF (its tokenizer.json is
            rebuilt, so manifest.GGUF_PAIR_FIELDS are compared)}; get_file("role/name") ->
-           Uint8Array of a MODEL_FILES file (a GGUF champion's: check_gguf's files).
+           Uint8Array of a MODEL_FILES file (a GGUF champion's: check_gguf's files), or of the
+           OPTIONAL_MODEL_FILES files listed in spec "optional": {role: [name, ...]} (those the
+           folder has).
     Stage 1 (no "served"): every config.json through the one config validator (the reference
-    loader's), so both paths refuse the same files with the same code, before any weights load.
+    loader's), so both paths refuse the same files with the same code, before any weights load;
+    a chat_template.jinja that is not UTF-8 is refused there too.
     Stage 2: served files against the manifest (when there is one), the run artifacts against
     models.<role>.run_artifact, and the pair's identities over the same fields as under CPython.
     Returns JSON {"ok": summary} or {"error": {code, message}}: nothing raises across the boundary."""
     from .config import load_json_bounded, validate_config
-    from .manifest import (GGUF_PAIR_FIELDS, MUST_MATCH, check_pair_identities, check_run_artifact,
-                           check_served_files, check_served_pair, model_identity_from_files)
+    from .manifest import (CHAT_TEMPLATE_FILE, GGUF_PAIR_FIELDS, MUST_MATCH, chat_template_of, check_pair_identities,
+                           check_run_artifact, check_served_files, check_served_pair, model_identity_from_files)
     try:
         spec = json.loads(spec_json)
         roles = spec["roles"]
         files = {role: {name: bytes(get_file(f"{role}/{name}").to_bytes()) for name in MODEL_FILES} for role in roles}
+        for role in roles:
+            for name in spec.get("optional", {}).get(role, ()):
+                if name not in OPTIONAL_MODEL_FILES:
+                    raise ExactSpecError(E_INTERNAL, f"{role}/{name}: not an optional model file")
+                files[role][name] = bytes(get_file(f"{role}/{name}").to_bytes())
+            if CHAT_TEMPLATE_FILE in files[role]:
+                chat_template_of({}, files[role][CHAT_TEMPLATE_FILE], f"{role}/{CHAT_TEMPLATE_FILE}")
         configs = {role: validate_config(load_json_bounded(files[role]["config.json"], source=f"{role}/config.json"),
                                          source=f"{role}/config.json") for role in roles}
         summary = {"configs": {role: {"layers": c.num_hidden_layers, "hidden": c.hidden_size} for role, c in configs.items()}}

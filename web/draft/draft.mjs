@@ -154,7 +154,10 @@ export class Draft {
     const place = (name, kind, layer, shape) => {
       const t = tensors[name];
       if (!t) throw loadError(`missing tensor ${name}`);
-      if (t.dtype !== "F32") throw loadError(`tensor ${name} is ${t.dtype}; the WASM draft needs F32 weights`);
+      if (t.dtype !== "F32") {
+        throw loadError(`model.safetensors: tensor ${name} has dtype ${t.dtype}, the WASM draft runs F32 weights `
+          + "(`exactspec convert --role draft` writes them; a folder picked in the page is converted there)");
+      }
       if (JSON.stringify(t.shape) !== JSON.stringify(shape)) {
         throw loadError(`tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
       }

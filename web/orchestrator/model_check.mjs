@@ -8,10 +8,13 @@ import { sha256Hex } from "../sha256.mjs";
 import { declaredSize, ggufLabel, readGgufHeader } from "../gguf/gguf_reader.mjs";
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
+const CHAT_TEMPLATE_FILE = "chat_template.jinja";   // optional: transformers' own file, wins over tokenizer_config's
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
 
-async function fetchBytes(url, limit) {
+/** The file's bytes; null for an optional file the server (or the picked folder) answers 404 to. */
+async function fetchBytes(url, limit, optional = false) {
   const res = await fetch(url);
+  if (optional && res.status === 404) return null;
   if (!res.ok) throw codedError("E_MODEL_LOAD", `${new URL(url, location.href).pathname}: HTTP ${res.status}`);
   const declared = Number(res.headers.get("content-length") ?? 0);
   if (declared > limit) throw codedError("E_MODEL_LOAD", `${new URL(url, location.href).pathname}: ${declared} bytes is over ${limit}`);
@@ -71,7 +74,8 @@ async function readGgufChampion(pyodide, url) {
   return { name: label.split("/").pop(), ...out.ok };
 }
 
-/** -> {tokenizer_json, tokenizer_config_json, generation_config_json, summary, ms, verifyRunArtifacts(info)}
+/** -> {tokenizer_json, tokenizer_config_json, generation_config_json, chat_template_jinja (text or
+ *  null), summary, ms, verifyRunArtifacts(info)}
  *  (+ champion_config for a GGUF champion) */
 export async function checkModels(pyodide, models) {
   const t0 = performance.now();
@@ -90,14 +94,16 @@ export async function checkModels(pyodide, models) {
         return;
       }
       const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
-      await Promise.all(MODEL_FILES.map(async (name) => {
-        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE);
+      await Promise.all([...MODEL_FILES, CHAT_TEMPLATE_FILE].map(async (name) => {
+        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE, name === CHAT_TEMPLATE_FILE);
+        if (!bytes) return;
         blobs.set(`${role}/${name}`, bytes);
         served[role][name] = [await sha256Hex(bytes), bytes.byteLength];
       }));
     }),
   ]);
-  let summary = runPy(pyodide, JSON.stringify({ roles }), blobs);     // stage 1: configs
+  const optional = Object.fromEntries(roles.map((r) => [r, blobs.has(`${r}/${CHAT_TEMPLATE_FILE}`) ? [CHAT_TEMPLATE_FILE] : []]));
+  let summary = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);     // stage 1: configs
   const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
   if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
   const ms = performance.now() - t0;
@@ -106,6 +112,8 @@ export async function checkModels(pyodide, models) {
     tokenizer_json: text("tokenizer.json"),
     tokenizer_config_json: text("tokenizer_config.json"),
     generation_config_json: text("generation_config.json"),
+    // checked as UTF-8 in stage 1; null when the champion has none
+    chat_template_jinja: blobs.has(`champion/${CHAT_TEMPLATE_FILE}`) ? text(CHAT_TEMPLATE_FILE) : null,
     champion_config: gguf ? gguf.config : null,
     ms,
     get summary() { return summary; },
@@ -116,7 +124,8 @@ export async function checkModels(pyodide, models) {
       const runFile = (role) => manifest?.models?.[role]?.run_artifact?.file ?? runWeights[role]
         ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
       for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
-      summary = runPy(pyodide, JSON.stringify({ roles: present, manifest, served, run_weights: runWeights, gguf_pair: !!gguf }), blobs);
+      summary = runPy(pyodide, JSON.stringify({ roles: present, optional, manifest, served, run_weights: runWeights,
+        gguf_pair: !!gguf }), blobs);
       if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
       return summary;
     },

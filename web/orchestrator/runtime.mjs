@@ -25,8 +25,9 @@ function callPy(obj, name, args, keep = false) {
 }
 
 /** Why there is no draft, as the session says it after "E_DRAFT_LOST: speculate=draft needs a
- *  draft model: " (the code once: a cause of another code keeps its own). */
-const draftWhy = (err) => (err.code === "E_DRAFT_LOST" ? err.message : `${err.code}: ${err.message}`);
+ *  draft model: ": the cause's sentence without its code (one code per error; ready.info.draft_error
+ *  keeps the cause's own code). */
+const draftWhy = (err) => err.message;
 
 /** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
 function wasmAssets(assets) {
@@ -113,7 +114,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
         checked.generation_config_json, JSON.stringify(built.info.champion),
         built.info.draft ? JSON.stringify(built.info.draft) : "",
-        built.info.draft_error ? draftWhy(built.info.draft_error) : built.info.draft_loading ? "the draft is still loading" : ""], true);
+        built.info.draft_error ? draftWhy(built.info.draft_error) : built.info.draft_loading ? "the draft is still loading" : "",
+        checked.chat_template_jinja], true);
       loaded = { bridge: built, session, generate: py.backend.generate, faults: !!options.faults };
     } catch (err) {
       built.close();
@@ -142,7 +144,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     }
     return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
       info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot,
-        chat_template: !!JSON.parse(checked.tokenizer_config_json).chat_template?.length } };   // the page's chat default
+        chat_template: !!(checked.chat_template_jinja || JSON.parse(checked.tokenizer_config_json).chat_template?.length) } };   // the page's chat default
   }
 
   return {
