@@ -25,11 +25,32 @@ JINJA = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n[{{ m['cont
          "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
-def write_half_weights(folder, dtype: str = "BF16") -> None:
-    """folder/model.safetensors rewritten with every tensor in dtype (as transformers saves a bf16 model)."""
+def write_half_weights(folder, dtype: str = "BF16", shards: int = 1) -> None:
+    """folder/model.safetensors rewritten with every tensor in dtype (as transformers saves a bf16
+    model), in `shards` files with model.safetensors.index.json when more than one."""
     path = os.path.join(folder, "model.safetensors")
     tensors = {k: to_numpy(t) for k, t in load_safetensors(path).items()}
-    write_safetensors(path, {n: (dtype, v.shape, to_half(v, dtype)) for n, v in tensors.items()}, {"format": "pt"})
+    if shards == 1:
+        write_safetensors(path, {n: (dtype, v.shape, to_half(v, dtype)) for n, v in tensors.items()}, {"format": "pt"})
+        return
+    os.remove(path)
+    names, weight_map = sorted(tensors), {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        write_safetensors(os.path.join(folder, file), {n: (dtype, tensors[n].shape, to_half(tensors[n], dtype)) for n in part},
+                          {"format": "pt"})
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def move_template_to_jinja(folder) -> None:
+    """The chat template only in folder/chat_template.jinja (JINJA), as transformers saves it today."""
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +79,10 @@ def chat_prompt_ids(rt):
     return out["result"]["prompt_ids"]
 
 
-def hf_chat_ids(folder):
+def hf_chat_ids(folder, messages=CONVERSATION):
     from transformers import AutoTokenizer
     hf = AutoTokenizer.from_pretrained(str(folder))
-    return hf.apply_chat_template(CONVERSATION, tokenize=True, add_generation_prompt=True, return_dict=False)
+    return hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
 def test_chat_template_jinja_is_read_and_wins_as_in_transformers(runtime):
@@ -79,9 +100,7 @@ def test_chat_template_jinja_is_read_and_wins_as_in_transformers(runtime):
         assert want != shipped and chat_prompt_ids(rt) == want
         # only the .jinja: tokenizer_config.json holds no chat_template
         for folder in (champion, draft):
-            config = json.loads((folder / "tokenizer_config.json").read_text())
-            del config["chat_template"]
-            (folder / "tokenizer_config.json").write_text(json.dumps(config))
+            move_template_to_jinja(folder)
         ready = load(rt, MOUNTED)
         assert "ready" in ready and ready["ready"]["info"]["chat_template"] is True, ready
         assert chat_prompt_ids(rt) == hf_chat_ids(champion) == want
@@ -120,6 +139,8 @@ def test_a_served_bf16_draft_is_refused_with_one_code_naming_file_and_field(runt
 
 
 # ------------------------------------------------------------------ the page's picker
+PAGE_MESSAGE = {"role": "user", "content": "In the beginning"}
+
 @pytest.fixture(scope="module")
 def app(chromium_browser, http_server):
     context = chromium_browser.new_context()
@@ -137,7 +158,7 @@ def page_answer(page, mode, max_tokens):
     page.select_option("#speculate", mode)
     page.click("#new_conversation")
     page.fill("#max_new_tokens", str(max_tokens))
-    page.fill("#prompt", "In the beginning")
+    page.fill("#prompt", PAGE_MESSAGE["content"])
     page.click("#go")
     page.wait_for_function("() => window.appState.stage === 'ready' && !document.getElementById('go').disabled")
     spans = page.evaluate("() => [...[...document.querySelectorAll('#conversation .turn.assistant')].at(-1)"
@@ -145,12 +166,19 @@ def page_answer(page, mode, max_tokens):
     return page.text_content("#status"), page.evaluate("() => window.appState.lastResult"), spans
 
 
-@pytest.mark.parametrize("dtype", ["BF16", "F16"])
-def test_a_picked_half_precision_draft_is_converted_in_the_page_and_speculates_exactly(app, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,shards", [("BF16", 1), ("F16", 2)])
+def test_a_picked_half_precision_draft_is_converted_in_the_page_and_speculates_exactly(app, tmp_path, dtype, shards):
+    """Both picked folders as transformers writes them: the template in chat_template.jinja only,
+    the draft in bf16 (one file) or f16 (sharded). The page converts the draft, chats in the .jinja
+    template (transformers' ids), and greedy speculation gives the champion-alone tokens."""
     champion, draft = tmp_path / "champion", tmp_path / f"draft_{dtype.lower()}"
     shutil.copytree(os.path.join(MODELS, "champion"), champion)
     shutil.copytree(os.path.join(MODELS, "draft"), draft, ignore=shutil.ignore_patterns("model.q8.safetensors"))
-    write_half_weights(draft, dtype)
+    write_half_weights(draft, dtype, shards)
+    for folder in (champion, draft):
+        move_template_to_jinja(folder)
+    # the previous load's draft first: its late draft_ready would mark this load's draft ready (web/app.mjs)
+    app.wait_for_function("() => window.appDraftReady === true")
     app.set_input_files("#champion_folder", str(champion))
     app.set_input_files("#draft_folder", str(draft))
     loads = app.evaluate("() => window.appState.loads")
@@ -162,8 +190,10 @@ def test_a_picked_half_precision_draft_is_converted_in_the_page_and_speculates_e
     assert re.search(r"draft/model\.safetensors \(converting here\)\n(\d+\.\d) of \1 MB", rows), rows   # all its bytes
     assert not app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled"), app.text_content("#status")
     app.fill("#temperature", "0")                                   # greedy
+    assert app.is_checked("#chat")                                  # the .jinja is the model's chat template
     status, spec, spec_spans = page_answer(app, "draft", 24)
     assert status == "done" and spec["n"] == 24, (status, spec)
+    assert app.evaluate("() => window.appState.lastPromptIds") == hf_chat_ids(champion, [PAGE_MESSAGE])
     status, alone, alone_spans = page_answer(app, "none", 24)
     assert status == "done" and alone["n"] == 24, (status, alone)
     assert [t for _, t in spec_spans] == [t for _, t in alone_spans]   # the champion's own tokens
