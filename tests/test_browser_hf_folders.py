@@ -98,6 +98,12 @@ def test_chat_template_jinja_is_read_and_wins_as_in_transformers(runtime):
         assert "ready" in ready and ready["ready"]["info"]["draft"] is not None, ready
         want = hf_chat_ids(champion)
         assert want != shipped and chat_prompt_ids(rt) == want
+        # the .jinja is part of each model's identity: a draft without it is refused naming the field
+        (draft / "chat_template.jinja").unlink()
+        out = load(rt, MOUNTED)
+        error = out.get("error") or out["ready"]["info"]["draft_error"]
+        assert error["code"] == "E_MANIFEST_MISMATCH" and "chat_template_sha256" in error["message"], out
+        (draft / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
         # only the .jinja: tokenizer_config.json holds no chat_template
         for folder in (champion, draft):
             move_template_to_jinja(folder)
