@@ -1,8 +1,11 @@
 """wllama (llama.cpp compiled to WASM) on our F32 GGUF export gives exactly our champion's greedy
-tokens (LlamaReference, f32 weights); only the benchmark's server serves wllama. Starts Chromium:
+tokens (LlamaReference, f32 weights); only the benchmark's server serves wllama; tools/bench/peer.py
+on the real model (SmolLM2 GGUF) gives wllama's greedy tokens on the very same file. Starts Chromium:
 run under the browser lock (flock /tmp/browser.lock ...)."""
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -10,6 +13,7 @@ import urllib.request
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser  # noqa: F401
+from gguf_builders import smollm2_status
 from exactspec.models import default_models_dir, load_pair
 from exactspec.orchestrator import GenerationConfig
 from exactspec.processors import SamplingPolicy
@@ -109,3 +113,59 @@ def test_bench_arithmetic_and_doc_section():
     assert new == f"# T\n\nintro\n\n{peer.SECTION_BEGIN}\nnew table\n{peer.SECTION_END}\n\nafter\n"
     assert peer.replace_section(new, "x").count(peer.SECTION_BEGIN) == 1
     assert peer.replace_section("# T\n", "x") == f"# T\n\n{peer.SECTION_BEGIN}\nx\n{peer.SECTION_END}\n"
+
+
+def test_bench_prompt_set_and_stratum_tables():
+    prompts = peer.prompt_set(2, ["dialogue", "summary"])
+    assert [p["stratum"] for p in prompts] == ["default"] * 2 + ["dialogue"] * 2 + ["summary"] * 2
+    assert prompts[0]["text"] == peer.PROMPTS[0] and prompts[2]["text"] == "Tell me a story about a shepherd."
+    with pytest.raises(SystemExit, match="E_BAD_ARGUMENT: --corpus-strata nonsense: no eval/corpus/nonsense.jsonl"):
+        peer.prompt_set(1, ["nonsense"])
+    rec = lambda runner, stratum, ms, tpr: {"runner": runner, "temperature": 0.0, "stratum": stratum,
+                                            "ms_per_token": ms, "tokens_per_round": tpr}
+    rows = peer.stratum_rows([rec("ours-wasm:lookup", "summary", 4.0, 1.0), rec("ours-wasm:lookup", "summary", 6.0, 3.0),
+                              rec("ours-wasm:lookup", "extraction", 2.0, 4.0)])
+    by = {r["stratum"]: r for r in rows}
+    assert (by["summary"]["ms_per_token"], by["summary"]["tokens_per_round"], by["extraction"]["tokens_per_round"]) == (5.0, 2.0, 4.0)
+    assert "| ours-wasm:lookup | 0 | summary | 5.0 | 2.00 |" in peer.stratum_table(rows)
+    assert peer.load_table({"wllama": 1500.0, "ours-wasm": 9000.0}, {"wllama": 1200.0}).splitlines()[2:] == [
+        "| wllama | 1.5 | 1.2 |", "| ours-wasm | 9.0 | - |"]
+
+
+# ---- the real model: peer.py --champion FILE.gguf, wllama on the very same file ----
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    return os.path.join("build", "models", status["path"])
+
+
+def test_peer_refuses_draft_mode_without_a_draft(smollm2_gguf):
+    with pytest.raises(SystemExit, match=r"E_BAD_ARGUMENT: --modes none,draft: draft needs a draft model \(--draft FOLDER\)"):
+        peer.main(["--champion", str(REPO_ROOT / smollm2_gguf), "--modes", "none,draft", "--no-doc"])
+    with pytest.raises(SystemExit, match="E_BAD_ARGUMENT: --champion /web/models/nothing.gguf: neither a file"):
+        peer.main(["--champion", "/web/models/nothing.gguf", "--no-doc"])
+
+
+def test_peer_on_the_real_gguf_gives_wllamas_greedy_tokens(smollm2_gguf, tmp_path):
+    """1 chat prompt, 8 greedy tokens, modes none and lookup, one timed round: our engine's tokens
+    are wllama's, one for one, on the same file and the same prompt token count."""
+    out_path = tmp_path / "peer.json"
+    proc = subprocess.run([sys.executable, "tools/bench/peer.py", "--champion", smollm2_gguf, "--prompts", "1",
+                           "--max-new-tokens", "8", "--rounds", "1", "--temperatures", "0", "--backends", "wasm",
+                           "--modes", "none,lookup", "--no-doc", "--json", str(out_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(out_path.read_text())
+    assert out["chat"] is True and out["models"]["gguf"] == out["models"]["champion"]
+    (entry,) = out["agreement"]
+    eos = 2                                       # <|im_end|>: SmolLM2's answer here ends within 8 tokens
+    assert len(entry["wllama"]) == 8 or entry["wllama"][-1] == eos, entry["wllama"]
+    for mode in ("wasm:none", "wasm:lookup"):
+        assert entry["ours"][mode]["prompt_tokens"] == entry["wllama_prompt_tokens"], mode
+        assert entry["ours"][mode]["token_ids"] == entry["wllama"], mode
+    assert set(out["load_ms"]) == set(out["second_load_ms"]) == {"wllama", "ours-wasm"}
+    assert {r["runner"] for r in out["rows"]} == {"wllama", "ours-wasm:none", "ours-wasm:lookup"}
+    assert (tmp_path / "peer.md").read_text().startswith("Last run: ")

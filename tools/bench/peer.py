@@ -1,17 +1,25 @@
-"""Side by side with llama.cpp: wllama (llama.cpp compiled to WASM, 1 thread, CPU) on an F32 GGUF
-export of the champion, and our engine with each champion backend in every mode, on the same
-prompts, in one headless Chromium page, interleaved over rounds so machine noise hits all alike.
+"""Side by side with llama.cpp: wllama (llama.cpp compiled to WASM, 1 thread, CPU) on a GGUF file,
+and our engine with each champion backend in every mode, on the same prompts, in one headless
+Chromium page, interleaved over rounds so machine noise hits all alike.
 
-    python tools/bench/peer.py [--rounds 3] [--prompts 3] [--max-new-tokens 40] [--k 4]
-                               [--backends webgpu,wasm] [--modes none,draft,lookup] [--no-doc]
+    python tools/bench/peer.py [--champion FOLDER|FILE.gguf|/URL.gguf] [--draft FOLDER] [--gguf FILE|/URL]
+                               [--rounds 3] [--prompts 3] [--corpus-strata dialogue,summary,extraction]
+                               [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
+                               [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc]
 
 Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
 adaptive scheduler, k <= 8 chosen per round).
 
-The GGUF is exported from model.q8.safetensors dequantised (export_gguf --weights q8): the function
-our browser champion computes, so greedy tokens can be compared one for one. Prints a table,
-writes build/bench/peer.json and replaces the generated section of docs/performance.md (date,
-load, machine, commit). Numbers, not assertions: the machine is shared and noisy.
+Without --champion: the shipped toy pair, and wllama on its GGUF exported from model.q8.safetensors
+dequantised (export_gguf --weights q8): the function our browser champion computes. With a GGUF
+--champion, wllama runs the very same file (unless --gguf names another). A champion with a chat
+template gets every prompt as one user message in that template on both sides (--chat auto):
+ours with chat: true, wllama with the same template rendered here as text (llama.cpp parses its
+special tokens); the prompt's token count is checked equal on both sides. Greedy tokens are
+compared one for one. Prints the tables, writes build/bench/ (JSON and Markdown) and replaces the
+generated section of docs/performance.md (and, for a --champion, the "real model" sections of
+docs/performance.md and docs/models.md), with the exact command, date, load and commit. Numbers,
+not assertions: the machine is shared and noisy.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -56,6 +65,76 @@ MODELS = {"champion": "/web/models/champion/", "draft": "/web/models/draft/"}
 GGUF_PATH = os.path.join("build", "gguf", "champion.q8src.f32.gguf")
 DOC_PATH = os.path.join("docs", "performance.md")
 SECTION_BEGIN, SECTION_END = "<!-- peer.py:begin -->", "<!-- peer.py:end -->"
+# a run with --champion (the real model) writes its own section, in both docs
+REAL_DOC_PATHS = (os.path.join("docs", "performance.md"), os.path.join("docs", "models.md"))
+REAL_BEGIN, REAL_END = "<!-- peer.py:real-model:begin -->", "<!-- peer.py:real-model:end -->"
+CORPUS_DIR = os.path.join("eval", "corpus")
+DEFAULT_STRATUM = "default"
+
+
+def bench_models(champion, draft, gguf, mounts: dict) -> dict:
+    """The URLs the page loads ({champion, draft, gguf}) and the champion's local file or folder.
+    champion/draft/gguf: a folder or file here (mounted, or its path under web/), or a URL path the
+    bench server already serves (/web/models/...). None: the shipped toy pair and its GGUF export."""
+    from exactspec.browser_run import _url_for
+    from exactspec.model_cache import browser_ready
+    from exactspec.models import default_models_dir
+
+    def where(arg, name, role=None):
+        if os.path.exists(arg):
+            path = arg if arg.endswith(".gguf") or role is None else browser_ready(arg, role)
+            return _url_for(path, name, mounts), os.path.realpath(arg)
+        local = static_server.resolve_request_path(arg, REPO, mounts=mounts) if arg.startswith("/") else None
+        if local is None:
+            raise SystemExit(f"E_BAD_ARGUMENT: --{name} {arg}: neither a file or folder here nor a path the bench server serves")
+        return arg, local
+
+    if champion is None:
+        toy = os.path.join(default_models_dir(), "champion")
+        return {"champion": MODELS["champion"], "draft": MODELS["draft"], "local": toy,
+                "gguf": where(gguf, "gguf")[0] if gguf else None}
+    url, local = where(champion, "champion", "champion")
+    if not local.endswith(".gguf") and not os.path.isfile(os.path.join(local, "config.json")):
+        raise SystemExit(f"E_BAD_ARGUMENT: --champion {champion}: neither a .gguf file nor a model folder (no config.json)")
+    return {"champion": url, "draft": where(draft, "draft", "draft")[0] if draft else None, "local": local,
+            "gguf": where(gguf, "gguf")[0] if gguf else (url if local.endswith(".gguf") else None)}
+
+
+def prompt_set(n: int, strata: list) -> list:
+    """[{stratum, text}]: the first n default prompts, then the first n of each eval/corpus stratum."""
+    out = [{"stratum": DEFAULT_STRATUM, "text": p} for p in PROMPTS[:n]]
+    for stratum in strata:
+        path = os.path.join(REPO, CORPUS_DIR, f"{stratum}.jsonl")
+        if not os.path.isfile(path):
+            raise SystemExit(f"E_BAD_ARGUMENT: --corpus-strata {stratum}: no {CORPUS_DIR}/{stratum}.jsonl")
+        with open(path, encoding="utf-8") as f:
+            items = [json.loads(line) for line in f if line.strip()]
+        out += [{"stratum": stratum, "text": item["prompt"]} for item in items[:n]]
+    return out
+
+
+def chat_renderer(local: str):
+    """text -> (the chat template's rendering of it as one user message, its token ids as our
+    engine encodes it), for the champion at `local` (a .gguf file or a model folder); None when
+    the champion has no chat template."""
+    from exactspec.chat import encode_chat_prompt, render_template, special_token_strings, template_of
+    if local.endswith(".gguf"):
+        from exactspec.gguf import GGUFFile
+        from exactspec.gguf_tokenizer import load_tokenizer, tokenizer_config
+        with GGUFFile(local) as f:
+            tokenizer, tok_config = load_tokenizer(f), tokenizer_config(f)
+    else:
+        from exactspec.models import read_tokenizer_config
+        from exactspec.tokenizer import Tokenizer
+        tokenizer, tok_config = Tokenizer.from_file(os.path.join(local, "tokenizer.json")), read_tokenizer_config(local)
+    if not tok_config.get("chat_template"):
+        return None
+
+    def render(text):
+        messages = [{"role": "user", "content": text}]
+        return (render_template(template_of(tok_config), messages, special_token_strings(tok_config)),
+                encode_chat_prompt(tokenizer, tok_config, messages))
+    return render
 
 
 class PeerServer(static_server.StaticServer):
@@ -129,12 +208,37 @@ def markdown_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def replace_section(doc: str, section: str) -> str:
-    """doc with the text between the bench markers replaced (appended when the markers are absent)."""
-    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
-    if SECTION_BEGIN in doc and SECTION_END in doc:
-        head, rest = doc.split(SECTION_BEGIN, 1)
-        return head + block + rest.split(SECTION_END, 1)[1]
+def stratum_rows(records: list) -> list:
+    """One row per (runner, temperature, stratum): medians of ms/token and tokens per round."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault((r["runner"], r["temperature"], r["stratum"]), []).append(r)
+    med = lambda rs, key: round(statistics.median(v for v in (x[key] for x in rs) if v is not None), 2)
+    return [{"runner": runner, "temperature": t, "stratum": stratum, "requests": len(rs),
+             "ms_per_token": med(rs, "ms_per_token"), "tokens_per_round": med(rs, "tokens_per_round")}
+            for (runner, t, stratum), rs in groups.items()]
+
+
+def stratum_table(rows: list) -> str:
+    lines = ["| runner | T | stratum | ms/token | tokens/round |", "|---|---|---|---|---|"]
+    lines += [f"| {r['runner']} | {r['temperature']:g} | {r['stratum']} | {r['ms_per_token']:.1f} | {r['tokens_per_round']:.2f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def load_table(load_ms: dict, second_load_ms: dict) -> str:
+    lines = ["| runner | first load s | second load s (same page) |", "|---|---|---|"]
+    lines += [f"| {name} | {ms / 1000:.1f} | " + (f"{second_load_ms[name] / 1000:.1f} |" if name in second_load_ms else "- |")
+              for name, ms in load_ms.items()]
+    return "\n".join(lines)
+
+
+def replace_section(doc: str, section: str, begin: str = SECTION_BEGIN, end: str = SECTION_END) -> str:
+    """doc with the text between the markers begin/end replaced (appended when they are absent)."""
+    block = f"{begin}\n{section.strip()}\n{end}"
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
     return doc.rstrip("\n") + "\n\n" + block + "\n"
 
 
@@ -154,58 +258,85 @@ def machine_facts(browser) -> dict:
 
 def run(args) -> dict:
     from playwright.sync_api import sync_playwright
-    from export_gguf import export_gguf
     from exactspec.browser_run import CHROMIUM, CHROMIUM_ARGS
-    from exactspec.models import default_models_dir
 
     os.chdir(REPO)
-    export_gguf(os.path.join(default_models_dir(), "champion"), GGUF_PATH, "f32", weights="q8")
-    prompts = PROMPTS[:args.prompts]
+    mounts: dict = {}
+    models = bench_models(args.champion, args.draft, args.gguf, mounts)
+    if models["gguf"] is None:                 # a model folder: wllama runs its F32 export
+        from export_gguf import export_gguf
+        q8 = os.path.isfile(os.path.join(models["local"], "model.q8.safetensors"))
+        path = GGUF_PATH if args.champion is None else os.path.join(
+            "build", "gguf", os.path.basename(models["local"].rstrip(os.sep)) + (".q8src" if q8 else "") + ".f32.gguf")
+        export_gguf(models["local"], path, "f32", weights="q8" if q8 else "f32")
+        models["gguf"] = "/" + path.replace(os.sep, "/")
+    modes = args.modes.split(",")
+    if models["draft"] is None and any(mode_config(m, args.k)["speculate"] == "draft" for m in modes):
+        raise SystemExit(f"E_BAD_ARGUMENT: --modes {args.modes}: draft needs a draft model (--draft FOLDER)")
+    render = None if args.chat == "off" or (args.chat == "auto" and args.champion is None) else chat_renderer(models["local"])
+    if args.chat == "on" and render is None:
+        raise SystemExit(f"E_BAD_ARGUMENT: --chat on: the champion {args.champion or 'toy'} has no chat template")
+    prompts = prompt_set(args.prompts, [s for s in args.corpus_strata.split(",") if s])
+    for p in prompts:
+        p["wllama_prompt"], p["prompt_ids"] = render(p["text"]) if render else (p["text"], None)
     backends = [b for b in args.backends.split(",") if b]
-    server = PeerServer()
+    server = PeerServer(mounts=mounts)
     pw = sync_playwright().start()
     browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-    out = {"machine": machine_facts(browser), "args": vars(args), "prompts": prompts, "load_ms": {},
+    out = {"machine": machine_facts(browser), "args": vars(args), "command": args.command, "models": models,
+           "chat": render is not None, "prompts": prompts, "load_ms": {}, "second_load_ms": {},
            "unavailable": {}, "agreement": [], "records": []}
+    engine_models = {"champion": models["champion"], "draft": models["draft"]}
     try:
         context, page = open_bench_page(browser, server)
         call = lambda fn, *a: page.evaluate(f"(a) => window.peerBench.{fn}(...a)", list(a))
-        w = call("loadWllama", "/" + GGUF_PATH.replace(os.sep, "/"), {"nThreads": 1})
-        out["load_ms"]["wllama"], out["libllama"] = w["load_ms"], w["libllama"]
+        for key in ("load_ms", "second_load_ms"):    # the second load replaces the first in the same page
+            w = call("loadWllama", models["gguf"], {"nThreads": 1})
+            out[key]["wllama"], out["libllama"] = w["load_ms"], w["libllama"]
         ours = []
         for backend in backends:
-            r = call("loadEngine", f"ours-{backend}", MODELS, {"championBackend": backend})
-            if "refused" in r:
-                out["unavailable"][backend] = r["refused"]
-                print(f"ours-{backend}: unavailable: {r['refused']['code']}: {r['refused']['message']}", flush=True)
-                continue
-            ours.append(backend)
-            out["load_ms"][f"ours-{backend}"] = r["load_ms"]
-            out.setdefault("ready", {})[backend] = {k: r["ready"].get(k) for k in ("timing_ms", "champion_backend")}
-        print("load ms:", json.dumps({k: round(v) for k, v in out["load_ms"].items()}), flush=True)
-
-        modes = args.modes.split(",")
+            name = f"ours-{backend}"
+            for key in ("load_ms", "second_load_ms"):   # first load, terminate, second load in the same page
+                if key == "second_load_ms":
+                    call("unloadEngine", name)
+                r = call("loadEngine", name, engine_models, {"championBackend": backend})
+                if "refused" in r:
+                    out["unavailable"][backend] = r["refused"]
+                    print(f"{name}: unavailable: {r['refused']['code']}: {r['refused']['message']}", flush=True)
+                    break
+                out[key][name] = r["load_ms"]
+                out.setdefault("ready", {})[backend] = {k: r["ready"].get(k) for k in ("timing_ms", "champion_backend")}
+            else:
+                ours.append(backend)
+        print("load ms (first):", json.dumps({k: round(v) for k, v in out["load_ms"].items()}),
+              "(second):", json.dumps({k: round(v) for k, v in out["second_load_ms"].items()}), flush=True)
 
         def ours_request(backend, mode, temperature, prompt, seed):
             cfg = {"max_new_tokens": args.max_new_tokens, "temperature": temperature, "seed": seed,
                    **mode_config(mode, args.k)}
-            r = call("engineGenerate", f"ours-{backend}", {"prompt": prompt, "config": cfg})
+            r = call("engineGenerate", f"ours-{backend}", {"prompt": prompt["text"], "chat": render is not None, "config": cfg})
             if "refused" in r:
                 raise RuntimeError(f"ours-{backend} {mode}: {r['refused']['code']}: {r['refused']['message']}")
             return r
 
         # untimed pass (warm-up of every runner): greedy tokens of wllama and of ours, every mode
         for prompt in prompts:
-            w = call("wllamaGenerate", prompt, {"maxTokens": args.max_new_tokens, "temperature": 0, "withIds": True})
-            entry = {"prompt": prompt, "wllama": w["token_ids"], "ours": {}}
+            w = call("wllamaGenerate", prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": 0, "withIds": True})
+            entry = {"prompt": prompt["text"], "stratum": prompt["stratum"], "wllama": w["token_ids"],
+                     "wllama_prompt_tokens": w["prompt_tokens"], "ours": {}}
             for backend in ours:
                 for mode in modes:
-                    ids = ours_request(backend, mode, 0, prompt, 0)["result"]["token_ids"]
-                    entry["ours"][f"{backend}:{mode}"] = {"token_ids": ids, "first_divergence": first_divergence(ids, w["token_ids"])}
+                    res = ours_request(backend, mode, 0, prompt, 0)["result"]
+                    entry["ours"][f"{backend}:{mode}"] = {"token_ids": res["token_ids"], "prompt_tokens": len(res["prompt_ids"]),
+                                                          "first_divergence": first_divergence(res["token_ids"], w["token_ids"])}
+                    if prompt["prompt_ids"] is not None and res["prompt_ids"] != prompt["prompt_ids"]:
+                        raise RuntimeError(f"ours-{backend} {mode}: the engine's chat prompt ids differ from the template's here")
             out["agreement"].append(entry)
-            print(f"greedy agreement {prompt!r}: " + ", ".join(
-                f"{k} {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
-                for k, v in entry["ours"].items()), flush=True)
+            same_prompt = all(v["prompt_tokens"] == w["prompt_tokens"] for v in entry["ours"].values())
+            print(f"greedy agreement {prompt['text'][:40]!r} (prompt tokens {w['prompt_tokens']}"
+                  f"{'' if same_prompt else ', NOT the same count as ours'}): " + ", ".join(
+                      f"{k} {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
+                      for k, v in entry["ours"].items()), flush=True)
 
         # timed rounds, interleaved: every runner and mode once per prompt, then the next round
         temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -213,8 +344,9 @@ def run(args) -> dict:
             for temperature in temperatures:
                 for i, prompt in enumerate(prompts):
                     seed = 1000 * rnd + i
-                    w = call("wllamaGenerate", prompt, {"maxTokens": args.max_new_tokens, "temperature": temperature, "seed": seed})
-                    out["records"].append({"runner": "wllama", "round": rnd, "temperature": temperature, "prompt": i,
+                    common = {"round": rnd, "temperature": temperature, "prompt": i, "stratum": prompt["stratum"]}
+                    w = call("wllamaGenerate", prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature, "seed": seed})
+                    out["records"].append({"runner": "wllama", **common,
                                            "n_tokens": w["n_tokens"], "first_token_ms": w["first_token_ms"],
                                            "ms_per_token": decode_ms_per_token(w["first_token_ms"], w["total_ms"], w["n_tokens"]),
                                            "tokens_per_round": 1.0, "llama_timings": w["timings"],
@@ -225,7 +357,7 @@ def run(args) -> dict:
                             res = r["result"]
                             n = len(res["token_ids"])
                             out["records"].append({
-                                "runner": f"ours-{backend}:{mode}", "round": rnd, "temperature": temperature, "prompt": i,
+                                "runner": f"ours-{backend}:{mode}", **common,
                                 "n_tokens": n, "first_token_ms": r["first_token_ms"],
                                 "ms_per_token": decode_ms_per_token(r["first_token_ms"], r["total_ms"], n),
                                 "tokens_per_round": res["stats"].get("tokens_per_round") or 1.0,
@@ -234,7 +366,7 @@ def run(args) -> dict:
             print(f"round {rnd + 1}/{args.rounds} done, load {os.getloadavg()[0]:.1f}", flush=True)
         call("unload")
         context.close()
-        if "webgpu" in ours:
+        if "webgpu" in ours and args.champion is None:     # the harness loads the toy champion
             out["webgpu_verify"] = webgpu_verify_ratio(browser, server, args.k)
     finally:
         browser.close()
@@ -242,6 +374,7 @@ def run(args) -> dict:
         server.close()
     out["machine"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
     out["rows"] = summarise(out["records"], out["load_ms"])
+    out["stratum_rows"] = stratum_rows(out["records"])
     return out
 
 
@@ -267,18 +400,26 @@ def webgpu_verify_ratio(browser, server, k: int, start_pos: int = 64, reps: int 
 
 
 def doc_section(out: dict) -> str:
-    m = out["machine"]
+    m, a = out["machine"], out["args"]
+    models = out["models"]
+    what = (f"champion `{models['champion']}`" + (f", draft `{models['draft']}`" if models["draft"] else ", no draft")
+            + f"; wllama on `{models['gguf']}`" + ("; every prompt as one user message in the champion's chat template"
+                                                    " on both sides" if out["chat"] else "; raw prompts"))
     lines = [f"Last run: {m['date']}, commit `{m['commit']}`, {m['cpus']} CPUs ({m['machine']}), Chromium "
              f"{m['chromium']}, load average (1/5/15 min) {' / '.join(map(str, m['load_1_5_15']))} before and "
-             f"{' / '.join(map(str, m['load_after']))} after; llama.cpp `{out.get('libllama')}` (wllama 3.13.0). "
-             f"`python tools/bench/peer.py --rounds {out['args']['rounds']} --prompts {out['args']['prompts']} "
-             f"--max-new-tokens {out['args']['max_new_tokens']} --k {out['args']['k']} --modes {out['args']['modes']}`: medians over "
-             f"{len(out['prompts'])} prompts x {out['args']['rounds']} rounds.", "", markdown_table(out["rows"]), ""]
+             f"{' / '.join(map(str, m['load_after']))} after; llama.cpp `{out.get('libllama')}` (wllama 3.13.0, 1 thread); {what}.",
+             "", f"`{out['command']}`: medians over {len(out['prompts'])} prompts x {a['rounds']} rounds.",
+             "", markdown_table(out["rows"]), "", "Load (page clock):", "", load_table(out["load_ms"], out["second_load_ms"]), ""]
+    if len({p["stratum"] for p in out["prompts"]}) > 1:
+        lines += ["Per stratum:", "", stratum_table(out["stratum_rows"]), ""]
     agree = [(e["prompt"], k, v["first_divergence"]) for e in out["agreement"] for k, v in e["ours"].items()]
     same = sum(d is None for _, _, d in agree)
-    lines.append(f"Greedy tokens, ours against wllama: {same} of {len(agree)} (prompt, backend, mode) runs identical"
+    lines.append(f"Greedy tokens ({a['max_new_tokens']} at most), ours against wllama: {same} of {len(agree)} (prompt, backend, mode) runs identical"
                  + ("." if same == len(agree) else "; first divergences: " + ", ".join(
                      f"{p[:20]!r} {k} at {d}" for p, k, d in agree if d is not None) + "."))
+    counts = [e for e in out["agreement"] if any(v["prompt_tokens"] != e["wllama_prompt_tokens"] for v in e["ours"].values())]
+    lines.append("Prompt token counts: " + ("the same on both sides for every prompt." if not counts else
+                                            f"different for {len(counts)} prompts: " + ", ".join(repr(e["prompt"][:20]) for e in counts) + "."))
     for backend, err in out["unavailable"].items():
         lines.append(f"Champion backend `{backend}`: unavailable in this engine ({err['code']}: {err['message']}).")
     if "webgpu_verify" in out:
@@ -290,24 +431,44 @@ def doc_section(out: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--champion", help="a model folder, a .gguf file, or a URL path the bench server serves "
+                                       "(default: the shipped toy pair)")
+    ap.add_argument("--draft", help="a draft model folder (default: none with --champion; the toy draft without)")
+    ap.add_argument("--gguf", help="the GGUF file wllama runs (default: a GGUF champion itself; else the champion's F32 export)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=3, help="default prompts, and prompts of each corpus stratum")
+    ap.add_argument("--corpus-strata", default="", help="eval/corpus strata to add, comma-separated (e.g. dialogue,summary,extraction)")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--backends", default="webgpu,wasm")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--modes", default="none,draft,lookup", help="none|draft|lookup[@K] or NAME-adaptive, comma-separated")
-    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/performance.md")
+    ap.add_argument("--chat", choices=("auto", "on", "off"), default="auto",
+                    help="prompts in the champion's chat template (auto: for a --champion that has one)")
+    ap.add_argument("--json", help="where the run's JSON goes, its Markdown beside it "
+                                         "(default build/bench/peer.json; peer_real_model.json with --champion)")
+    ap.add_argument("--no-doc", action="store_true", help="do not rewrite the docs' generated sections")
     args = ap.parse_args(argv)
+    args.command = "python tools/bench/peer.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    for key in ("champion", "draft", "gguf", "json"):    # paths as given from here (run() works from the repository)
+        value = getattr(args, key)
+        if value and not value.startswith("/"):
+            setattr(args, key, os.path.abspath(value))
     out = run(args)
     section = doc_section(out)
     print(section)
-    os.makedirs(os.path.join("build", "bench"), exist_ok=True)
-    write_file(os.path.join("build", "bench", "peer.json"), json.dumps(out, indent=1))
+    name = "peer" if args.champion is None else "peer_real_model"
+    json_path = args.json or os.path.join("build", "bench", name + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    write_file(json_path, json.dumps(out, indent=1))
+    write_file(os.path.splitext(json_path)[0] + ".md", section + "\n")
     if not args.no_doc:
-        with open(DOC_PATH) as f:
-            doc = f.read()
-        write_file(DOC_PATH, replace_section(doc, section))
+        targets = [(DOC_PATH, SECTION_BEGIN, SECTION_END)] if args.champion is None else [
+            (path, REAL_BEGIN, REAL_END) for path in REAL_DOC_PATHS]
+        for path, begin, end in targets:
+            with open(path, encoding="utf-8") as f:
+                doc = f.read()
+            write_file(path, replace_section(doc, section, begin, end))
     return 0
 
 

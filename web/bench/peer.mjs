@@ -48,9 +48,10 @@ async function startWllama(ggufUrl, { nThreads, nCtx, nativeLog }) {
   return { load_ms: performance.now() - t0, libllama: Wllama.getLibllamaVersion(), n_threads: nThreads, info };
 }
 
-/** One raw completion of `prompt` (wllama tokenizes it: it takes no id arrays). withIds asks
- *  llama.cpp for each token's probability entry, which names the token id (slightly more work
- *  per token, so timed runs leave it off). Prompt caching is off: every request prefills. */
+/** One raw completion of `prompt`: a string (llama.cpp tokenizes it, BOS as the file says) or an
+ *  array of token ids (taken as they are, nothing added: the ids our engine prefilled). withIds
+ *  asks llama.cpp for each token's probability entry, which names the token id (slightly more
+ *  work per token, so timed runs leave it off). Prompt caching is off: every request prefills. */
 async function wllamaGenerate(prompt, { maxTokens = 32, temperature = 0, seed = 0, withIds = false } = {}) {
   const ids = [];
   let text = "", nChunks = 0, last = null, tFirst = null;
@@ -99,6 +100,12 @@ async function engineGenerate(name, payload) {
   }
 }
 
+/** Terminate our engine `name` (a second load in the same page starts from nothing of it). */
+async function unloadEngine(name) {
+  await engines.get(name)?.terminate();
+  engines.delete(name);
+}
+
 async function unload() {
   for (const engine of engines.values()) await engine.terminate();
   engines.clear();
@@ -106,5 +113,5 @@ async function unload() {
   wllama = null;
 }
 
-window.peerBench = { loadWllama, wllamaGenerate, loadEngine, engineGenerate, unload };
+window.peerBench = { loadWllama, wllamaGenerate, loadEngine, engineGenerate, unloadEngine, unload };
 window.peerReady = true;
