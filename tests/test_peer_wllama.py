@@ -142,11 +142,16 @@ def smollm2_gguf():
     return os.path.join("build", "models", status["path"])
 
 
-def test_peer_refuses_draft_mode_without_a_draft(smollm2_gguf):
-    with pytest.raises(SystemExit, match=r"E_BAD_ARGUMENT: --modes none,draft: draft needs a draft model \(--draft FOLDER\)"):
+def test_peer_refuses_before_any_browser_starts(smollm2_gguf, tmp_path):
+    """One code and one sentence each: draft mode without a draft, a champion nowhere, a .gguf that is none."""
+    with pytest.raises(SystemExit, match=r"^E_BAD_ARGUMENT: --modes none,draft: draft needs a draft model \(--draft FOLDER\)$"):
         peer.main(["--champion", str(REPO_ROOT / smollm2_gguf), "--modes", "none,draft", "--no-doc"])
-    with pytest.raises(SystemExit, match="E_BAD_ARGUMENT: --champion /web/models/nothing.gguf: neither a file"):
+    with pytest.raises(SystemExit, match="^E_BAD_ARGUMENT: --champion /web/models/nothing.gguf: neither a file"):
         peer.main(["--champion", "/web/models/nothing.gguf", "--no-doc"])
+    (tmp_path / "fake.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(SystemExit, match=r"^E_MODEL_LOAD: [^\n]*fake.gguf[^\n]*magic[^\n]*$") as refused:
+        peer.main(["--champion", str(tmp_path / "fake.gguf"), "--no-doc"])
+    assert str(refused.value).count("E_MODEL_LOAD") == 1
 
 
 def test_peer_on_the_real_gguf_gives_wllamas_greedy_tokens(smollm2_gguf, tmp_path):

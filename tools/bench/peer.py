@@ -38,6 +38,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "py"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from exactspec import server as static_server  # noqa: E402
+from exactspec.errors import E_INTERNAL, ExactSpecError  # noqa: E402
 from exactspec.safe_files import write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
@@ -270,9 +271,9 @@ def run(args) -> dict:
             "build", "gguf", os.path.basename(models["local"].rstrip(os.sep)) + (".q8src" if q8 else "") + ".f32.gguf")
         export_gguf(models["local"], path, "f32", weights="q8" if q8 else "f32")
         models["gguf"] = "/" + path.replace(os.sep, "/")
-    modes = args.modes.split(",")
+    modes = (args.modes or ("none,draft,lookup" if models["draft"] else "none,lookup")).split(",")
     if models["draft"] is None and any(mode_config(m, args.k)["speculate"] == "draft" for m in modes):
-        raise SystemExit(f"E_BAD_ARGUMENT: --modes {args.modes}: draft needs a draft model (--draft FOLDER)")
+        raise SystemExit(f"E_BAD_ARGUMENT: --modes {','.join(modes)}: draft needs a draft model (--draft FOLDER)")
     render = None if args.chat == "off" or (args.chat == "auto" and args.champion is None) else chat_renderer(models["local"])
     if args.chat == "on" and render is None:
         raise SystemExit(f"E_BAD_ARGUMENT: --chat on: the champion {args.champion or 'toy'} has no chat template")
@@ -316,7 +317,7 @@ def run(args) -> dict:
                    **mode_config(mode, args.k)}
             r = call("engineGenerate", f"ours-{backend}", {"prompt": prompt["text"], "chat": render is not None, "config": cfg})
             if "refused" in r:
-                raise RuntimeError(f"ours-{backend} {mode}: {r['refused']['code']}: {r['refused']['message']}")
+                raise ExactSpecError(r["refused"]["code"], f"ours-{backend} {mode}: {r['refused']['message']}")
             return r
 
         # untimed pass (warm-up of every runner): greedy tokens of wllama and of ours, every mode
@@ -330,7 +331,8 @@ def run(args) -> dict:
                     entry["ours"][f"{backend}:{mode}"] = {"token_ids": res["token_ids"], "prompt_tokens": len(res["prompt_ids"]),
                                                           "first_divergence": first_divergence(res["token_ids"], w["token_ids"])}
                     if prompt["prompt_ids"] is not None and res["prompt_ids"] != prompt["prompt_ids"]:
-                        raise RuntimeError(f"ours-{backend} {mode}: the engine's chat prompt ids differ from the template's here")
+                        raise ExactSpecError(E_INTERNAL, f"ours-{backend} {mode}: the engine's chat prompt ids differ from "
+                                                         "the template's rendered here")
             out["agreement"].append(entry)
             same_prompt = all(v["prompt_tokens"] == w["prompt_tokens"] for v in entry["ours"].values())
             print(f"greedy agreement {prompt['text'][:40]!r} (prompt tokens {w['prompt_tokens']}"
@@ -442,7 +444,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--backends", default="webgpu,wasm")
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--modes", default="none,draft,lookup", help="none|draft|lookup[@K] or NAME-adaptive, comma-separated")
+    ap.add_argument("--modes", help="none|draft|lookup[@K] or NAME-adaptive, comma-separated "
+                                    "(default: none,draft,lookup; none,lookup without a draft)")
     ap.add_argument("--chat", choices=("auto", "on", "off"), default="auto",
                     help="prompts in the champion's chat template (auto: for a --champion that has one)")
     ap.add_argument("--json", help="where the run's JSON goes, its Markdown beside it "
@@ -454,7 +457,15 @@ def main(argv=None) -> int:
         value = getattr(args, key)
         if value and not value.startswith("/"):
             setattr(args, key, os.path.abspath(value))
-    out = run(args)
+    try:
+        out = run(args)
+    except ExactSpecError as exc:                 # one code, one sentence
+        raise SystemExit(str(exc)) from None
+    except Exception as exc:                      # a page's exception (wllama or our engine refused): its coded line
+        from exactspec.browser_run import _coded_from
+        if type(exc).__module__.startswith("playwright"):
+            raise SystemExit(str(_coded_from(exc))) from None
+        raise
     section = doc_section(out)
     print(section)
     name = "peer" if args.champion is None else "peer_real_model"
