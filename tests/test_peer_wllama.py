@@ -132,6 +132,11 @@ def test_bench_prompt_set_and_stratum_tables():
         "| wllama | 1.5 | 1.2 |", "| ours-wasm | 9.0 | - |"]
 
 
+def test_bench_refusal_names_the_runner_and_the_code_once():
+    err = peer.refusal("ours-wasm", {"code": "E_MANIFEST_MISMATCH", "message": "E_MANIFEST_MISMATCH: field 'x' differs"})
+    assert str(err) == "E_MANIFEST_MISMATCH: ours-wasm: field 'x' differs"
+
+
 # ---- the real model: peer.py --champion FILE.gguf, wllama on the very same file ----
 
 @pytest.fixture(scope="module")

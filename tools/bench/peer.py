@@ -38,7 +38,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "py"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from exactspec import server as static_server  # noqa: E402
-from exactspec.errors import E_INTERNAL, ExactSpecError  # noqa: E402
+from exactspec.errors import E_INTERNAL, ExactSpecError, message_without_code  # noqa: E402
 from exactspec.safe_files import write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
@@ -71,6 +71,11 @@ REAL_DOC_PATHS = (os.path.join("docs", "performance.md"), os.path.join("docs", "
 REAL_BEGIN, REAL_END = "<!-- peer.py:real-model:begin -->", "<!-- peer.py:real-model:end -->"
 CORPUS_DIR = os.path.join("eval", "corpus")
 DEFAULT_STRATUM = "default"
+
+
+def refusal(who: str, refused: dict) -> ExactSpecError:
+    """The page's {code, message} as one coded error that names `who` (the code once)."""
+    return ExactSpecError(refused["code"], f"{who}: {message_without_code(refused['code'], refused['message'])}")
 
 
 def bench_models(champion, draft, gguf, mounts: dict) -> dict:
@@ -301,6 +306,8 @@ def run(args) -> dict:
                 if key == "second_load_ms":
                     call("unloadEngine", name)
                 r = call("loadEngine", name, engine_models, {"championBackend": backend})
+                if "refused" in r and r["refused"]["code"] != "E_NO_WEBGPU":   # e.g. a draft the pair check refuses
+                    raise refusal(name, r["refused"])
                 if "refused" in r:
                     out["unavailable"][backend] = r["refused"]
                     print(f"{name}: unavailable: {r['refused']['code']}: {r['refused']['message']}", flush=True)
@@ -317,7 +324,7 @@ def run(args) -> dict:
                    **mode_config(mode, args.k)}
             r = call("engineGenerate", f"ours-{backend}", {"prompt": prompt["text"], "chat": render is not None, "config": cfg})
             if "refused" in r:
-                raise ExactSpecError(r["refused"]["code"], f"ours-{backend} {mode}: {r['refused']['message']}")
+                raise refusal(f"ours-{backend} {mode}", r["refused"])
             return r
 
         # untimed pass (warm-up of every runner): greedy tokens of wllama and of ours, every mode
