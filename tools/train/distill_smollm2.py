@@ -294,7 +294,8 @@ def batches(records, tokens_per_batch, max_len, rnd):
 
 
 def distill_loss(logits, tv, ti, mask):
-    """Cross-entropy of the draft against the champion's top-K distribution (renormalised)."""
+    """Cross-entropy of the draft against the champion's top-K distribution (renormalised);
+    ti indexes the columns of logits."""
     logq = F.log_softmax(logits.float(), dim=-1).gather(-1, ti)
     p = F.softmax(tv, dim=-1)
     per_pos = -(p * logq).sum(-1)
@@ -362,6 +363,7 @@ def cmd_train(args):
                     "epoch": epoch, "conf": conf.to_dict(), "args": vars(args)}, ckpt_path + ".tmp")
         os.replace(ckpt_path + ".tmp", ckpt_path)
 
+    frequent = torch.as_tensor(np.argsort(-token_frequencies(train))[:args.candidates].copy())
     last_save, done = elapsed, False
     while not done:
         for batch in batches(train, args.tokens_per_batch, args.max_len, random.Random(args.seed + epoch)):
@@ -374,7 +376,16 @@ def cmd_train(args):
             for g in opt.param_groups:
                 g["lr"] = lr
             x, tv, ti, mask, _ = make_batch(batch, args.max_len)
-            loss = distill_loss(model(x), tv, ti, mask)
+            if args.candidates:
+                # the softmax over the batch's teacher top-K ids and the most frequent tokens only
+                # (5-8x cheaper than 49152 columns on this CPU); the exported draft has the full head
+                cand = torch.unique(torch.cat([ti[mask > 0].flatten(), frequent]))
+                column = torch.full((49152,), 0, dtype=torch.long)
+                column[cand] = torch.arange(len(cand))
+                logits = F.linear(model.hidden(x), model.model.embed_tokens.weight[cand])
+                loss = distill_loss(logits, tv, column[ti], mask)
+            else:
+                loss = distill_loss(model(x), tv, ti, mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -596,8 +607,17 @@ def cmd_simulate(args):
     with GGUFFile(gguf_path()) as f:
         pair = LoadedPair(None, load_tokenizer(f), tokenizer_config(f), (IM_END,), None)
     report = {"draft": args.draft, "k": args.k, "label": "torch simulation of the exact rule"}
+    allowed = None
+    if args.restrict:   # technique 2: the head restricted to the N most frequent answer tokens
+        rank = np.argsort(-token_frequencies(split_records(load_records())[0]))
+        allowed = torch.zeros(49152, dtype=torch.bool)
+        allowed[torch.as_tensor(rank[:args.restrict].copy())] = True
+        report["restricted_to"] = args.restrict
     for folder in args.draft:
         draft = load_torch_draft(folder)
+        if allowed is not None:
+            full = draft
+            draft = lambda x, full=full: full(x).masked_fill(~allowed, float("-inf"))
         for name, temp, seeds in (("greedy", 0.0, [0]), ("T=1", 1.0, list(range(args.seeds)))):
             totals = {}
             for stratum, pid, ids, max_new, seed in eval_prompts(pair):
@@ -620,7 +640,7 @@ def cmd_time(args):
     import subprocess
     import tempfile
     cases = {"wasm": os.path.join(REPO, "web", "build", "draft.wasm"), "model_dir": os.path.abspath(args.draft),
-             "timing": {"k": args.k, "reps": args.reps, "policy": {"temperature": 1.0}}}
+             "timing": {"k": args.k, "reps": args.reps, "policy": {"temperature": args.temperature}}}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")
         with open(cin, "w") as f:
@@ -652,6 +672,8 @@ def main():
     t.add_argument("--tokens-per-batch", type=int, default=2048)
     t.add_argument("--max-len", type=int, default=320)
     t.add_argument("--no-pca", dest="pca", action="store_false")
+    t.add_argument("--candidates", type=int, default=2048,
+                   help="softmax over the batch's teacher ids + this many frequent tokens (0: all 49152)")
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--threads", type=int, default=2)
     e = sub.add_parser("export")
@@ -670,11 +692,13 @@ def main():
     sm.add_argument("--seeds", type=int, default=5)
     sm.add_argument("--max-new", type=int, default=0, help="0: each prompt's max_new_tokens")
     sm.add_argument("--threads", type=int, default=1)
+    sm.add_argument("--restrict", type=int, default=0, help="mask the draft's head to the N most frequent tokens")
     sm.add_argument("--out")
     w = sub.add_parser("time")
     w.add_argument("--draft", required=True)
     w.add_argument("--k", type=int, default=4)
     w.add_argument("--reps", type=int, default=30)
+    w.add_argument("--temperature", type=float, default=1.0)
     args = ap.parse_args()
     {"gen": cmd_gen, "train": cmd_train, "export": cmd_export, "measure": cmd_measure, "simulate": cmd_simulate, "time": cmd_time}[args.cmd](args)
 
