@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 
-import numpy as np
 import pytest
 
 from gguf_builders import REPO, smollm2_status

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Self-distil a small Llama draft for SmolLM2-135M-Instruct (the GGUF champion), on CPU.
 
-  python3 tools/train/distill_smollm2.py gen   --minutes 35      # champion writes the data (resumable)
-  python3 tools/train/distill_smollm2.py train --minutes 30 --hidden 64 --tag d64   # (resumable)
-  python3 tools/train/distill_smollm2.py export --tag d64 --out web/models/smollm2-draft
-  python3 tools/train/distill_smollm2.py measure --draft web/models/smollm2-draft
+  python3 tools/train/distill_smollm2.py gen --minutes 35 --batch 48 --max-new 48   # data (resumable)
+  python3 tools/train/distill_smollm2.py train --tag d64l4 --shape d64 --layers 4 --minutes 18   # (resumable)
+  python3 tools/train/distill_smollm2.py export --tag d64l4 --out web/models/smollm2-draft
+  python3 tools/train/distill_smollm2.py measure --draft web/models/smollm2-draft     # the real loop
+  python3 tools/train/distill_smollm2.py simulate --draft web/models/smollm2-draft   # torch, same rule
+  python3 tools/train/distill_smollm2.py time --draft web/models/smollm2-draft       # WASM, Node
 
 Data recipe (docs/smollm2_draft.md): no external text and nothing from eval/corpus. The champion
 samples user messages itself (chat template, open user turn, T = 1, top-p 0.95, a short opening
 word to spread topics), answers them at T in {0, 0.7, 1.0}, and then answers templated
-instructions (summarise / extract / rewrite / continue the dialogue) filled with its own answers.
+instructions (summarise / extract / rewrite / continue the dialogue, in chat and as plain
+completions) filled with its own answers.
 Every finished sequence gets one teacher forward; its top-K log-probabilities per position are
 the soft targets. Everything goes to build/train/smollm2/ (git-ignored), appended in shards, so a
 stopped run resumes where it was.
