@@ -484,9 +484,29 @@ def test_an_unknown_run_artifact_has_no_scheme(shipped):
 
 def test_committed_manifest_lists_every_committed_file_with_its_hash(shipped):
     manifest = shipped[1]
-    on_disk = {f"{role}/{name}": digest for role, (_, served) in shipped[0].items() for name, digest in served.items()}
-    assert sorted(os.listdir(MODELS_DIR)) == ["champion", "draft", "manifest.json"]
+    folders = sorted(n for n in os.listdir(MODELS_DIR) if n != "manifest.json")
+    assert folders == ["champion", "draft", "smollm2-draft"]
+    on_disk = {}
+    for folder in folders:
+        for name in os.listdir(os.path.join(MODELS_DIR, folder)):
+            data = _read(os.path.join(MODELS_DIR, folder, name))
+            on_disk[f"{folder}/{name}"] = (sha256_bytes(data), len(data))
     assert listed_files(manifest) == on_disk
+
+
+def test_committed_manifest_binds_the_made_for_draft_to_its_champion(shipped):
+    """web/models/smollm2-draft names the GGUF champion it was made for in its safetensors
+    metadata; the manifest lists it as a model (f32 run artifact) and binds it in `drafts`."""
+    from exactspec.manifest import draft_for_champion
+    from exactspec.safetensors import read_header
+    manifest = shipped[1]
+    champion_sha = read_header(os.path.join(MODELS_DIR, "smollm2-draft", "model.safetensors"))[1][
+        "exactspec_champion_sha256"]
+    assert manifest["drafts"] == {champion_sha: {"dir": "smollm2-draft", "champion": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
+    assert draft_for_champion(manifest, champion_sha) == "smollm2-draft"
+    artifact = run_artifact(manifest, "smollm2-draft")
+    assert (artifact["file"], artifact["quantization"]) == ("model.safetensors", "f32")
+    assert (artifact["sha256"], artifact["bytes"]) == listed_files(manifest)["smollm2-draft/model.safetensors"]
 
 
 def test_committed_manifest_binds_what_the_browser_runs(shipped):

@@ -38,6 +38,13 @@ from exactspec.safetensors import read_header  # noqa: E402
 # What the browser runs for each model (manifest.json models.<name>.run_artifact): the WebGPU
 # champion the int8 file, the WASM draft the float32 one.
 RUN_ARTIFACTS = {"champion": Q8_WEIGHTS_FILE, "draft": "model.safetensors"}
+# A draft made for a champion that is not served here (a GGUF) names it in its safetensors
+# metadata by sha256; the file name the manifest's `drafts` entry shows for that champion is the
+# metadata's exactspec_champion_file, else this table's.
+CHAMPION_SHA_KEY, CHAMPION_FILE_KEY = "exactspec_champion_sha256", "exactspec_champion_file"
+CHAMPION_FILES = {"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53":
+                  "SmolLM2-135M-Instruct.Q4_1.gguf"}
+MAX_TOTAL_BYTES = 64 * 1000 * 1000   # see docs/formats.md, "Served files"
 SPECIAL_MAP = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>",
                "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]}
 
@@ -155,7 +162,7 @@ def model_entry(root, name, listed):
     _, md = read_header(os.path.join(root, name, "model.safetensors"))
     with open(os.path.join(root, name, "config.json")) as f:
         cfg = json.load(f)
-    run_file = RUN_ARTIFACTS[name]
+    run_file = RUN_ARTIFACTS.get(name, "model.safetensors")
     run_path = os.path.join(root, name, run_file)
     check_weights_metadata(run_file, read_header(run_path)[1], run_path)
     digest = listed[f"{name}/{run_file}"]
@@ -166,22 +173,54 @@ def model_entry(root, name, listed):
                              "quantization": run_weights_scheme(run_file)}}
 
 
+def made_for_drafts(root):
+    """{folder: champion sha256} of every folder under ROOT whose model.safetensors metadata names
+    the champion it was made for (exactspec_champion_sha256)."""
+    drafts = {}
+    for name in sorted(os.listdir(root)):
+        weights = os.path.join(root, name, "model.safetensors")
+        if name not in RUN_ARTIFACTS and os.path.isfile(weights):
+            sha = read_header(weights)[1].get(CHAMPION_SHA_KEY)
+            if sha is not None:
+                drafts[name] = sha
+    return drafts
+
+
+def champion_file(root, folder, sha):
+    """The champion's file name a `drafts` entry shows: the draft's metadata, else CHAMPION_FILES."""
+    name = read_header(os.path.join(root, folder, "model.safetensors"))[1].get(CHAMPION_FILE_KEY)
+    name = name or CHAMPION_FILES.get(sha)
+    if not name:
+        raise SystemExit(f"{folder}/model.safetensors: made for champion {sha[:12]}.., whose file name "
+                         f"neither its metadata ({CHAMPION_FILE_KEY}) nor CHAMPION_FILES gives")
+    return name
+
+
 def build_manifest(root):
-    """The manifest.json of ROOT (see docs/formats.md, "Served files")."""
+    """The manifest.json of ROOT (see docs/formats.md, "Served files"): every file; models.<name>
+    for the toy champion and draft and for each draft made for a champion (made_for_drafts);
+    drafts: champion sha256 -> {dir, champion} for the latter."""
     files = list_files(root)
     listed = {f["path"]: f for f in files}
-    models = {name: model_entry(root, name, listed) for name in RUN_ARTIFACTS
-              if os.path.exists(os.path.join(root, name, "model.safetensors"))}
+    made_for = made_for_drafts(root)
+    names = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(root, name, "model.safetensors"))]
+    models = {name: model_entry(root, name, listed) for name in names + list(made_for)}
+    drafts = {}
+    for folder, sha in made_for.items():
+        if sha in drafts:
+            raise SystemExit(f"{folder} and {drafts[sha]['dir']}: two drafts made for champion {sha[:12]}.., "
+                             "the manifest binds one")
+        drafts[sha] = {"dir": folder, "champion": champion_file(root, folder, sha)}
     return {"version": FILES_MANIFEST_VERSION, "total_bytes": sum(f["bytes"] for f in files),
-            "files": files, "models": models, "tokenizer_shared": True}
+            "files": files, "models": models, "drafts": drafts, "tokenizer_shared": True}
 
 
 def write_manifest(root):
     man = build_manifest(root)
     write_json(os.path.join(root, "manifest.json"), man)
     print(f"manifest: {len(man['files'])} files, {man['total_bytes']} bytes")
-    if man["total_bytes"] > 40 * 1000 * 1000:
-        raise SystemExit("model bytes exceed 40 MB")
+    if man["total_bytes"] > MAX_TOTAL_BYTES:
+        raise SystemExit(f"model bytes exceed {MAX_TOTAL_BYTES // 1000000} MB")
     return man
 
 
