@@ -4,7 +4,7 @@ The folder is at most 16 MB and loads with the project's loaders (LlamaReference
 draft in Node with the reference's logits); it shares the GGUF champion's tokenizer (the same
 tokenizer.json bytes the GGUF rebuilds, the same ids on hostile text, chat template and stop ids);
 and greedy speculation with it on the CPython reference gives the champion's own tokens, with
-proposals accepted. Tests that need the GGUF skip only when build/models/status.json says it is
+more proposals accepted than an untrained draft of the same shape gets. Tests that need the GGUF skip only when build/models/status.json says it is
 unavailable, with its reason.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 
 from gguf_builders import REPO, smollm2_status
@@ -21,6 +22,7 @@ from test_wasm_draft import run_node, unb64
 from tolerances import max_error, within
 
 from exactspec.backends import RunnerDraft
+from exactspec.chat import encode_chat_prompt
 from exactspec.gguf import GGUFFile
 from exactspec.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config, tokenizer_spec
 from exactspec.manifest import canonical_json, check_pair, load_model_identity
@@ -97,18 +99,39 @@ def test_wasm_draft_runs_it(draft_reference):
     print(f"smollm2-draft WASM vs reference: [err] draft_logits {worst:.3g}")
 
 
-def test_greedy_speculation_equals_champion_alone(gguf_path, draft_reference):
-    """The CPython reference: the GGUF champion alone, and with this draft at k = 4: the same
-    tokens, and the draft's proposals are accepted (it is made for this champion)."""
+def untrained_copy(folder) -> str:
+    """The draft's config with seeded N(0, 0.02) matrices: the same shape, nothing learnt."""
+    from safetensors.numpy import load_file, save_file
+    rs = np.random.default_rng(0)
+    weights = {k: (rs.normal(0, 0.02, v.shape).astype(np.float32) if v.ndim == 2 else v.astype(np.float32))
+               for k, v in load_file(os.path.join(DRAFT, "model.safetensors")).items()}
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(DRAFT, "config.json"), encoding="utf-8") as src, \
+            open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as dst:
+        dst.write(src.read())
+    return folder
+
+
+def test_greedy_speculation_equals_champion_alone(gguf_path, draft_reference, tmp_path):
+    """The CPython reference on a chat turn: the GGUF champion alone, and with this draft at
+    k = 4: the same tokens; and the draft has learnt the champion: more of its proposals are accepted than of
+    the same shape with untrained weights."""
     from exactspec.gguf_pair import load_gguf_pair
     pair = load_gguf_pair(gguf_path)
     base = pair.orchestrator
-    with_draft = Orchestrator(base.champion, RunnerDraft(draft_reference), decode=base.decode,
-                              identities={k: v for k, v in base.identities.items() if k != "champion"})
-    ids = pair.tokenizer.encode("The capital of France is")
+    ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config,
+                             [{"role": "user", "content": "What is the capital of France?"}])
     greedy = SamplingPolicy(temperature=0)
-    alone = base.generate(ids, GenerationConfig(max_new_tokens=12, speculate="none", policy=greedy))
-    spec = with_draft.generate(ids, GenerationConfig(max_new_tokens=12, speculate="draft", k=4, policy=greedy))
-    print(f"smollm2-draft greedy: {spec.text!r}, {spec.stats['tokens_per_round']} tokens per round")
-    assert spec.token_ids == alone.token_ids and spec.stats["mode"] == "draft"
-    assert spec.stats["accepted"] > 0
+    stops = pair.stop_token_ids
+    alone = base.generate(ids, GenerationConfig(max_new_tokens=24, speculate="none", policy=greedy,
+                                                stop_token_ids=stops))
+    accepted = {}
+    for name, draft in (("shipped", draft_reference), ("untrained", LlamaReference.from_dir(untrained_copy(tmp_path)))):
+        with_draft = Orchestrator(base.champion, RunnerDraft(draft), decode=base.decode,
+                                  identities={k: v for k, v in base.identities.items() if k != "champion"})
+        spec = with_draft.generate(ids, GenerationConfig(max_new_tokens=24, speculate="draft", k=4, policy=greedy,
+                                                         stop_token_ids=stops))
+        print(f"smollm2-draft greedy ({name}): {spec.text!r}, {spec.stats['tokens_per_round']} tokens per round")
+        assert spec.token_ids == alone.token_ids and spec.stats["mode"] == "draft"
+        accepted[name] = spec.stats["accepted"]
+    assert accepted["shipped"] > accepted["untrained"]
