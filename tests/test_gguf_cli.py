@@ -2,8 +2,9 @@
 reference backend, the draft that web/models/manifest.json binds to the champion's sha256 picked
 automatically, mismatched drafts refused naming the field, chat_template.jinja read as transformers
 reads it. The real SmolLM2 GGUF (tools/fetch_models.py); skipped only when build/models/status.json
-says it is unavailable, with its reason. The draft is a tiny random bf16 Llama made here with the
-GGUF's rebuilt tokenizer (as tools/train/distill_smollm2.py exports its draft).
+says it is unavailable, with its reason. The shipped pairing (web/models/smollm2-draft) runs as
+committed; the other drafts are a tiny random bf16 Llama made here with the GGUF's rebuilt
+tokenizer (as tools/train/distill_smollm2.py exports its draft).
 """
 from __future__ import annotations
 
@@ -111,11 +112,47 @@ def test_the_draft_the_manifest_binds_is_picked_and_exact(gguf_path, tiny_draft,
     assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
 
-def test_without_a_bound_draft_the_default_is_lookup_and_draft_is_refused(gguf_path, alone):
+def test_the_shipped_manifest_pairs_the_smollm2_draft(gguf_path, alone):
+    """web/models/manifest.json binds web/models/smollm2-draft to the GGUF's sha256: with no --draft
+    and no --speculate the command line runs that draft, and its greedy tokens are the champion's."""
+    out = chat_json(gguf_path, "--temperature", "0")
+    assert out["stats"]["mode"] == "draft" and out["stats"]["proposed"] > 0, out["stats"]
+    assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
+
+
+def test_the_browser_backend_pairs_the_smollm2_draft_too(gguf_path, alone):
+    """`--backend browser` with the GGUF and no --draft runs the draft the shipped manifest binds
+    (checked against its entry there), greedy tokens equal to the reference champion alone; timings
+    of alone, draft and lookup printed from the same command line."""
+    runs = {}
+    for mode in ("none", "draft", "lookup"):
+        runs[mode] = chat_json(gguf_path, "--backend", "browser", "--temperature", "0",
+                               *(("--speculate", mode) if mode != "draft" else ()))
+    assert runs["draft"]["stats"]["mode"] == "draft" and runs["draft"]["stats"]["proposed"] > 0, runs["draft"]["stats"]
+    for mode, out in runs.items():
+        assert out["token_ids"] == alone["token_ids"], (mode, out["text"])
+        timing = out["timing_ms"]
+        print(f"[measure] browser {mode}: {timing.get('decode', 0) / max(1, len(out['token_ids']) - 1):.1f} ms/token "
+              f"(decode {timing.get('decode')}, stats {out['stats']})")
+
+
+def models_dir_without_drafts(tmp_path):
+    """A models folder whose manifest.json is the shipped one without its `drafts` entry."""
+    with open(os.path.join(REPO, "web", "models", "manifest.json"), encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    manifest.pop("drafts")
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_without_a_bound_draft_the_default_is_lookup_and_draft_is_refused(gguf_path, alone, tmp_path):
     assert alone["finish_reason"] == "eos" and "Paris" in alone["text"]
-    out = chat_json(gguf_path)                     # no --speculate, no draft in web/models/manifest.json
+    bare = models_dir_without_drafts(tmp_path)
+    out = chat_json(gguf_path, models_dir=bare)    # no --speculate, no draft bound to the GGUF
     assert out["stats"]["mode"] == "lookup" and out["token_ids"] == alone["token_ids"]
-    r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--speculate", "draft")
+    r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--speculate", "draft", models_dir=bare)
     assert r.returncode == 2 and "no draft is known for" in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
 
 

@@ -384,7 +384,13 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         manifest = json.loads((MODELS / "manifest.json").read_text())
         if status["sha256"] in manifest.get("drafts", {}):         # a draft made for it: paired automatically
             page.wait_for_function("() => window.appDraftReady === true")
-            assert page.is_hidden("#model_note") and "speculation on" in page.text_content("#status")
+            assert page.is_hidden("#model_note") and "speculation on" in page.text_content("#status"), \
+                page.text_content("#status")
+            _, _, alone = answer(page, "none", 12, "What is the capital of France?")     # greedy: temperature 0
+            _, _, drafted = answer(page, "draft", 12, "What is the capital of France?")
+            assert sum(page.evaluate("() => window.appState.live.proposedPerRound")) > 0
+            assert "".join(t for _, t in drafted) == "".join(t for _, t in alone) and "Paris" in "".join(t for _, t in alone)
+            page.click("#new_conversation")
         else:
             assert page.text_content("#model_note") == "No draft is made for it here: prompt lookup and champion alone."
         assert send(page, "What is the capital of France? Answer in one word.", 12) == "done"
@@ -401,6 +407,29 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
             messages[:3], tokenize=True, add_generation_prompt=True, return_dict=False)
         print("real model, second turn:", page.evaluate("() => window.appState.live"))
         page.screenshot(path=str(SHOTS / "page-real-model.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_the_real_models_draft_is_checked_against_its_own_manifest_entry(chromium_browser, http_server):
+    """The draft models/manifest.json binds to the GGUF is checked against models.smollm2-draft (the
+    folder it is served from), though it plays the role "draft": a served file that differs from the
+    listed one by a byte is refused naming it; the champion alone still answers."""
+    from gguf_builders import smollm2_status
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    path = "smollm2-draft/generation_config.json"
+    context, page = fresh_page(chromium_browser, http_server)
+    try:
+        page.route(f"**/web/models/{path}", lambda route: route.fulfill(status=200, body=(MODELS / path).read_bytes() + b"\n"))
+        page.goto(http_server.url + "/")
+        page.wait_for_function("() => window.appReady === true && window.appDraftReady === true")
+        line = page.text_content("#status")
+        assert line.startswith(f"the draft could not load (E_MANIFEST_MISMATCH: {path}: sha256 differs from "
+                               "web/models/manifest.json"), line
+        assert line.count("E_MANIFEST_MISMATCH") == 1 and page.is_disabled("#speculate option[value=draft]")
+        assert answer(page, "none", max_tokens=4)[0] == "done"
     finally:
         context.close()
 

@@ -302,6 +302,9 @@ def check_models(spec_json: str, get_file) -> str:
     """The browser's load-time checks, run in Pyodide over the bytes the page fetched.
 
     spec: {"roles": ["champion"(, "draft")], "manifest": web/models/manifest.json or null,
+           "entries": {role: the manifest's models entry that role is checked against, the folder
+           it is served from ("draft", "smollm2-draft"), or null: not under the manifest (a GGUF
+           champion)} (default: each role's own name),
            "served": {role: {name: [sha256 (WebCrypto), bytes]}} (run artifacts included, or
            absent for the first stage), "run_weights": {role: run artifact name} (optional: a GGUF
            champion's file name), "gguf_pair": true when a side is a GGUF (its tokenizer.json is
@@ -312,12 +315,13 @@ def check_models(spec_json: str, get_file) -> str:
     Stage 1 (no "served"): every config.json through the one config validator (the reference
     loader's), so both paths refuse the same files with the same code, before any weights load;
     a chat_template.jinja that is not UTF-8 is refused there too.
-    Stage 2: served files against the manifest (when there is one), the run artifacts against
-    models.<role>.run_artifact, and the pair's identities over the same fields as under CPython.
+    Stage 2: each listed role's served files against the manifest (when there is one), its run
+    artifact against models.<entry>.run_artifact, and the pair's identities over the same fields
+    as under CPython.
     Returns JSON {"ok": summary} or {"error": {code, message}}: nothing raises across the boundary."""
     from .config import load_json_bounded, validate_config
     from .manifest import (CHAT_TEMPLATE_FILE, GGUF_PAIR_FIELDS, MUST_MATCH, chat_template_of, check_pair_identities,
-                           check_run_artifact, check_served_files, check_served_pair, model_identity_from_files)
+                           check_served_model, check_served_pair, model_identity_from_files)
     try:
         spec = json.loads(spec_json)
         roles = spec["roles"]
@@ -337,21 +341,21 @@ def check_models(spec_json: str, get_file) -> str:
             return json.dumps({"ok": summary})
         served = {role: {name: (d[0], d[1]) for name, d in served[role].items()} for role in roles}
         manifest = spec.get("manifest")
-        if manifest is not None and len(roles) == 2:
-            pair = check_served_pair(manifest, files["champion"], served["champion"], files["draft"], served["draft"])
-        else:
-            for role in roles if manifest is not None else ():   # one role (the draft failed to load)
-                check_served_files(manifest, role, served[role])
-                bound = manifest["models"][role]["run_artifact"]["file"]
-                check_run_artifact(manifest, role, bound, *served[role][bound])
+        entries = spec.get("entries") or {role: role for role in roles}
+        listed = [role for role in roles if manifest is not None and entries.get(role)]
+        if len(listed) == 2:
+            pair = check_served_pair(manifest, files["champion"], served["champion"], files["draft"], served["draft"],
+                                     entries=entries)
+        else:   # one role (a GGUF champion, or the draft failed to load) or none under the manifest
+            run = {role: check_served_model(manifest, entries[role], served[role]) for role in listed}
             named = spec.get("run_weights") or {}
-            run = {role: (manifest["models"][role]["run_artifact"]["file"] if manifest
-                          else named.get(role, DEFAULT_RUN_WEIGHTS[role])) for role in roles}
+            for role in roles:
+                run.setdefault(role, named.get(role, DEFAULT_RUN_WEIGHTS[role]))
             ids = {role: model_identity_from_files(files[role], served[role], source=role, run_weights=run[role])
                    for role in roles}
             fields = GGUF_PAIR_FIELDS if spec.get("gguf_pair") else MUST_MATCH
             pair = check_pair_identities(ids["champion"], ids["draft"], fields) if len(roles) == 2 else None
-        summary["manifest_checked"] = manifest is not None
+        summary["manifest_checked"] = bool(listed)
         summary["pair_checked"] = pair is not None
         summary["differs"] = pair["differs"] if pair else []
         return json.dumps({"ok": summary})

@@ -383,20 +383,21 @@ def draft_for_champion(manifest, champion_sha256: str):
     return entry["dir"] if entry else None
 
 
-def _model_entry(manifest, role: str) -> tuple[dict, dict]:
+def _model_entry(manifest, entry: str) -> tuple[dict, dict]:
     listed = listed_files(manifest)
-    if role not in manifest["models"]:
-        _malformed(f"has no models.{role} (has {sorted(manifest['models'])})")
-    return listed, manifest["models"][role]
+    if entry not in manifest["models"]:
+        _malformed(f"has no models.{entry} (has {sorted(manifest['models'])})")
+    return listed, manifest["models"][entry]
 
 
-def check_served_files(manifest: dict, role: str, served: dict) -> None:
-    """Refuse (E_MANIFEST_MISMATCH naming every such file) a served file of model `role` that
-    web/models/manifest.json does not list as "<dir>/<name>" with the same sha256 and bytes.
+def check_served_files(manifest: dict, entry: str, served: dict) -> None:
+    """Refuse (E_MANIFEST_MISMATCH naming every such file) a served file of the model that
+    web/models/manifest.json describes as models.<entry> (the folder it is served from: "champion",
+    "draft", "smollm2-draft") and does not list as "<dir>/<name>" with the same sha256 and bytes.
     served: file name -> (sha256 hex, byte count) of the bytes actually fetched."""
-    listed, info = _model_entry(manifest, role)
+    listed, info = _model_entry(manifest, entry)
     if not isinstance(served, dict):
-        raise ExactSpecError(E_BAD_ARGUMENT, f"{role}: served must be a dict of name -> (sha256, bytes)")
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{entry}: served must be a dict of name -> (sha256, bytes)")
     problems = []
     for name in sorted(served):
         path = f"{info['dir']}/{name}"
@@ -415,53 +416,63 @@ def check_served_files(manifest: dict, role: str, served: dict) -> None:
                              files=[p for p, _ in problems])
 
 
-def run_artifact(manifest: dict, role: str) -> dict:
-    """models.<role>.run_artifact of a valid web/models/manifest.json: {file, sha256, bytes,
+def run_artifact(manifest: dict, entry: str) -> dict:
+    """models.<entry>.run_artifact of a valid web/models/manifest.json: {file, sha256, bytes,
     quantization}, the weights file that model runs in the browser."""
-    return dict(_model_entry(manifest, role)[1]["run_artifact"])
+    return dict(_model_entry(manifest, entry)[1]["run_artifact"])
 
 
-def check_run_artifact(manifest: dict, role: str, file: str, sha256: str, nbytes: int) -> str:
-    """The quantisation scheme of the artifact model `role` runs, or E_MANIFEST_MISMATCH when
-    it is not the file, sha256 and size that models.<role>.run_artifact binds."""
-    _, info = _model_entry(manifest, role)
+def check_run_artifact(manifest: dict, entry: str, file: str, sha256: str, nbytes: int) -> str:
+    """The quantisation scheme of the artifact the model of models.<entry> runs, or
+    E_MANIFEST_MISMATCH when it is not the file, sha256 and size that its run_artifact binds."""
+    _, info = _model_entry(manifest, entry)
     bound = info["run_artifact"]
     path = f"{info['dir']}/{bound['file']}"
     if file != bound["file"]:
-        raise ExactSpecError(E_MANIFEST_MISMATCH, f"{role} runs {info['dir']}/{file}, but {FILES_MANIFEST} "
-                             f"models.{role}.run_artifact binds {path}", files=[f"{info['dir']}/{file}"])
+        raise ExactSpecError(E_MANIFEST_MISMATCH, f"{entry} runs {info['dir']}/{file}, but {FILES_MANIFEST} "
+                             f"models.{entry}.run_artifact binds {path}", files=[f"{info['dir']}/{file}"])
     sha256, nbytes = _weights_digest({file: (sha256, nbytes)}, file, path)
     if (sha256, nbytes) != (bound["sha256"], bound["bytes"]):
         raise ExactSpecError(E_MANIFEST_MISMATCH, f"{path}: the run artifact differs from {FILES_MANIFEST} "
-                             f"models.{role}.run_artifact (run sha256 {_show(sha256)} {nbytes} bytes, "
+                             f"models.{entry}.run_artifact (run sha256 {_show(sha256)} {nbytes} bytes, "
                              f"bound {_show(bound['sha256'])} {bound['bytes']} bytes)", files=[path])
     return bound["quantization"]
 
 
+def check_served_model(manifest: dict, entry: str, served: dict) -> str:
+    """check_served_files, then the run artifact models.<entry> binds must have been served and be
+    that file (check_run_artifact); returns the run artifact's file name."""
+    check_served_files(manifest, entry, served)
+    _, info = _model_entry(manifest, entry)
+    bound = info["run_artifact"]
+    if bound["file"] not in served:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"{info['dir']}/{bound['file']}: the run artifact that "
+                             f"{FILES_MANIFEST} binds was not among the served files")
+    check_run_artifact(manifest, entry, bound["file"], *served[bound["file"]])
+    return bound["file"]
+
+
 def check_served_pair(manifest: dict, champion_files: dict, champion_served: dict,
-                      draft_files: dict, draft_served: dict) -> dict:
+                      draft_files: dict, draft_served: dict, entries: dict | None = None) -> dict:
     """The browser's whole load-time check; returns the pair manifest (check_pair_identities).
 
-    Per role: every served file matches web/models/manifest.json (check_served_files); the run
-    artifact was served and is the one run_artifact binds (check_run_artifact); the bytes in
-    *_files (name -> bytes: config.json, tokenizer.json, tokenizer_config.json,
-    generation_config.json) are the served bytes; then the identities, computed from those
-    bytes and the served digests, must agree on every MUST_MATCH field.
+    Per role: the served model checks against its models.<entry> (check_served_model); entries:
+    role -> the entry, the folder each model is served from (default: the role's name, the toy
+    pair's folders); the bytes in *_files (name -> bytes: config.json, tokenizer.json,
+    tokenizer_config.json, generation_config.json) are the served bytes; then the identities,
+    computed from those bytes and the served digests, must agree on every MUST_MATCH field.
     """
+    entries = entries or {"champion": "champion", "draft": "draft"}
     identities = {}
     for role, files, served in (("champion", champion_files, champion_served),
                                 ("draft", draft_files, draft_served)):
-        check_served_files(manifest, role, served)
-        _, info = _model_entry(manifest, role)
-        bound = info["run_artifact"]
-        if bound["file"] not in served:
-            raise ExactSpecError(E_BAD_ARGUMENT, f"{info['dir']}/{bound['file']}: the run artifact that "
-                                 f"{FILES_MANIFEST} binds was not among the served files")
-        check_run_artifact(manifest, role, bound["file"], *served[bound["file"]])
+        entry = entries[role]
+        run_file = check_served_model(manifest, entry, served)
+        folder = manifest["models"][entry]["dir"]
         if not isinstance(files, dict):
             raise ExactSpecError(E_BAD_ARGUMENT, f"{role}: files must be a dict of name -> bytes")
         for name in sorted(files):
-            path = f"{info['dir']}/{name}"
+            path = f"{folder}/{name}"
             data = _file_bytes(files, name, path)
             if name not in served:
                 raise ExactSpecError(E_BAD_ARGUMENT, f"{path}: given as file contents but not among the served files")
@@ -469,7 +480,7 @@ def check_served_pair(manifest: dict, champion_files: dict, champion_served: dic
                 raise ExactSpecError(E_MANIFEST_MISMATCH, f"{path}: the contents given differ from the served "
                                      f"bytes (sha256 {_show(sha256_bytes(data))}, served {_show(served[name][0])})",
                                      files=[path])
-        identities[role] = model_identity_from_files(files, served, source=info["dir"], run_weights=bound["file"])
+        identities[role] = model_identity_from_files(files, served, source=folder, run_weights=run_file)
     return check_pair_identities(identities["champion"], identities["draft"])
 
 

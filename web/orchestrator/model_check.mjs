@@ -23,14 +23,21 @@ async function fetchBytes(url, limit, optional = false) {
   return bytes;
 }
 
-/** The manifest that covers these models: models.manifest (a URL, or null for none); by default
- *  web/models/manifest.json (next to this module's folder) when both models are served from under
- *  web/models/. */
-function manifestUrl(models) {
+/** The manifest that covers the model folders of `folderRoles`: models.manifest (a URL, or null for
+ *  none); by default web/models/manifest.json (next to this module's folder) when every one of them
+ *  is served from under web/models/ (a GGUF champion is a file no manifest lists: not among them). */
+function manifestUrl(models, folderRoles) {
   if (models.manifest !== undefined) return models.manifest;
   const shipped = new URL("../models/", import.meta.url).href;
-  const under = (u) => !u || new URL(u, location.href).href.startsWith(shipped);
-  return under(models.champion) && under(models.draft) ? new URL("manifest.json", shipped).href : null;
+  const under = (u) => new URL(u, location.href).href.startsWith(shipped);
+  return folderRoles.length && folderRoles.every((r) => under(models[r])) ? new URL("manifest.json", shipped).href : null;
+}
+
+/** The manifest entry a served model folder is checked against: models.<the folder's name>
+ *  ("champion", "draft", "smollm2-draft"), whichever role it plays. */
+function folderName(url) {
+  const path = new URL(url, location.href).pathname.replace(/\/+$/, "");
+  return decodeURIComponent(path.slice(path.lastIndexOf("/") + 1));
 }
 
 function runPy(pyodide, specJson, blobs) {
@@ -82,7 +89,9 @@ export async function checkModels(pyodide, models) {
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
   // a GGUF champion: its implied files stand for a folder's; no manifest lists it
   const gguf = isGgufUrl(models.champion) ? await readGgufChampion(pyodide, models.champion) : null;
-  const mUrl = gguf ? null : manifestUrl(models);
+  const folderRoles = roles.filter((r) => !(r === "champion" && gguf));
+  const mUrl = manifestUrl(models, folderRoles);
+  const entries = Object.fromEntries(roles.map((r) => [r, mUrl && folderRoles.includes(r) ? folderName(models[r]) : null]));
   const blobs = new Map();              // "role/name" -> Uint8Array
   const served = {};                    // role -> name -> [sha256, bytes]
   const [manifest] = await Promise.all([
@@ -121,11 +130,11 @@ export async function checkModels(pyodide, models) {
     verifyRunArtifacts(info) {
       const run = { champion: info.champion, draft: info.draft };
       const present = roles.filter((r) => run[r]);          // a draft that failed to load is not checked
-      const runFile = (role) => manifest?.models?.[role]?.run_artifact?.file ?? runWeights[role]
+      const runFile = (role) => manifest?.models?.[entries[role]]?.run_artifact?.file ?? runWeights[role]
         ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
       for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
-      summary = runPy(pyodide, JSON.stringify({ roles: present, optional, manifest, served, run_weights: runWeights,
-        gguf_pair: !!gguf }), blobs);
+      summary = runPy(pyodide, JSON.stringify({ roles: present, optional, manifest, entries, served,
+        run_weights: runWeights, gguf_pair: !!gguf }), blobs);
       if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
       return summary;
     },
