@@ -3,7 +3,8 @@ boundaries (a JS Error, Pyodide, the CLI's printer) put the code in front of its
 import pytest
 
 from exactspec import cli
-from exactspec.browser_run import _coded_from, launch_chromium
+from browser_fixture import browser_page, chromium_browser  # noqa: F401 (fixtures)
+from exactspec.browser_run import _coded_from
 from exactspec.cli import main as cli_main
 from exactspec.errors import CODE_TABLE, E_BAD_ARGUMENT, E_DRAFT_LOST, E_MODEL_LOAD, ExactSpecError, coded_error
 
@@ -55,16 +56,11 @@ def test_a_cli_refusal_of_a_bad_model_folder_says_its_code_once(tmp_path, capsys
         assert line.startswith("exactspec: E_MODEL_LOAD: ") and line.count("E_MODEL_LOAD") == 1, line
 
 
-def test_a_js_error_crossing_into_python_says_its_code_once():
+def test_a_js_error_crossing_into_python_says_its_code_once(browser_page):  # noqa: F811
     """A real Error thrown in Chromium, carried back by Playwright ("Page.evaluate: Error: ...") and
-    read as `generate --backend browser` reads the page's failures."""
-    pw, browser = launch_chromium()
-    try:
-        page = browser.new_page()
-        with pytest.raises(Exception) as caught:
-            page.evaluate("() => { throw new Error('E_MODEL_LOAD: E_MODEL_LOAD: config.json: bad'); }")
-    finally:
-        browser.close()
-        pw.stop()
+    read as `generate --backend browser` reads the page's failures. The suite's one Chromium
+    (browser_fixture): a second sync Playwright in the same process is refused."""
+    with pytest.raises(Exception) as caught:
+        browser_page.evaluate("() => { throw new Error('E_MODEL_LOAD: E_MODEL_LOAD: config.json: bad'); }")
     err = _coded_from(caught.value)
     assert (err.code, err.message) == (E_MODEL_LOAD, "config.json: bad"), str(caught.value)
