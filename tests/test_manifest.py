@@ -638,3 +638,18 @@ def test_chat_template_jinja_wins_over_tokenizer_config_as_in_transformers(pair_
         assert load_model_identity(champion)["chat_template_sha256"] == sha256_json("{{ messages }}")
     finally:
         os.unlink(os.path.join(champion, "chat_template.jinja"))
+
+
+def test_a_served_folder_is_checked_against_its_own_entry(shipped):
+    """The SmolLM2 draft plays the role "draft" beside the GGUF champion, but its served files are
+    those of models.smollm2-draft: they pass there and are refused against the toy draft's entry."""
+    from exactspec.manifest import check_served_model
+    manifest, folder = shipped[1], os.path.join(MODELS_DIR, "smollm2-draft")
+    served = {}
+    for name in os.listdir(folder):
+        data = _read(os.path.join(folder, name))
+        served[name] = (sha256_bytes(data), len(data))
+    assert check_served_model(manifest, "smollm2-draft", served) == "model.safetensors"
+    with pytest.raises(ExactSpecError) as err:
+        check_served_model(manifest, "draft", served)
+    assert err.value.code == E_MANIFEST_MISMATCH and "draft/model.safetensors: sha256 differs" in err.value.message
