@@ -107,15 +107,19 @@ def test_generate_chat_on_the_gguf_answers(gguf_path):
 
 
 def test_the_draft_the_manifest_binds_is_picked_and_exact(gguf_path, tiny_draft, alone, tmp_path):
-    out = chat_json(gguf_path, "--temperature", "0", models_dir=models_dir_binding(tmp_path, gguf_path, tiny_draft))
+    out = chat_json(gguf_path, "--temperature", "0", "--speculate", "draft",
+                    models_dir=models_dir_binding(tmp_path, gguf_path, tiny_draft))
     assert out["stats"]["proposed"] > 0 and out["stats"]["mode"] == "draft", out["stats"]
     assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
 
 def test_the_shipped_manifest_pairs_the_smollm2_draft(gguf_path, alone):
-    """web/models/manifest.json binds web/models/smollm2-draft to the GGUF's sha256: with no --draft
-    and no --speculate the command line runs that draft, and its greedy tokens are the champion's."""
-    out = chat_json(gguf_path, "--temperature", "0")
+    """web/models/manifest.json binds web/models/smollm2-draft to the GGUF's sha256: with
+    --speculate draft and no --draft the command line runs that draft, and its greedy tokens are
+    the champion's. With neither, a GGUF champion runs alone (its draft does not pay here)."""
+    default = chat_json(gguf_path, "--temperature", "0")
+    assert default["stats"]["mode"] == "none" and default["token_ids"] == alone["token_ids"], default["stats"]
+    out = chat_json(gguf_path, "--temperature", "0", "--speculate", "draft")
     assert out["stats"]["mode"] == "draft" and out["stats"]["proposed"] > 0, out["stats"]
     assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
@@ -127,7 +131,7 @@ def test_the_browser_backend_pairs_the_smollm2_draft_too(gguf_path, alone):
     runs = {}
     for mode in ("none", "draft", "lookup"):
         runs[mode] = chat_json(gguf_path, "--backend", "browser", "--temperature", "0",
-                               *(("--speculate", mode) if mode != "draft" else ()))
+                               "--speculate", mode)
     assert runs["draft"]["stats"]["mode"] == "draft" and runs["draft"]["stats"]["proposed"] > 0, runs["draft"]["stats"]
     for mode, out in runs.items():
         assert out["token_ids"] == alone["token_ids"], (mode, out["text"])
@@ -147,11 +151,11 @@ def models_dir_without_drafts(tmp_path):
     return root
 
 
-def test_without_a_bound_draft_the_default_is_lookup_and_draft_is_refused(gguf_path, alone, tmp_path):
+def test_without_a_bound_draft_the_default_is_alone_and_draft_is_refused(gguf_path, alone, tmp_path):
     assert alone["finish_reason"] == "eos" and "Paris" in alone["text"]
     bare = models_dir_without_drafts(tmp_path)
     out = chat_json(gguf_path, models_dir=bare)    # no --speculate, no draft bound to the GGUF
-    assert out["stats"]["mode"] == "lookup" and out["token_ids"] == alone["token_ids"]
+    assert out["stats"]["mode"] == "none" and out["token_ids"] == alone["token_ids"]
     r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--speculate", "draft", models_dir=bare)
     assert r.returncode == 2 and "no draft is known for" in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
 
@@ -182,12 +186,12 @@ def _broken_copy(draft: str, dest, file: str, edit) -> str:
 ], ids=["eos", "stop-ids", "token-map"])
 def test_a_mismatched_draft_is_refused_naming_the_field(gguf_path, tiny_draft, tmp_path, file, edit, field):
     bad = _broken_copy(tiny_draft, tmp_path / "bad", file, edit)
-    for flags, models_dir in ((["--draft", bad], None), ([], models_dir_binding(tmp_path, gguf_path, bad))):
+    for flags, models_dir in ((["--draft", bad], None), (["--speculate", "draft"], models_dir_binding(tmp_path, gguf_path, bad))):
         r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--max-new-tokens", "1", *flags,
                 models_dir=models_dir)
         assert r.returncode == 1 and r.stdout == ""
         line = one_coded_line(r.stderr, "E_MANIFEST_MISMATCH")
-        assert f"draft {flags[1] if flags else models_dir / 'smollm2-draft'} does not pair with champion {gguf_path}: " \
+        assert f"draft {bad if models_dir is None else models_dir / 'smollm2-draft'} does not pair with champion {gguf_path}: " \
             f"field '{field}' differs" in line, line
 
 
@@ -207,13 +211,13 @@ def test_what_a_gguf_cannot_do_is_one_line(gguf_path, flags, what):
 
 
 def test_generate_chat_on_the_gguf_answers_in_the_browser(gguf_path, alone):
-    """The browser engine (WASM champion, the file's own weights) gives champion alone's tokens; the
-    default mode is the draft the shipped manifest binds to the file."""
+    """The browser engine (WASM champion, the file's own weights) gives champion alone's tokens; a
+    GGUF champion's default mode is champion alone."""
     r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", gguf_path, "--chat",
             "--prompt", QUESTION, "--max-new-tokens", str(ANSWER_TOKENS), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["stats"]["mode"] == "draft" and out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
+    assert out["stats"]["mode"] == "none" and out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
 
 def test_a_file_that_is_not_gguf_is_named(tmp_path):

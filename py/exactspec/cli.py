@@ -50,7 +50,8 @@ def _add_generation_args(p):
     p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
                    help="champion weights on the reference backend: q8 (default, what the browser runs) or f32")
     p.add_argument("--speculate", default=None, choices=["none", "draft", "lookup"],
-                   help="default: draft, or lookup for a champion no draft is known for")
+                   help="default: draft, but none (champion alone) for a .gguf champion unless --draft is given; "
+                        "draft with a .gguf champion takes the draft web/models/manifest.json binds to it")
     p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most)")
     p.add_argument("--scheduler", default="static", choices=["static", "adaptive"],
                    help="k per round: static (always --k) or adaptive (0..--k from acceptance and round costs)")
@@ -162,7 +163,11 @@ def derive_seed(seed: int, index: int) -> int:
 
 def _models(args):
     """(champion, draft or None), a folder or a GGUF file each; settles args.speculate when not
-    given: draft, or lookup for a GGUF champion that web/models/manifest.json binds no draft to."""
+    given: draft for a folder champion (the shipped pair), none (champion alone) for a GGUF
+    champion. With --speculate draft and no --draft, a GGUF champion takes the draft that
+    web/models/manifest.json binds to its sha256. A GGUF runs alone by default because speculation
+    is measured not to pay for the one real model here (docs/smollm2_draft.md: its draft 99.5 vs
+    59.4 ms/token alone in the browser; lookup level or slower, prompt by prompt)."""
     from .manifest import is_gguf_file
     from .models import default_models_dir, known_draft
     base = default_models_dir()
@@ -173,6 +178,8 @@ def _models(args):
                              "a .gguf draft runs on --backend reference")
     if gguf[:1] == ["--champion"] and args.weights:
         raise ExactSpecError(E_BAD_ARGUMENT, "--weights: a GGUF champion runs the file's own weights")
+    if args.speculate is None and is_gguf_file(champion) and not args.draft:
+        args.speculate = "none"
     if args.speculate in (None, "draft"):
         draft = args.draft or (known_draft(champion, base) if is_gguf_file(champion) else os.path.join(base, "draft"))
         if draft is None and args.speculate == "draft":
