@@ -164,6 +164,16 @@ def write_tiny_model(path: str, *, arch: str = "llama", types=None, seed: int = 
     return expected
 
 
+def smollm2_path() -> str:
+    """The fetched SmolLM2 GGUF's path; the calling test skips only when set-up reported the model
+    unavailable (build/models/status.json), saying why."""
+    import pytest
+    status = smollm2_status()
+    if not status.get("available"):
+        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    return os.path.join(REPO, "build", "models", status["path"])
+
+
 def smollm2_status() -> dict:
     """build/models/status.json, written by tools/fetch_models.py (run here first if it never ran)."""
     if not os.path.exists(STATUS_FILE):

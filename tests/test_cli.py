@@ -325,10 +325,8 @@ def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path)
 @pytest.mark.parametrize("engine", ["browser", "reference"])
 def test_demo_chats_with_the_real_model(engine, tmp_path):
     """In the browser engine; on the CPython reference only when no browser can start, said in one line."""
-    from gguf_builders import smollm2_status
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    from gguf_builders import smollm2_path
+    smollm2_path()   # skips only when set-up reported the model unavailable
     r = cli("demo", "--json", env_extra={"EXACTSPEC_CHROMIUM": str(tmp_path / "no-chromium")} if engine == "reference" else {})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

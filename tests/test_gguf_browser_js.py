@@ -148,11 +148,8 @@ def test_header_stream_stops_at_the_data_section(tmp_path):
 
 
 def test_header_stream_of_the_real_model_reads_a_few_megabytes():
-    from gguf_builders import REPO, smollm2_status
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    path = str(Path(REPO) / "build" / "models" / status["path"])
+    from gguf_builders import smollm2_path
+    path = smollm2_path()
     with GGUFFile(path) as f:
         data_offset, size = f.data_offset, f.size
     ok = run_harness(HARNESS, {"streams": [{"path": path, "chunk": 1 << 16}]})["streams"][0]["ok"]

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from exactspec.manifest import canonical_json, sha256_file
-from gguf_builders import REPO, smollm2_status
+from gguf_builders import REPO, smollm2_path
 
 QUESTION = "What is the capital of France?"
 ANSWER_TOKENS = 12
@@ -42,10 +42,7 @@ def one_coded_line(stderr: str, code: str) -> str:
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    return os.path.join(REPO, "build", "models", status["path"])
+    return smollm2_path()
 
 
 def write_tiny_draft(gguf_path: str, out: str) -> str:

@@ -20,7 +20,7 @@ from exactspec.chat import encode_chat_prompt, render_template
 from exactspec.gguf import GGUFFile
 from exactspec.gguf_model import GGUFModel, load_reference
 from exactspec.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config
-from gguf_builders import REPO, smollm2_status
+from gguf_builders import smollm2_path
 from test_tokenizer_families import HOSTILE
 from tolerances import TOLERANCES
 
@@ -30,10 +30,7 @@ GREEDY_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    return os.path.join(REPO, "build", "models", status["path"])
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")

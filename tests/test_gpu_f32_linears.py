@@ -313,11 +313,8 @@ def test_f32_plan_at_smollm2_shape(gpu_page):
 
 # ----------------------------------------------------------------------------- the real SmolLM2 GGUF
 def smollm2_gguf() -> Path:
-    from gguf_builders import smollm2_status
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    return REPO_ROOT / "build" / "models" / status["path"]
+    from gguf_builders import smollm2_path
+    return Path(smollm2_path())
 
 
 def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page):

@@ -368,10 +368,9 @@ def test_real_model_missing_falls_back_to_the_fast_test_pair_saying_why(chromium
 def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_browser, http_server):
     """The page opened plainly loads SmolLM2-135M-Instruct from its GGUF file (chat on) and
     answers a chat turn, then a second turn that carries the first."""
-    from gguf_builders import smollm2_status
+    from gguf_builders import smollm2_path, smollm2_status
+    gguf = Path(smollm2_path())         # skips only when set-up reported the model unavailable
     status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
     context, page = fresh_page(chromium_browser, http_server)
     try:
         page.goto(http_server.url + "/")
@@ -401,7 +400,7 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
         assert [m["role"] for m in messages] == ["user", "assistant"] * 2 and messages[1]["content"] == first
         assert "Rome" in messages[3]["content"], messages
         from transformers import AutoTokenizer                       # transformers' own reading of the same file
-        gguf = REPO_ROOT / "build" / "models" / status["path"]
+        # gguf: the file the page loaded
         hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         assert page.evaluate("() => window.appState.lastPromptIds") == hf.apply_chat_template(
             messages[:3], tokenize=True, add_generation_prompt=True, return_dict=False)
@@ -415,10 +414,8 @@ def test_the_real_models_draft_is_checked_against_its_own_manifest_entry(chromiu
     """The draft models/manifest.json binds to the GGUF is checked against models.smollm2-draft (the
     folder it is served from), though it plays the role "draft": a served file that differs from the
     listed one by a byte is refused naming it; the champion alone still answers."""
-    from gguf_builders import smollm2_status
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
+    from gguf_builders import smollm2_path
+    smollm2_path()   # skips only when set-up reported the model unavailable
     path = "smollm2-draft/generation_config.json"
     context, page = fresh_page(chromium_browser, http_server)
     try:

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser  # noqa: F401
-from gguf_builders import smollm2_status
+from gguf_builders import REPO as REPO_FOR_PATHS, smollm2_path
 from exactspec.models import default_models_dir, load_pair
 from exactspec.orchestrator import GenerationConfig
 from exactspec.processors import SamplingPolicy
@@ -141,10 +141,7 @@ def test_bench_refusal_names_the_runner_and_the_code_once():
 
 @pytest.fixture(scope="module")
 def smollm2_gguf():
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    return os.path.join("build", "models", status["path"])
+    return os.path.relpath(smollm2_path(), REPO_FOR_PATHS)
 
 
 def test_peer_refuses_before_any_browser_starts(smollm2_gguf, tmp_path):

@@ -44,7 +44,7 @@ from exactspec.deciders import RngDecider
 from exactspec.policy import SamplingPolicy
 from exactspec.processors import process_logits
 from exactspec.rng import DRAFT_SAMPLE
-from gguf_builders import REPO, smollm2_status
+from gguf_builders import REPO, smollm2_path
 from test_statistical import chi_square_pvalue
 
 MESSAGES = [{"role": "user", "content": "Tell me a joke."}]
@@ -142,11 +142,8 @@ def first_tokens(kept: KeptForwards, seed: int, draft: KeptForwards = None, draf
 
 @pytest.fixture(scope="module")
 def kept():
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
     from exactspec.gguf_pair import load_gguf_pair
-    pair = load_gguf_pair(os.path.join(REPO, "build", "models", status["path"]))
+    pair = load_gguf_pair(smollm2_path())
     prompt_ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, MESSAGES)
     return KeptForwards(pair.orchestrator.champion.runner, prompt_ids)
 

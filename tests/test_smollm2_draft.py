@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from gguf_builders import REPO, smollm2_status
+from gguf_builders import REPO, smollm2_path
 from test_tokenizer_families import HOSTILE
 from test_wasm_draft import run_node, unb64
 from tolerances import max_error, within
@@ -39,10 +39,7 @@ TEXTS = HOSTILE + ["In 2024, 3.14159 ½ ² ١٢٣ ๓ ９９ Ⅻ", "<|im_start|>
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    status = smollm2_status()
-    if not status.get("available"):
-        pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
-    return os.path.join(REPO, "build", "models", status["path"])
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")
