@@ -15,7 +15,7 @@ from browser_fixture import browser_page, chromium_browser, http_server  # noqa:
 from exactspec.browser_run import BrowserRuntime
 from exactspec.errors import ExactSpecError
 from exactspec.gguf_model import GGUFModel
-from gguf_builders import REPO, smollm2_path, write_tiny_model
+from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
 
 QUESTION = "What is the capital of France?"
 N_TOKENS = 16
@@ -23,7 +23,7 @@ N_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def smollm2_path():
-    return smollm2_path()
+    return fetched_smollm2()
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 from exactspec.chat import encode_chat_prompt
 from exactspec.gguf_model import GGUFModel, load_reference
-from gguf_builders import REPO, smollm2_path, write_tiny_model
+from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
 from node_harness import run_harness
 from tolerances import max_error, within
 
@@ -72,7 +72,7 @@ def test_float32_linears_run_the_q8_kernel_exactly(tmp_path, arch):
 
 @pytest.fixture(scope="module")
 def smollm2_path():
-    return smollm2_path()
+    return fetched_smollm2()
 
 
 def test_smollm2_greedy_chat_equals_reference(smollm2_path):

@@ -8,7 +8,7 @@
 //   const tensors = ggufTensorMap(bytes, config, label);               // config: gguf_model's, validated
 import { dequantize } from "./gguf_dequant.mjs";
 import { parseGgufHeader, refuse, pyRepr } from "./gguf_reader.mjs";
-import { modelLoadError } from "../model_checks.mjs";
+import { fetchModelFile } from "../gpu/safetensors.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const GLOBAL_NAMES = { "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -45,13 +45,7 @@ export function unpermuteRopeRows(w, nHeads, cols) {
 /** The whole file from fetchFn(url) (one buffer, sized from Content-Length when declared) and its
  *  sha256: the champion's identity. */
 export async function fetchGgufFile(fetchFn, url, label = String(url)) {
-  let response;
-  try {
-    response = await fetchFn(url);
-  } catch (err) {
-    throw modelLoadError(`cannot fetch ${url}: ${err.message}`);
-  }
-  if (!response.ok) throw modelLoadError(`cannot fetch ${url}: HTTP ${response.status}`);
+  const response = await fetchModelFile(fetchFn, url);
   const bytes = new Uint8Array(await response.arrayBuffer());
   if (bytes.byteLength === 0) throw refuse(label, "magic", "the file does not start with 'GGUF' (not a GGUF file)");
   return { bytes, identity: await sha256Hex(bytes) };

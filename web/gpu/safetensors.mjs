@@ -66,8 +66,8 @@ export async function readSafetensorsResponse(response, label) {
   }
 }
 
-/** fetch(url) through fetchFn, then readSafetensorsResponse; E_MODEL_LOAD naming the URL. */
-export async function fetchSafetensors(fetchFn, url, label = String(url)) {
+/** The ok response of fetchFn(url); a failed fetch or an HTTP error is E_MODEL_LOAD naming the URL. */
+export async function fetchModelFile(fetchFn, url) {
   let response;
   try {
     response = await fetchFn(url);
@@ -75,7 +75,12 @@ export async function fetchSafetensors(fetchFn, url, label = String(url)) {
     throw modelLoadError(`cannot fetch ${url}: ${err.message}`);
   }
   if (!response.ok) throw modelLoadError(`cannot fetch ${url}: HTTP ${response.status}`);
-  return readSafetensorsResponse(response, label);
+  return response;
+}
+
+/** fetchModelFile, then readSafetensorsResponse. */
+export async function fetchSafetensors(fetchFn, url, label = String(url)) {
+  return readSafetensorsResponse(await fetchModelFile(fetchFn, url), label);
 }
 
 /** One tensor of a map, checked for dtype and shape; throws E_MODEL_LOAD naming `where` (what the
