@@ -91,17 +91,26 @@ def run_demo(toy: bool = False, as_json: bool = False, max_new_tokens: int = 48,
     return _reference_demo(toy, as_json, max_new_tokens, weights)
 
 
-def _browser_demo(as_json: bool, max_new_tokens: int):
-    """The browser demo's exit code, or None when no browser can start (said on stderr)."""
-    from .browser_run import BrowserRuntime, launch_chromium
-    from .demo_browser import run_browser_demo, shipped_pair_dirs
+def _start_chromium(instead: str):
+    """(playwright, browser), or None after one line on stderr saying why none could start and
+    what the demo does `instead`."""
+    from .browser_run import launch_chromium
     try:
-        pw, browser = launch_chromium()
+        return launch_chromium()
     except Exception as exc:   # no Chromium, no Playwright driver, a sandbox refusing it, ...
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"exactspec demo: no browser could start ({why}); running the CPython reference instead",
-              file=sys.stderr, flush=True)
+        print(f"exactspec demo: no browser could start ({why}); {instead}", file=sys.stderr, flush=True)
         return None
+
+
+def _browser_demo(as_json: bool, max_new_tokens: int):
+    """The browser demo's exit code, or None when no browser can start (said on stderr)."""
+    from .browser_run import BrowserRuntime
+    from .demo_browser import run_browser_demo, shipped_pair_dirs
+    started = _start_chromium("running the CPython reference instead")
+    if started is None:
+        return None
+    pw, browser = started
     champion, draft = shipped_pair_dirs()
     try:
         return run_browser_demo(lambda progress: BrowserRuntime(champion, draft, browser=browser, champion_backend="auto",
@@ -118,26 +127,21 @@ def chat_demo(gguf: str, as_json: bool, max_new_tokens: int = 32, reference: boo
     from .models import known_draft
     draft = known_draft(gguf)
     modes = [mode for mode, _ in MODES if draft or mode != "draft"]
-    if not reference:
-        from .browser_run import BrowserRuntime, launch_chromium
+    started = None if reference else _start_chromium("chatting on the CPython reference instead")
+    if started is not None:
+        from .browser_run import BrowserRuntime
+        pw, browser = started
         try:
-            pw, browser = launch_chromium()
-        except Exception as exc:   # no Chromium, no Playwright driver, a sandbox refusing it, ...
-            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            print(f"exactspec demo: no browser could start ({why}); chatting on the CPython reference instead",
-                  file=sys.stderr, flush=True)
-        else:
-            try:
-                from .demo_browser import ProgressLine
-                progress = ProgressLine()
-                with BrowserRuntime(gguf, draft, browser=browser, champion_backend="auto", on_progress=progress) as rt:
-                    progress.done(rt.ready)
-                    engine = f"the browser engine (champion on {rt.ready['info']['champion']['backend']})"
-                    return _chat(engine, gguf, draft, modes, as_json, max_new_tokens,
-                                 lambda messages, config: rt.generate({"messages": messages, "config": config})["result"])
-            finally:
-                browser.close()
-                pw.stop()
+            from .demo_browser import ProgressLine
+            progress = ProgressLine()
+            with BrowserRuntime(gguf, draft, browser=browser, champion_backend="auto", on_progress=progress) as rt:
+                progress.done(rt.ready)
+                engine = f"the browser engine (champion on {rt.ready['info']['champion']['backend']})"
+                return _chat(engine, gguf, draft, modes, as_json, max_new_tokens,
+                             lambda messages, config: rt.generate({"messages": messages, "config": config})["result"])
+        finally:
+            browser.close()
+            pw.stop()
     from .chat import encode_chat_prompt
     from .models import load_pair
     pair = load_pair(gguf, draft)
