@@ -189,10 +189,16 @@ def test_a_picked_gguf_with_an_inf_weight_is_refused_naming_tensor_and_row(brows
 
 def test_smollm2_gguf_on_the_webgpu_champion(smollm2_path, chromium_browser):
     """The same file through the WebGPU champion (createChampionFromTensors; SwiftShader here, ~2 s
-    a token, so 6 tokens): the reference's greedy tokens."""
+    a token, so 6 tokens) with the draft made for it (web/models/smollm2-draft): the reference's
+    greedy tokens alone, with the draft and with prompt lookup (blocks of k + 1 positions verified
+    on the GPU must give the single-position tokens)."""
     prompt, want = reference_tokens(smollm2_path)
-    with BrowserRuntime(smollm2_path, None, browser=chromium_browser, champion_backend="webgpu") as rt:
+    draft = os.path.join(REPO, "web", "models", "smollm2-draft")
+    with BrowserRuntime(smollm2_path, draft, browser=chromium_browser, champion_backend="webgpu") as rt:
         assert rt.ready["info"]["champion"]["backend"] == "webgpu"
-        out = rt.generate({"prompt": QUESTION, "chat": True,
-                           "config": {"temperature": 0, "max_new_tokens": 6, "speculate": "none"}})["result"]
-    assert out["token_ids"] == want[:6], out["text"]
+        outs = {mode: rt.generate({"prompt": QUESTION, "chat": True,
+                                   "config": {"temperature": 0, "max_new_tokens": 6, "speculate": mode, "k": 3}}
+                                  )["result"] for mode in ("none", "draft", "lookup")}
+    for mode, out in outs.items():
+        assert out["token_ids"] == want[:6], (mode, out["text"])
+    assert outs["draft"]["stats"]["proposed"] > 0, outs["draft"]["stats"]
