@@ -12,6 +12,7 @@
  *   draft_alloc(bytes) -> ptr            bump allocation (the weights file, argument buffers)
  *   draft_build_config(...)              hyper-parameters; allocates the run state + KV cache
  *   draft_set_tensor(kind, layer, ptr)   one call per tensor (f32, HF (out, in) layout)
+ *   draft_set_restriction(...)           optional: a restricted vocabulary (docs/draft_wasm.md)
  *   draft_check()                        0 when every tensor is present
  *   draft_forward / draft_set_policy / draft_set_context / draft_process / draft_propose
  * Errors are returned as small integer codes (ERR_* in common.h); JS maps them to E_* codes.
@@ -38,10 +39,15 @@ typedef struct {
 } LayerWeights;
 
 typedef struct {
-    const float *embed;          /* (V, D) embed_tokens */
+    const float *embed;          /* (V, D) embed_tokens, or (M, D) with embed_rows */
     const float *final_norm;     /* (D,) model.norm */
-    const float *lm_head;        /* (V, D); == embed when tied */
+    const float *lm_head;        /* (V, D); == embed when tied; (N, D) with head_ids */
     LayerWeights *layers;        /* (L,) */
+    /* restricted vocabulary (exactspec.head_ids / exactspec.embed_rows), or 0: the full one */
+    const int32_t *head_ids;     /* (N,) strictly ascending ids: the LM head's rows */
+    int n_head;                  /* N */
+    float *head_out;             /* (N,) scratch: the head's N logits before the scatter */
+    const int32_t *embed_rows;   /* (V,) token t's embedding is row embed_rows[t] */
 } Weights;
 
 typedef struct {
@@ -147,7 +153,8 @@ static void forward_token(int token, int pos, int want_logits) {
     int group = c->num_heads / c->num_kv_heads;
     float scale = (float)(1.0 / __builtin_sqrt((double)hd));
     const float *cs = st.rope_cos + pos * half, *sn = st.rope_sin + pos * half;
-    const float *emb = weights.embed + (uint32_t)token * (uint32_t)D;
+    int row = weights.embed_rows ? weights.embed_rows[token] : token;
+    const float *emb = weights.embed + (uint32_t)row * (uint32_t)D;
     for (int i = 0; i < D; i++) st.x[i] = emb[i];
 
     for (int l = 0; l < c->num_layers; l++) {
@@ -182,7 +189,13 @@ static void forward_token(int token, int pos, int want_logits) {
     }
     if (want_logits) {
         rmsnorm(st.xb, st.x, weights.final_norm, D, c->rms_norm_eps);
-        matvec(st.logits, weights.lm_head, st.xb, c->vocab_size, D);
+        if (!weights.head_ids) {
+            matvec(st.logits, weights.lm_head, st.xb, c->vocab_size, D);
+        } else {   /* the same per-row dot products on N rows, scattered; -inf elsewhere */
+            matvec(weights.head_out, weights.lm_head, st.xb, weights.n_head, D);
+            for (int i = 0; i < c->vocab_size; i++) st.logits[i] = -__builtin_inff();
+            for (int j = 0; j < weights.n_head; j++) st.logits[weights.head_ids[j]] = weights.head_out[j];
+        }
     }
 }
 
@@ -291,6 +304,32 @@ EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float
     return OK;
 }
 
+/* A restricted vocabulary (either pointer may be 0): head_ids (n_head,) strictly ascending in
+ * [0, V), the LM head set with n_head rows; embed_rows (V,) in [0, n_embed_rows), the embedding
+ * set with n_embed_rows rows. JS checks them first (web/model_checks.mjs); checked again here
+ * because a bad id would read or write outside the weights. */
+EXPORT("draft_set_restriction")
+int draft_set_restriction(const int32_t *head_ids, int n_head, const int32_t *embed_rows, int n_embed_rows) {
+    int V = cfg.vocab_size;
+    if (built || !st.logits) return ERR_MODEL;
+    if (head_ids) {
+        if (n_head < 1 || n_head > V) return ERR_MODEL;
+        for (int j = 0; j < n_head; j++)
+            if (head_ids[j] < 0 || head_ids[j] >= V || (j > 0 && head_ids[j] <= head_ids[j - 1])) return ERR_MODEL;
+        weights.head_out = alloc_floats((uint32_t)n_head);
+        if (!weights.head_out) return ERR_NO_MEMORY;
+        weights.head_ids = head_ids;
+        weights.n_head = n_head;
+    }
+    if (embed_rows) {
+        if (n_embed_rows < 1 || n_embed_rows > V) return ERR_MODEL;
+        for (int t = 0; t < V; t++)
+            if (embed_rows[t] < 0 || embed_rows[t] >= n_embed_rows) return ERR_MODEL;
+        weights.embed_rows = embed_rows;
+    }
+    return OK;
+}
+
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
  * exactspec.config.rope_inv_freq does); by default the tables come from rope_theta */
 EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
@@ -301,6 +340,7 @@ EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
 /* every tensor present? (the LM head defaults to the embedding: tied) */
 EXPORT("draft_check") int draft_check(void) {
     if (!weights.embed || !weights.final_norm || !weights.layers) return ERR_MODEL;
+    if ((weights.head_ids || weights.embed_rows) && !weights.lm_head) return ERR_MODEL;   /* untied only */
     if (!weights.lm_head) weights.lm_head = weights.embed;
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];

@@ -402,11 +402,70 @@ export function expectedShapes(c) {
   return shapes;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Restricted-vocabulary drafts (py/exactspec/restricted_vocab.py, line-by-line twin): two optional
+// I32 tensors. exactspec.head_ids (N,) strictly ascending ids in [0, V): lm_head.weight is (N, D)
+// and every other id's logit is -inf. exactspec.embed_rows (V,) values in [0, M): token t's
+// embedding is row embed_rows[t] of model.embed_tokens.weight (M, D). Untied heads only; drafts only.
+// ---------------------------------------------------------------------------------------------
+
+export const HEAD_IDS = "exactspec.head_ids";
+export const EMBED_ROWS = "exactspec.embed_rows";
+export const RESTRICTED_TENSORS = [HEAD_IDS, EMBED_ROWS];
+const INDEX_DTYPE = "I32";
+
+/** Map name -> expected shape that a draft's restriction tensors add or change (themselves,
+ *  lm_head.weight (N, D), model.embed_tokens.weight (M, D)); empty when unrestricted.
+ *  entries: Map name -> {dtype, shape}; c: {vocab_size, hidden_size, tie_word_embeddings};
+ *  fault(problem, tensorName) throws. Dtypes, ranks and lengths only: values by checkRestrictedValues. */
+export function restrictedShapes(entries, c, fault) {
+  const v = c.vocab_size, d = c.hidden_size;
+  const shapes = new Map();
+  for (const name of RESTRICTED_TENSORS) {
+    if (!entries.has(name)) continue;
+    const dtype = String(entries.get(name).dtype).toUpperCase(), shape = entries.get(name).shape;
+    if (dtype !== INDEX_DTYPE) fault(`tensor '${name}' has dtype ${dtype}, expected ${INDEX_DTYPE}`, name);
+    if (c.tie_word_embeddings) fault(`tensor '${name}' needs an untied LM head (config tie_word_embeddings is true)`, name);
+    if (name === HEAD_IDS) {
+      if (shape.length !== 1 || !(shape[0] >= 1 && shape[0] <= v)) fault(`tensor '${name}' has shape ${pyTuple(shape)}, expected (N,) with 1 <= N <= ${v}`, name);
+      shapes.set(name, shape.slice());
+      shapes.set("lm_head.weight", [shape[0], d]);
+    } else {
+      if (shape.length !== 1 || shape[0] !== v) fault(`tensor '${name}' has shape ${pyTuple(shape)}, expected ${pyTuple([v])}`, name);
+      shapes.set(name, shape.slice());
+      const embed = entries.get("model.embed_tokens.weight");
+      const m = embed && embed.shape.length === 2 ? embed.shape[0] : 0;
+      if (!(m >= 1 && m <= v)) fault(`tensor 'model.embed_tokens.weight' needs 1 to ${v} rows with '${name}' present`, "model.embed_tokens.weight");
+      shapes.set("model.embed_tokens.weight", [m, d]);
+    }
+  }
+  return shapes;
+}
+
+/** values (Int32Array read from the file) against [0, limit) and, for head_ids, strictly
+ *  ascending; fault(problem, tensorName) throws at the first fault. */
+export function checkRestrictedValues(name, values, limit, fault) {
+  for (let i = 0; i < values.length; i++) {
+    if (values[i] < 0 || values[i] >= limit) fault(`tensor '${name}' holds ${values[i]} at index ${i}, outside [0, ${limit})`, name);
+  }
+  if (name === HEAD_IDS) {
+    for (let i = 1; i < values.length; i++) {
+      if (values[i] <= values[i - 1]) fault(`tensor '${name}' is not strictly ascending at index ${i} (${values[i - 1]} then ${values[i]})`, name);
+    }
+  }
+}
+
 /** Tensor names, dtypes and shapes (entries: Map name -> {dtype, shape}) against the config,
- *  before a tensor byte is read; quantised: `<n>.q8` (I8) + `<n>.scale` may stand for `<n>`. */
-export function checkTensorsAgainstConfig(entries, c, path, quantised = false) {
+ *  before a tensor byte is read; quantised: `<n>.q8` (I8) + `<n>.scale` may stand for `<n>`.
+ *  role "draft" (float weights only) also accepts the restriction tensors; for "champion" they
+ *  are unexpected tensors. */
+export function checkTensorsAgainstConfig(entries, c, path, quantised = false, role = "champion") {
+  if (role !== "champion" && role !== "draft") throw Object.assign(new Error(`E_BAD_ARGUMENT: role must be champion or draft, got ${role}`), { code: "E_BAD_ARGUMENT" });
   const expected = expectedShapes(c);
   const stored = new Map();   // base name -> the entry that provides it
+  if (role === "draft" && !quantised) {
+    for (const [name, shape] of restrictedShapes(entries, c, (problem) => refuse(path, problem))) expected.set(name, shape);
+  }
   const sameShape = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
   for (const [name, { dtype, shape }] of entries) {
     if (name.endsWith(".bias") && !expected.has(name)) refuse(path, `bias tensor '${name}' is not supported`);
@@ -420,6 +479,7 @@ export function checkTensorsAgainstConfig(entries, c, path, quantised = false) {
       refuse(path, `unexpected tensor '${name}'`);
     }
     let wantDtypes = FLOAT_DTYPES, wantShape = form === "float" ? want : want.slice(0, 1);
+    if (RESTRICTED_TENSORS.includes(base)) wantDtypes = [INDEX_DTYPE];
     if (form === "q8") {
       [wantDtypes, wantShape] = [["I8"], want];
       if (want.length !== 2) refuse(path, `tensor '${name}' must be 2-D I8`);

@@ -41,6 +41,7 @@ from .hf import CONFIG_FILE, load_config, open_checkpoint
 from .manifest import (FILES, CHAT_TEMPLATE_FILE, MAX_MODEL_JSON_BYTES, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,
                        WEIGHTS_FILE, model_identity_from_files, run_weights_scheme)
 from .reference_llama import _check_header, _parse_config
+from .restricted_vocab import RESTRICTED_TENSORS, check_restricted_checkpoint
 from .safe_files import move_into_place, refuse_link, replacing, write_file
 from .safetensors import safetensors_layout
 
@@ -54,12 +55,16 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 def plan_outputs(header: dict, tied: bool, quantise: bool = True, q8_embedding: bool = False) -> dict:
     """Output tensor name -> (dtype, shape, source name, kind in {"f32", "q8", "scale"}); with
     quantise=False every tensor is F32 under its own name (the WASM draft's model.safetensors);
-    q8_embedding quantises the embedding like the linears (default: F32, the shipped format)."""
+    q8_embedding quantises the embedding like the linears (default: F32, the shipped format).
+    A draft's restricted-vocabulary tensors (I32) pass through unchanged (kind "i32")."""
     plan = {}
     for name, info in header.items():
         shape = tuple(info["shape"])
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue   # not part of the function (transformers ignores them too)
+        if name in RESTRICTED_TENSORS:
+            plan[name] = (str(info["dtype"]).upper(), shape, name, "i32")
+            continue
         if quantise and len(shape) == 2 and (name != EMBEDDING or q8_embedding):
             plan[name + ".q8"] = ("I8", shape, name, "q8")
             plan[name + ".scale"] = ("F32", shape[:1], name, "scale")
@@ -118,6 +123,9 @@ def check_finite(source: str, values, first_row: int = 0) -> None:
 def _produce(ckpt, writer, kind: str, source: str, scales: dict) -> None:
     """Write one output tensor block by block."""
     dtype, shape = ckpt.entry(source)
+    if kind == "i32":   # restricted-vocabulary ids: the bytes as they are (checked before the write)
+        writer.write(ckpt.read_bytes(source))
+        return
     if not shape:   # a scalar
         value = ckpt.read_float32(source)
         check_finite(source, value)
@@ -230,7 +238,8 @@ def _convert_into(src: str, dst: str, artifact: str, hp: dict, progress, role: s
     """Everything is written to a staging folder in DST, then renamed into DST at the end."""
     with open_checkpoint(src) as ckpt:
         header = ckpt.header()
-        _check_header(header, hp, ckpt.index_path or ckpt.files[0], quantised=False)
+        _check_header(header, hp, ckpt.index_path or ckpt.files[0], quantised=False, role=role)
+        check_restricted_checkpoint(ckpt.read_bytes, header, hp["vocab_size"], ckpt.index_path or ckpt.files[0])
         files = _read_small_files(src)
         # the identity (tokenizer parsed, ids resolved) before the long write; its run_weights_*
         # fields are filled in once the artifact's digest is known

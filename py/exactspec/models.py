@@ -68,14 +68,15 @@ def read_tokenizer_config(model_dir: str) -> dict:
     return tok_config
 
 
-def _reference(model: str, weights: str = "f32"):
-    """The NumPy reference of a folder (LlamaReference.from_dir) or of a GGUF file."""
+def _reference(model: str, weights: str = "f32", role: str = "draft"):
+    """The NumPy reference of a folder (LlamaReference.from_dir; role "champion" refuses the
+    drafts-only restricted-vocabulary tensors) or of a GGUF file."""
     from .manifest import is_gguf_file
     if is_gguf_file(model):
         from .gguf_model import load_reference
         return load_reference(model)
     from .reference_llama import LlamaReference  # numpy: CPython only
-    return LlamaReference.from_dir(model, weights=weights)
+    return LlamaReference.from_dir(model, weights=weights, role=role)
 
 
 def known_draft(champion: str, models_dir: Optional[str] = None) -> Optional[str]:
@@ -115,7 +116,7 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
     tok_path = os.path.join(champion_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_file(tok_path)
     tok_config = read_tokenizer_config(champion_dir)
-    champion = _reference(champion_dir, weights=champion_weights)
+    champion = _reference(champion_dir, weights=champion_weights, role="champion")
     draft = _reference(draft_dir) if draft_dir is not None else None
     tok_bytes = read_regular_file(tok_path, max_bytes=MAX_TOKENIZER_BYTES)
     tokenizer_hash = hashlib.sha256(tok_bytes).hexdigest()   # same bytes the browser hashes

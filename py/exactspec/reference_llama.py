@@ -21,6 +21,8 @@ import numpy as np
 from .errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
 from .config import read_json_file, rope_inv_freq as config_rope_inv_freq, validate_config
 from .hf import checkpoint_digest, decode_float32, open_checkpoint, open_safetensors_files
+from .restricted_vocab import (EMBED_ROWS, HEAD_IDS, INDEX_DTYPE, RESTRICTED_TENSORS, check_restricted_values,
+                               decode_index_tensor, restricted_shapes)
 
 # Agreement the tests demand (tests/test_reference_llama.py; docs/reference_model.md explains).
 REFERENCE_TOLERANCES = {
@@ -43,6 +45,10 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 def _load_error(message: str, **detail) -> ExactSpecError:
     return ExactSpecError(E_MODEL_LOAD, message, **detail)
+
+
+def _refuse_in(path: str, message: str, tensor: str):
+    raise _load_error(f"{path}: {message}", tensor=tensor, file=path)
 
 
 def _tensor_to_float32(name: str, tensor, path: str) -> np.ndarray:
@@ -144,16 +150,26 @@ def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
 _FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
-def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
+ROLES = ("champion", "draft")
+
+
+def _check_header(entries: dict, hp: dict, path: str, quantised: bool, *, role: str) -> None:
     """Tensor names, dtypes and shapes against the config, before any tensor byte is read.
 
     entries: name -> {"dtype", "shape"} (a safetensors header). With quantised=True a tensor
-    may instead be stored as ``<n>.q8`` (I8, its shape) plus ``<n>.scale`` (float, (rows,))."""
-    expected = _expected_shapes(hp)
+    may instead be stored as ``<n>.q8`` (I8, its shape) plus ``<n>.scale`` (float, (rows,)).
+    role "draft" (float weights only) also accepts the restricted-vocabulary tensors
+    (exactspec.restricted_vocab); for a champion they are unexpected tensors."""
+    if role not in ROLES:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"role must be one of {ROLES}, got {role!r}")
     stored: dict[str, str] = {}   # base name -> the entry that provides it
 
     def refuse(message: str, name: str):
         raise _load_error(f"{path}: {message}", tensor=name, file=path)
+
+    expected = _expected_shapes(hp)
+    if role == "draft" and not quantised:
+        expected.update(restricted_shapes(entries, hp, refuse))
 
     for name, info in entries.items():
         dtype, shape = str(info["dtype"]).upper(), tuple(int(d) for d in info["shape"])
@@ -177,6 +193,8 @@ def _check_header(entries: dict, hp: dict, path: str, quantised: bool) -> None:
                 refuse(f"tensor {name!r} must be 2-D I8", name)
             if base + ".scale" not in entries:
                 refuse(f"{name!r} has no {base + '.scale'!r}", name)
+        elif base in RESTRICTED_TENSORS:
+            want_dtype, want_shape = (INDEX_DTYPE,), want
         else:
             want_dtype, want_shape = _FLOAT_DTYPES, (want if form == "float" else want[:1])
         if dtype not in want_dtype:
@@ -235,21 +253,25 @@ def softmax_rows(scores: np.ndarray) -> np.ndarray:
 class LlamaReference:
     """Float64 Llama forward pass with a positional KV cache (see module docstring)."""
 
-    def __init__(self, config: dict, tensors, identity: str, source: str = "<memory>"):
-        """tensors: name -> float32-valued array, or a callable name -> array (read on demand,
-        one tensor at a time: from_dir passes the checkpoint's reader)."""
+    def __init__(self, config: dict, tensors, identity: str, source: str = "<memory>", present=(),
+                 role: str = "draft"):
+        """tensors: name -> float32-valued array (the restricted-vocabulary tensors: integer
+        arrays), or a callable name -> array (read on demand, one tensor at a time: from_dir
+        passes the checkpoint's reader and the names its header lists as `present`)."""
         hp = _parse_config(config, source)
         self.config = dict(config)
         self.identity = identity
         self.vocab_size = hp["vocab_size"]
         self.max_context = hp["max_context"]
         self._hp = hp
+        self._source = source
         if callable(tensors):
-            self._load_weights(tensors)
+            self._load_weights(tensors, frozenset(present))
         else:
-            _check_header({name: {"dtype": "F32", "shape": t.shape} for name, t in tensors.items()},
-                          hp, source, quantised=False)
-            self._load_weights(tensors.__getitem__)
+            _check_header({name: {"dtype": INDEX_DTYPE if np.issubdtype(np.asarray(t).dtype, np.integer) else "F32",
+                                  "shape": np.shape(t)} for name, t in tensors.items()},
+                          hp, source, quantised=False, role=role)
+            self._load_weights(tensors.__getitem__, frozenset(tensors))
         self._inv_freq = np.array(config_rope_inv_freq(hp["config"]), dtype=np.float64)  # (head_dim/2,)
         self._scale = hp["head_dim"] ** -0.5   # same Python expression HF uses
         self.reset()
@@ -257,11 +279,12 @@ class LlamaReference:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, model_dir, weights: str = "f32") -> "LlamaReference":
+    def from_dir(cls, model_dir, weights: str = "f32", role: str = "draft") -> "LlamaReference":
         """Load a Hugging Face folder: config.json + its weights as published (model.safetensors
         or the shards of model.safetensors.index.json; F32, F16 or BF16), or with weights="q8"
         model.q8.safetensors dequantised as the browser champion sees it (``W = q8 *
-        scale[:, None]`` in float32). Weights are read one tensor at a time."""
+        scale[:, None]`` in float32). Weights are read one tensor at a time. role "champion"
+        refuses the drafts-only restricted-vocabulary tensors (q8 weights are a champion's)."""
         if weights not in ("f32", "q8"):
             raise ExactSpecError(E_BAD_ARGUMENT, f"weights must be 'f32' or 'q8', got {weights!r}")
         model_dir = os.fspath(model_dir)
@@ -277,13 +300,21 @@ class LlamaReference:
             ckpt = open_checkpoint(model_dir)
             weights_path = ckpt.index_path or ckpt.files[0]
         with ckpt:
-            _check_header(ckpt.header(), hp, weights_path, quantised=weights == "q8")
-            fetch = _q8_fetcher(ckpt, weights_path) if weights == "q8" else ckpt.read_float32
-            return cls(config, fetch, checkpoint_digest(ckpt)[0], source=weights_path)
+            header = ckpt.header()
+            _check_header(header, hp, weights_path, quantised=weights == "q8", role=role)
+            fetch_float = _q8_fetcher(ckpt, weights_path) if weights == "q8" else ckpt.read_float32
 
-    def _load_weights(self, fetch) -> None:
+            def fetch(name: str) -> np.ndarray:
+                if name not in RESTRICTED_TENSORS:
+                    return fetch_float(name)
+                return decode_index_tensor(name, ckpt.read_bytes(name), int(header[name]["shape"][0]),
+                                           lambda message, tensor: _refuse_in(weights_path, message, tensor))
+            return cls(config, fetch, checkpoint_digest(ckpt)[0], source=weights_path, present=header)
+
+    def _load_weights(self, fetch, present: frozenset) -> None:
         """Weights in float64 (the compute dtype: 8 bytes per parameter), each built from one
-        float32-valued tensor at a time, pre-transposed to (in, out) and fused."""
+        float32-valued tensor at a time, pre-transposed to (in, out) and fused. present: the
+        tensor names the checkpoint holds (the restricted-vocabulary ones are optional)."""
         hp = self._hp
 
         def w64(name: str) -> np.ndarray:
@@ -301,8 +332,14 @@ class LlamaReference:
             self._lm_head = linear("model.embed_tokens.weight")             # (D, V)
             self._embed = None
         else:
-            self._lm_head = linear("lm_head.weight")                        # (D, V)
-            self._embed = np.asarray(fetch("model.embed_tokens.weight"), dtype=np.float32)  # (V, D)
+            self._lm_head = linear("lm_head.weight")                        # (D, V), or (D, N) restricted
+            self._embed = np.asarray(fetch("model.embed_tokens.weight"), dtype=np.float32)  # (V, D) or (M, D)
+        # restricted vocabulary (drafts): values checked before any use; None when absent
+        refuse = lambda message, tensor: _refuse_in(self._source, message, tensor)  # noqa: E731
+        self._head_ids = (check_restricted_values(HEAD_IDS, fetch(HEAD_IDS), hp["vocab_size"], refuse)
+                          if HEAD_IDS in present else None)                 # (N,) ascending ids
+        self._embed_rows = (check_restricted_values(EMBED_ROWS, fetch(EMBED_ROWS), self._embed.shape[0], refuse)
+                            if EMBED_ROWS in present else None)             # (V,) rows of the embedding
         self._layers = []
         for i in range(hp["num_layers"]):
             p = f"model.layers.{i}."
@@ -386,8 +423,9 @@ class LlamaReference:
         mask = np.where(key_pos <= query_pos, 0.0, -np.inf)               # (n, T)
 
         q_dim, kv_dim, f_dim = n_heads * hd, n_kv * hd, hp["intermediate_size"]
+        rows = ids if self._embed_rows is None else self._embed_rows[ids]  # (n,) embedding rows
         x = (self._lm_head[:, ids].T if self._embed is None                # (n, D) float64
-             else self._embed[ids].astype(np.float64))
+             else self._embed[rows].astype(np.float64))
         for layer, w in enumerate(self._layers):
             qkv = rms_norm(x, w["attn_norm"], eps) @ w["w_qkv"]               # (n, (H+2KV)*hd)
             if w["b_qkv"] is not None:
@@ -409,4 +447,9 @@ class LlamaReference:
             gate_up = rms_norm(x, w["mlp_norm"], eps) @ w["w_gate_up"]        # (n, 2F)
             x = x + (silu(gate_up[:, :f_dim]) * gate_up[:, f_dim:]) @ w["w_down"]
         self.length = end   # positions beyond end from earlier calls are forgotten
-        return rms_norm(x, self._final_norm, eps) @ self._lm_head        # (n, V)
+        head = rms_norm(x, self._final_norm, eps) @ self._lm_head        # (n, V), or (n, N) restricted
+        if self._head_ids is None:
+            return head
+        logits = np.full((n, self.vocab_size), -np.inf)                  # (n, V): -inf off the head
+        logits[:, self._head_ids] = head
+        return logits

@@ -15,15 +15,16 @@
 // a row holding inf or NaN is refused while converting, named, as the CLI refuses it.
 
 import {
-  IGNORED_SUFFIXES, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, WEIGHTS_FILE, checkTensorsAgainstConfig, modelLoadError,
-  parseJsonBounded, readBlobSafetensorsHeader, readSmallBlob, shardFiles, validateConfig,
+  HEAD_IDS, IGNORED_SUFFIXES, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, RESTRICTED_TENSORS, WEIGHTS_FILE,
+  checkRestrictedValues, checkTensorsAgainstConfig, modelLoadError, parseJsonBounded, readBlobSafetensorsHeader, readSmallBlob,
+  shardFiles, validateConfig,
 } from "../model_checks.mjs";
 import { codedError } from "../protocol.mjs";
 
 export const CHUNK_VALUES = 1 << 20;
 export const EMBEDDING = "model.embed_tokens.weight";
 export const QUANTIZATION = "int8 symmetric per output row; w = q8 * scale[:,None]";
-const ELEMENT_BYTES = { F32: 4, F16: 2, BF16: 2, I8: 1 };
+const ELEMENT_BYTES = { F32: 4, F16: 2, BF16: 2, I8: 1, I32: 4 };
 const F32_TINY = Math.fround(1e-12);
 
 const fail = modelLoadError;
@@ -38,9 +39,10 @@ function filesMap(files) {
  *  then model.safetensors if present (transformers' first choice), else the shards of
  *  model.safetensors.index.json, each shard holding exactly the tensors the index maps to it;
  *  every header against its file's size; a tensor in two files refused; names, dtypes and shapes
- *  against the config. -> {tensors: Map name -> {dtype, shape, begin, end, file, path},
+ *  against the config (role "draft": the restricted-vocabulary tensors allowed, their values
+ *  checked). -> {tensors: Map name -> {dtype, shape, begin, end, file, path},
  *  metadata (merged; a key differing between shards dropped), config (validated)} */
-export async function openFolder(files) {
+export async function openFolder(files, role = "champion") {
   files = filesMap(files);
   const configFile = files.get("config.json");
   if (!configFile) throw fail("config.json: file not found");
@@ -83,17 +85,28 @@ export async function openFolder(files) {
       if (!merged.has(k)) merged.set(k, v);
     }
   }
-  checkTensorsAgainstConfig(tensors, config, where, false);
+  checkTensorsAgainstConfig(tensors, config, where, false, role);
+  for (const name of RESTRICTED_TENSORS) {      // their values, before the long write (convert.py does the same)
+    if (!tensors.has(name)) continue;
+    const t = tensors.get(name);
+    const raw = new Uint8Array(await t.file.slice(t.begin, t.end).arrayBuffer());
+    if (raw.byteLength !== t.end - t.begin) throw fail(`${t.path}: ended after ${raw.byteLength} of ${t.end - t.begin} expected bytes (changed while read?)`);
+    const limit = name === HEAD_IDS ? config.vocab_size : tensors.get(EMBEDDING).shape[0];
+    checkRestrictedValues(name, new Int32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4).slice(), limit,
+      (problem) => { throw fail(`${where}: ${problem}`); });
+  }
   const metadata = new Map([...merged].filter(([k]) => !conflicting.has(k)));
   return { tensors, metadata, config };
 }
 
 /** Output name -> [dtype, shape, source, kind ("f32" | "q8" | "scale")], as convert.plan_outputs;
- *  quantise false: every tensor float32 under its own name (the draft's model.safetensors). */
+ *  quantise false: every tensor float32 under its own name (the draft's model.safetensors); a
+ *  draft's restricted-vocabulary tensors (I32) pass through unchanged (kind "i32"). */
 export function planOutputs(tensors, tied, q8Embedding = false, quantise = true) {
   const plan = new Map();
   for (const [name, t] of tensors) {
     if (IGNORED_SUFFIXES.some((s) => name.endsWith(s)) || (tied && name === "lm_head.weight")) continue;
+    if (RESTRICTED_TENSORS.includes(name)) { plan.set(name, [String(t.dtype).toUpperCase(), t.shape, name, "i32"]); continue; }
     if (quantise && t.shape.length === 2 && (name !== EMBEDDING || q8Embedding)) {
       plan.set(`${name}.q8`, ["I8", t.shape, name, "q8"]);
       plan.set(`${name}.scale`, ["F32", t.shape.slice(0, 1), name, "scale"]);
@@ -206,7 +219,7 @@ export const ARTIFACT_FILES = { champion: "model.q8.safetensors", draft: WEIGHTS
 export async function writeRunArtifact(files, { role = "champion", q8Embedding = false, onChunk, onProgress = () => {} } = {}) {
   if (!(role in ARTIFACT_FILES)) throw codedError("E_BAD_ARGUMENT", `role must be champion or draft, got ${role}`);
   if (q8Embedding && role !== "champion") throw codedError("E_BAD_ARGUMENT", "q8Embedding applies to the champion's q8 artifact only");
-  const { tensors, metadata, config } = await openFolder(files);
+  const { tensors, metadata, config } = await openFolder(files, role);
   const meta = new Map(metadata);
   meta.delete("quantization");
   if (role === "champion") meta.set("quantization", QUANTIZATION);
@@ -228,6 +241,13 @@ export async function writeRunArtifact(files, { role = "champion", q8Embedding =
     const rowBytes = cols * ELEMENT_BYTES[t.dtype];
     const per = Math.max(1, Math.floor(CHUNK_VALUES / Math.max(1, cols)));
     const parts = [];
+    if (kind === "i32") {        // restricted-vocabulary ids: the bytes as they are (checked in openFolder)
+      const raw = new Uint8Array(await t.file.slice(t.begin, t.end).arrayBuffer());
+      if (raw.byteLength !== t.end - t.begin) throw fail(`${t.path}: ended after ${raw.byteLength} of ${t.end - t.begin} expected bytes (changed while read?)`);
+      emit(raw);
+      onProgress({ tensors_done: i + 1, tensors: order.length, bytes_done: done, bytes_total: total, peak_block_bytes: peak });
+      continue;
+    }
     for (let begin = 0; begin < rows; begin += per) {
       const end = Math.min(rows, begin + per);
       const raw = new Uint8Array(await t.file.slice(t.begin + begin * rowBytes, t.begin + end * rowBytes).arrayBuffer());

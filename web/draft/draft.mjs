@@ -4,7 +4,7 @@
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
 import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
 import { fetchSafetensors } from "../gpu/safetensors.mjs";
-import { checkSafetensorsHeader, headerLength } from "../model_checks.mjs";
+import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../model_checks.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const STATUS_CODES = {
@@ -149,6 +149,13 @@ export class Draft {
     this._u8().set(file, base);
     const dataStart = base + headerBytes;
 
+    // restricted vocabulary (optional, web/model_checks.mjs): shapes now, values once in memory
+    const fault = (problem) => { throw loadError(`model.safetensors: ${problem}`); };
+    const present = new Map(Object.entries(tensors));
+    const restricted = restrictedShapes(present, c, fault);
+    const embedShape = restricted.get("model.embed_tokens.weight") ?? [c.vocab_size, c.hidden_size];  // (M, D)
+    const headShape = restricted.get("lm_head.weight") ?? [c.vocab_size, c.hidden_size];             // (N, D)
+
     check(this.wasm.draft_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
       c.num_heads, c.num_kv_heads, c.head_dim, c.max_context, c.rms_norm_eps, c.rope_theta), "build");
     const place = (name, kind, layer, shape) => {
@@ -163,9 +170,21 @@ export class Draft {
       }
       check(this.wasm.draft_set_tensor(kind, layer, dataStart + t.begin), name);
     };
-    place("model.embed_tokens.weight", T.embed, 0, [c.vocab_size, c.hidden_size]);
+    place("model.embed_tokens.weight", T.embed, 0, embedShape);
     place("model.norm.weight", T.final_norm, 0, [c.hidden_size]);
-    if (!c.tie_word_embeddings) place("lm_head.weight", T.lm_head, 0, [c.vocab_size, c.hidden_size]);
+    if (!c.tie_word_embeddings) place("lm_head.weight", T.lm_head, 0, headShape);
+    // (n,) int32 view of a restriction tensor in wasm memory, its values checked; 0 when absent
+    const placeIds = (name, limit) => {
+      if (!restricted.has(name)) return 0;
+      const ptr = dataStart + tensors[name].begin;
+      if (ptr % 4 !== 0) fault(`tensor '${name}' is not 4-byte aligned in the file`);
+      checkRestrictedValues(name, new Int32Array(this.wasm.memory.buffer, ptr, restricted.get(name)[0]), limit, fault);
+      return ptr;
+    };
+    const headIds = placeIds(HEAD_IDS, c.vocab_size), embedRows = placeIds(EMBED_ROWS, embedShape[0]);
+    if (headIds || embedRows) {
+      check(this.wasm.draft_set_restriction(headIds, headShape[0], embedRows, embedShape[0]), "restriction");
+    }
     for (let l = 0; l < c.num_layers; l++) {
       for (const [suffix, kind, shape] of LAYER_TENSORS) place(`model.layers.${l}.${suffix}`, kind, l, shape(c));
     }
