@@ -275,6 +275,9 @@ def test_cli_and_page_convert_a_bf16_restricted_draft_to_the_same_bytes(folders)
     assert out[HEAD_IDS].dtype == np.int32 and np.array_equal(out[HEAD_IDS], t[HEAD_IDS])
     assert np.array_equal(out[EMBED_ROWS], t[EMBED_ROWS]) and out["lm_head.weight"].dtype == np.float32
     LlamaReference.from_dir(folders["base"] / "bf16_out").forward([1, 2, 3], 0)
+    # the page converts a picked bf16 draft, and runs an F32 one with its I32 tensors as it is
+    assert node([{"op": "needs_conversion", "dir": str(src)}, {"op": "needs_conversion", "dir": str(folders["restricted"])}]) \
+        == [{"ok": True, "value": True}, {"ok": True, "value": False}]
 
 
 def _mutated(name: str):

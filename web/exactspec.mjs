@@ -9,7 +9,7 @@
 import { Engine, engineAssets, startModuleWorker } from "./engine.mjs";
 import { codedError } from "./protocol.mjs";
 import { localModelUrl } from "./fetch_progress.mjs";
-import { readBlobSafetensorsHeader } from "./model_checks.mjs";
+import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./model_checks.mjs";
 
 export { codedError };
 
@@ -50,13 +50,14 @@ export function needsConversion(role, fileList) {
 }
 
 /** A picked draft folder the WASM draft cannot run as it is: sharded, or a model.safetensors
- *  holding a tensor that is not F32 (its header alone is read). */
+ *  holding a tensor that is not F32 (its header alone is read; a restricted draft's I32
+ *  exactspec.head_ids / exactspec.embed_rows run as they are). */
 export async function draftNeedsConversion(fileList) {
   if (needsConversion("draft", fileList)) return true;
   const weights = filesByName(fileList).get("model.safetensors");
   if (!weights) return false;                     // folderFiles names the missing file
   const { entries } = await readBlobSafetensorsHeader(weights, "draft/model.safetensors");
-  return [...entries.values()].some((e) => e.dtype !== "F32");
+  return [...entries].some(([name, e]) => e.dtype !== "F32" && !(e.dtype === "I32" && RESTRICTED_TENSORS.includes(name)));
 }
 
 /** Convert a picked Hugging Face folder to the run artifact of `role` in a worker

@@ -5,12 +5,13 @@
 //
 //   node web/tests/restricted_harness.mjs cases.json out.json
 //
-// cases.json: {cases: [{op: "convert", dir, role, out} | {op: "load", wasm, dir}]}
-// out.json:   {results: [{ok: true} | {ok: false, code, message}]}
+// cases.json: {cases: [{op: "convert", dir, role, out} | {op: "load", wasm, dir} | {op: "needs_conversion", dir}]}
+// out.json:   {results: [{ok: true, value?} | {ok: false, code, message}]}
 import { openAsBlob } from "node:fs";
 import { readdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { writeRunArtifact } from "../convert/q8_artifact.mjs";
+import { draftNeedsConversion } from "../exactspec.mjs";
 import { createDraft } from "../draft/draft.mjs";
 
 async function convert({ dir, role, out }) {
@@ -29,13 +30,20 @@ async function load({ wasm, dir }) {
   });
 }
 
+async function needsConversion({ dir }) {     // the page's question on a picked draft folder
+  const files = [];
+  for (const name of await readdir(dir)) files.push(new File([await openAsBlob(join(dir, name))], name));
+  return draftNeedsConversion(files);
+}
+
 const [casesPath, outPath] = process.argv.slice(2);
 const { cases } = JSON.parse(await readFile(casesPath, "utf8"));
 const results = [];
 for (const c of cases) {
   try {
-    await (c.op === "convert" ? convert(c) : load(c));
-    results.push({ ok: true });
+    const ops = { convert, load, needs_conversion: needsConversion };
+    const value = await ops[c.op](c);
+    results.push(value === undefined ? { ok: true } : { ok: true, value });
   } catch (err) {
     results.push({ ok: false, code: err.code ?? `uncoded ${err.name}`, message: err.detail ?? err.message });
   }
