@@ -139,6 +139,14 @@ def tensor_named_proto(d):
     _set_index(d, index)
 
 
+def champion_carries_head_ids(d):
+    """A champion with a draft's restricted-vocabulary tensor (docs/draft_wasm.md), sound values."""
+    _add_tensor(d, SHARDS[1], "exactspec.head_ids", "I32", [8], np.arange(8, dtype="<i4").tobytes())
+    index = _index(d)
+    index["weight_map"]["exactspec.head_ids"] = SHARDS[1]
+    _set_index(d, index)
+
+
 def index_value_proto(d):
     """An index that maps a tensor to the 'file' __proto__."""
     index = _index(d)
@@ -217,6 +225,8 @@ HOSTILE = {
     "shape disagrees with config": (shape_disagrees_with_config, "E_MODEL_LOAD", "expected (256, 768)", True),
     "tensor in two shards": (tensor_in_two_shards, "E_MODEL_LOAD", "does not map to it", True),
     "tensor named __proto__": (tensor_named_proto, "E_MODEL_LOAD", "unexpected tensor '__proto__'", True),
+    "champion carries exactspec.head_ids": (champion_carries_head_ids, "E_MODEL_LOAD",
+                                            "unexpected tensor 'exactspec.head_ids'", True),
     "index value __proto__": (index_value_proto, "E_MODEL_LOAD", "is not a shard file name", True),
     "index key __proto__": (index_key_proto, "E_MODEL_LOAD", "lacks '__proto__'", True),
     "index names an absent shard": (index_names_an_absent_shard, "E_MODEL_LOAD", "file not found", True),
