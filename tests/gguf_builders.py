@@ -182,3 +182,27 @@ def smollm2_status() -> dict:
         subprocess.run([sys.executable, os.path.join(REPO, "tools", "fetch_models.py")], check=False)
     with open(STATUS_FILE, encoding="utf-8") as f:
         return json.load(f)
+
+
+def write_tiny_draft_gguf(champion: str, path: str, *, edit=None) -> None:
+    """A GGUF draft for the GGUF `champion`: write_tiny_model's random llama (tied: no output.weight;
+    a Q8_0 embedding, the rest F32) carrying every tokenizer.* entry of the champion's metadata as
+    the champion stores it, so the two pair. edit(writer): as write_tiny_model's, after the copy."""
+    from gguf import GGUFValueType as V
+    from exactspec.gguf import GGUFFile
+    with GGUFFile(champion) as f:
+        entries = {k: (v, f.value_types[k]) for k, v in f.metadata.items() if k.startswith("tokenizer.")}
+
+    def copy_tokenizer(w):
+        for key, (value, vtype) in entries.items():
+            w.kv_data[0].pop(key, None)                 # write_tiny_model's own tokenizer entries, replaced quietly
+            if vtype.startswith("ARRAY["):
+                w.add_key_value(key, list(value), V.ARRAY, V[vtype[len("ARRAY["):-1]])
+            else:
+                w.add_key_value(key, value, V[vtype])
+        if edit is not None:
+            edit(w)
+
+    tokenizer = tuple(entries[f"tokenizer.ggml.{k}"][0] for k in ("tokens", "merges", "token_type"))
+    write_tiny_model(path, tokenizer=tokenizer, types={"token_embd.weight": Q.Q8_0}, omit=("output.weight",),
+                     edit=copy_tokenizer)

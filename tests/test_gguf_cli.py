@@ -198,13 +198,23 @@ def test_the_shipped_draft_is_refused_for_the_gguf(gguf_path):
     assert "field 'tokenizer_vocab_size' differs: champion 49152 draft 4096" in one_coded_line(r.stderr, "E_MANIFEST_MISMATCH")
 
 
-@pytest.mark.parametrize("flags,what", [
-    (["--backend", "browser", "--draft", "GGUF"], "--draft: the browser backend takes a draft folder, not a file"),
-    (["--weights", "q8", "--speculate", "none"], "--weights: a GGUF champion runs the file's own weights"),
-])
-def test_what_a_gguf_cannot_do_is_one_line(gguf_path, flags, what):
-    r = cli("generate", "--champion", gguf_path, "--prompt", "x", *[gguf_path if f == "GGUF" else f for f in flags])
-    assert r.returncode == 2 and what in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
+def test_what_a_gguf_cannot_do_is_one_line(gguf_path):
+    r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--weights", "q8", "--speculate", "none")
+    assert r.returncode == 2 and "--weights: a GGUF champion runs the file's own weights" in one_coded_line(
+        r.stderr, "E_BAD_ARGUMENT")
+
+
+def test_a_gguf_draft_runs_on_the_browser_backend(gguf_path, alone, tmp_path):
+    """`--backend browser --draft FILE.gguf` (once refused in one line): a tiny random GGUF draft
+    carrying the champion's tokenizer proposes, and the greedy answer is the reference champion
+    alone's."""
+    from gguf_builders import write_tiny_draft_gguf
+    draft = str(tmp_path / "tiny-draft.gguf")
+    write_tiny_draft_gguf(gguf_path, draft)
+    out = chat_json(gguf_path, "--backend", "browser", "--champion-backend", "wasm", "--temperature", "0",
+                    "--draft", draft, "--speculate", "draft")
+    assert out["stats"]["mode"] == "draft" and out["stats"]["proposed"] > 0, out["stats"]
+    assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
 
 
 def test_generate_chat_on_the_gguf_answers_in_the_browser(gguf_path, alone):

@@ -194,24 +194,31 @@ function draftArrived(p) {
 }
 
 /** {source, label} of what the picker holds (a champion .gguf file or folder, an optional draft
- *  folder), or null after saying what is missing. */
+ *  .gguf file or folder), or null after saying what is wrong. */
 function pickedModels() {
-  const folder = $("champion_folder").files, gguf = $("champion_gguf").files[0], draft = $("draft_folder").files;
+  const folder = $("champion_folder").files, gguf = $("champion_gguf").files[0];
+  const draftFolder = $("draft_folder").files, draftGguf = $("draft_gguf").files[0];
   if (folder.length && gguf) {
     setStatus("E_BAD_ARGUMENT: choose a champion folder or a .gguf file, not both", true);
     return null;
   }
-  if (!folder.length && !gguf) {
-    setStatus("E_BAD_ARGUMENT: choose a champion folder or a .gguf file first (the draft folder is optional)", true);
+  if (draftFolder.length && draftGguf) {
+    setStatus("E_BAD_ARGUMENT: choose a draft folder or a .gguf file, not both", true);
     return null;
   }
-  if (gguf && !gguf.name.toLowerCase().endsWith(".gguf")) {
-    setStatus(`E_BAD_ARGUMENT: ${gguf.name}: not a .gguf file`, true);
+  if (!folder.length && !gguf) {
+    setStatus("E_BAD_ARGUMENT: choose a champion folder or a .gguf file first (the draft is optional)", true);
+    return null;
+  }
+  const notGguf = [gguf, draftGguf].find((f) => f && !f.name.toLowerCase().endsWith(".gguf"));
+  if (notGguf) {
+    setStatus(`E_BAD_ARGUMENT: ${notGguf.name}: not a .gguf file`, true);
     return null;
   }
   const name = (fl) => (fl[0].webkitRelativePath || fl[0].name).split("/")[0];
-  const draftLabel = draft.length ? `, draft ${name(draft)}` : ", no draft";
-  return { source: { champion: gguf ?? folder, draft: draft.length ? draft : null },
+  const draft = draftGguf ?? (draftFolder.length ? draftFolder : null);
+  const draftLabel = draftGguf ? `, draft ${draftGguf.name}` : draft ? `, draft ${name(draftFolder)}` : ", no draft";
+  return { source: { champion: gguf ?? folder, draft },
     label: gguf ? `local file: champion ${gguf.name}${draftLabel}` : `local folders: champion ${name(folder)}${draftLabel}` };
 }
 

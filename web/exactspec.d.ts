@@ -5,7 +5,7 @@ export type ErrorCode = `E_${string}`;
 /** Every failure: a code from py/exactspec/protocol.json "errors" and a plain sentence. */
 export interface CodedError extends Error { code: ErrorCode; detail?: string }
 
-/** A URL (a folder, or a file ending in .gguf: the champion only), a picked folder, a picked .gguf File (champion). */
+/** A URL (a folder, or a file ending in .gguf), a picked folder, or a picked .gguf File: champion or draft. */
 export type ModelSource = string | FileList | File[] | File | null;
 
 export type LoadProgress =

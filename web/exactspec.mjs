@@ -105,11 +105,11 @@ export function folderFiles(role, fileList, converted = null) {
   return out;
 }
 
-/** A picked GGUF file (a File or Blob with a name ending in .gguf): a champion on its own. */
+/** A picked GGUF file (a File or Blob with a name ending in .gguf): a champion or a draft on its own. */
 const isGgufFile = (value) => typeof Blob !== "undefined" && value instanceof Blob && /\.gguf$/i.test(value.name ?? "");
 
-/** models for Engine.load from {champion, draft} where each is a URL string or a picked folder
- *  (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
+/** models for Engine.load from {champion, draft} where each is a URL string, a picked .gguf File or
+ *  a picked folder (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
  *  champion folder with only a Hugging Face checkpoint is converted to q8 here first, a draft
  *  folder that is sharded or not all F32 (bf16/f16) to the all-F32 model.safetensors. */
 export async function resolveModels({ champion, draft, manifest }, defaults, onProgress = null) {
@@ -122,9 +122,9 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
   for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
     if (value === null || value === undefined || value === "") continue;
     if (typeof value === "string") { models[role] = value; continue; }
-    if (role === "champion" && isGgufFile(value)) {      // one picked .gguf: read in the worker, nothing uploaded
-      files[`champion/${value.name}`] = value;
-      models.champion = localModelUrl("champion") + encodeURIComponent(value.name);
+    if (isGgufFile(value)) {      // one picked .gguf: read in the worker, nothing uploaded
+      files[`${role}/${value.name}`] = value;
+      models[role] = localModelUrl(role) + encodeURIComponent(value.name);
       continue;
     }
     Object.assign(files, folderFiles(role, value, converted[role]));

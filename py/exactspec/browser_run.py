@@ -41,14 +41,15 @@ class BrowserRuntime:
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
                  champion_backend: str = "webgpu", on_progress=None):
         """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs)."""
-        gguf_champion = str(champion_dir).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
-        for d in filter(None, (None if gguf_champion else champion_dir, draft_dir)):
-            if not os.path.isfile(os.path.join(d, "config.json")):
+        is_gguf = lambda d: str(d).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
+        for d in filter(None, (champion_dir, draft_dir)):
+            if not is_gguf(d) and not os.path.isfile(os.path.join(d, "config.json")):
                 raise ExactSpecError(E_MODEL_LOAD, f"{d}: no config.json")
         from .model_cache import browser_ready   # a folder as published: converted once, cached under build/
-        if not gguf_champion:
+        if not is_gguf(champion_dir):
             champion_dir = browser_ready(champion_dir, "champion")
-        draft_dir = draft_dir and browser_ready(draft_dir, "draft")
+        if draft_dir and not is_gguf(draft_dir):
+            draft_dir = browser_ready(draft_dir, "draft")
         mounts: dict = {}
         models = {"champion": _url_for(champion_dir, "champion", mounts),
                   "draft": _url_for(draft_dir, "draft", mounts) if draft_dir else None}

@@ -172,11 +172,7 @@ def _models(args):
     from .models import default_models_dir, known_draft
     base = default_models_dir()
     champion = args.champion or os.path.join(base, "champion")
-    gguf = [flag for flag, path in (("--champion", champion), ("--draft", args.draft)) if path and is_gguf_file(path)]
-    if "--draft" in gguf and args.backend == "browser":
-        raise ExactSpecError(E_BAD_ARGUMENT, "--draft: the browser backend takes a draft folder, not a file; "
-                             "a .gguf draft runs on --backend reference")
-    if gguf[:1] == ["--champion"] and args.weights:
+    if is_gguf_file(champion) and args.weights:
         raise ExactSpecError(E_BAD_ARGUMENT, "--weights: a GGUF champion runs the file's own weights")
     if args.speculate is None and is_gguf_file(champion) and not args.draft:
         args.speculate = "none"

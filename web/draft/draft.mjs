@@ -6,6 +6,8 @@ import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
 import { fetchSafetensors } from "../gpu/safetensors.mjs";
 import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../model_checks.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
+import { isGgufUrl } from "../gguf/gguf_reader.mjs";
 
 const STATUS_CODES = {
   1: "E_PROCESSOR_INVALID",
@@ -116,9 +118,18 @@ function policyNumbers(policy) {
 /**
  * createDraft({wasmUrl, modelUrl}) in the browser, or
  * createDraft({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
+ * A modelUrl ending in .gguf is one GGUF file (configJson: the config the model check derived from
+ * it): its tensors as F32 (web/gguf/gguf_draft.mjs), its sha256 the draft's identity.
  */
 export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, weightsBytes, fetchFn } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
+  if (isGgufUrl(modelUrl)) {
+    const gguf = await ggufDraftWeights(fetchFn, modelUrl, configJson);
+    const draft = await createDraft({ wasmUrl, wasmBytes, configJson, weightsBytes: gguf.weightsBytes, fetchFn });
+    draft.identity = gguf.identity;
+    draft.artifactBytes = gguf.artifactBytes;
+    return draft;
+  }
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   const [wasm, config, file] = await Promise.all([
     wasmBytes ?? fetchBytes(fetchFn, wasmUrl),

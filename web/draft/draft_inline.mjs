@@ -8,8 +8,8 @@ import { createDraft } from "./draft.mjs";
 import { codedError } from "../protocol.mjs";
 
 export class InlineDraft {
-  static async create({ wasmUrl, modelUrl }) {
-    return new InlineDraft(await createDraft({ wasmUrl, modelUrl }));
+  static async create({ wasmUrl, modelUrl, configJson = null }) {
+    return new InlineDraft(await createDraft({ wasmUrl, modelUrl, configJson }));
   }
 
   constructor(draft) {

@@ -121,11 +121,12 @@ export function createHandler(draftPromise, post) {
  */
 export class DraftWorkerClient {
   static async create({ wasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
-    modelUrl = new URL("../models/draft/", import.meta.url).href, workerUrl,
+    modelUrl = new URL("../models/draft/", import.meta.url).href, configJson = null, workerUrl,
     callTimeoutMs = 60000 } = {}) {
     const url = new URL(workerUrl ?? import.meta.url);
     url.searchParams.set("wasm", wasmUrl);
     url.searchParams.set("model", modelUrl);
+    if (configJson) url.searchParams.set("config", JSON.stringify(configJson));   // a GGUF draft's (a few hundred bytes)
     const worker = new Worker(url, { type: "module" });
     let ready;
     try {
@@ -247,6 +248,7 @@ if (inWorker) {
   const draftPromise = createDraft({
     wasmUrl: new URL(params.get("wasm") ?? "../build/draft.wasm", self.location.href).href,
     modelUrl: new URL(params.get("model") ?? "../models/draft/", self.location.href).href,
+    configJson: params.has("config") ? JSON.parse(params.get("config")) : undefined,
   });
   const handler = createHandler(draftPromise, post);
   self.onmessage = (ev) => handler.onMessage(ev.data);

@@ -35,6 +35,9 @@ export class NeedMoreBytes extends Error {
 
 export const refuse = (label, field, problem) => modelLoadError(`${label}: ${field}: ${problem}`);
 
+/** A model given as one GGUF file (a URL, or a picked File behind a local URL, ending in .gguf). */
+export const isGgufUrl = (url) => typeof url === "string" && /\.gguf$/i.test(url.split(/[?#]/)[0]);
+
 /** What refusals name a fetched GGUF by: its path on the server, or a picked file's name (behind a
  *  local URL). */
 export function ggufLabel(url) {

@@ -31,7 +31,7 @@ export function chooseDraftPlacement(placement, championKind) {
  * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
  * allocation after that many (tests).
  */
-export async function createBridge({ championUrl, championConfig = null, draftUrl, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
+export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/champion.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0 }) {
@@ -43,7 +43,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   let draft = null, draftError = null, draftRespawns = 0, closed = false;
   let epoch = 0;
   const placement = chooseDraftPlacement(draftPlacement, choice.kind);
-  const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl });
+  const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
+    configJson: draftConfig });     // draftConfig: a GGUF draft's, from the model check (null: the folder's config.json)
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.

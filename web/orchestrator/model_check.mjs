@@ -5,7 +5,9 @@
 // sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
-import { declaredSize, ggufLabel, readGgufHeader } from "../gguf/gguf_reader.mjs";
+import { declaredSize, ggufLabel, isGgufUrl, readGgufHeader } from "../gguf/gguf_reader.mjs";
+
+export { isGgufUrl };
 
 const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 const CHAT_TEMPLATE_FILE = "chat_template.jinja";   // optional: transformers' own file, wins over tokenizer_config's
@@ -25,7 +27,7 @@ async function fetchBytes(url, limit, optional = false) {
 
 /** The manifest that covers the model folders of `folderRoles`: models.manifest (a URL, or null for
  *  none); by default web/models/manifest.json (next to this module's folder) when every one of them
- *  is served from under web/models/ (a GGUF champion is a file no manifest lists: not among them). */
+ *  is served from under web/models/ (a GGUF model is a file no manifest lists: not among them). */
 function manifestUrl(models, folderRoles) {
   if (models.manifest !== undefined) return models.manifest;
   const shipped = new URL("../models/", import.meta.url).href;
@@ -51,14 +53,11 @@ function runPy(pyodide, specJson, blobs) {
   }
 }
 
-/** A champion given as one GGUF file (a URL, or a picked File behind a local URL, ending in .gguf). */
-export const isGgufUrl = (url) => typeof url === "string" && /\.gguf$/i.test(url.split(/[?#]/)[0]);
-
-/** A GGUF champion: only the bytes before its data section are read here (the body is cancelled
- *  there), and exactspec.browser_backend.check_gguf turns them into the config and the four model
+/** A GGUF model (champion or draft): only the bytes before its data section are read here (the
+ *  body is cancelled there), and exactspec.browser_backend.check_gguf turns them into the config and the four model
  *  files the file implies, in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the CLI's code).
  *  -> {name (the run artifact's name), files: name -> text, config, summary} */
-async function readGgufChampion(pyodide, url) {
+async function readGguf(pyodide, url) {
   const label = ggufLabel(url);
   let res;
   try {
@@ -83,13 +82,14 @@ async function readGgufChampion(pyodide, url) {
 
 /** -> {tokenizer_json, tokenizer_config_json, generation_config_json, chat_template_jinja (text or
  *  null), summary, ms, verifyRunArtifacts(info)}
- *  (+ champion_config for a GGUF champion) */
+ *  (+ champion_config / draft_config for a GGUF champion / draft: the config its metadata implies) */
 export async function checkModels(pyodide, models) {
   const t0 = performance.now();
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
-  // a GGUF champion: its implied files stand for a folder's; no manifest lists it
-  const gguf = isGgufUrl(models.champion) ? await readGgufChampion(pyodide, models.champion) : null;
-  const folderRoles = roles.filter((r) => !(r === "champion" && gguf));
+  // a GGUF side: its implied files stand for a folder's; no manifest lists it
+  const gguf = {};                      // role -> readGguf's
+  for (const role of roles) if (isGgufUrl(models[role])) gguf[role] = await readGguf(pyodide, models[role]);
+  const folderRoles = roles.filter((r) => !gguf[r]);
   const mUrl = manifestUrl(models, folderRoles);
   const entries = Object.fromEntries(roles.map((r) => [r, mUrl && folderRoles.includes(r) ? folderName(models[r]) : null]));
   const blobs = new Map();              // "role/name" -> Uint8Array
@@ -98,8 +98,8 @@ export async function checkModels(pyodide, models) {
     mUrl ? fetchBytes(mUrl, MAX_SMALL_FILE).then((b) => JSON.parse(new TextDecoder().decode(b))) : null,
     ...roles.map(async (role) => {
       served[role] = {};
-      if (role === "champion" && gguf) {
-        for (const [name, text] of Object.entries(gguf.files)) blobs.set(`champion/${name}`, new TextEncoder().encode(text));
+      if (gguf[role]) {
+        for (const [name, text] of Object.entries(gguf[role].files)) blobs.set(`${role}/${name}`, new TextEncoder().encode(text));
         return;
       }
       const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
@@ -114,16 +114,19 @@ export async function checkModels(pyodide, models) {
   const optional = Object.fromEntries(roles.map((r) => [r, blobs.has(`${r}/${CHAT_TEMPLATE_FILE}`) ? [CHAT_TEMPLATE_FILE] : []]));
   let summary = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);     // stage 1: configs
   const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
-  if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
+  const withGguf = (s) => ({ ...s, ...(gguf.champion ? { gguf: gguf.champion.summary.gguf } : {}),
+    ...(gguf.draft ? { gguf_draft: gguf.draft.summary.gguf } : {}) });
+  summary = withGguf(summary);
   const ms = performance.now() - t0;
-  const runWeights = gguf ? { champion: gguf.name } : {};
+  const runWeights = Object.fromEntries(Object.entries(gguf).map(([role, g]) => [role, g.name]));
   return {
     tokenizer_json: text("tokenizer.json"),
     tokenizer_config_json: text("tokenizer_config.json"),
     generation_config_json: text("generation_config.json"),
     // checked as UTF-8 in stage 1; null when the champion has none
     chat_template_jinja: blobs.has(`champion/${CHAT_TEMPLATE_FILE}`) ? text(CHAT_TEMPLATE_FILE) : null,
-    champion_config: gguf ? gguf.config : null,
+    champion_config: gguf.champion?.config ?? null,
+    draft_config: gguf.draft?.config ?? null,
     ms,
     get summary() { return summary; },
     /** Stage 2, given the bridge's info: the run artifacts' sha256 and bytes, as loaded. */
@@ -134,8 +137,8 @@ export async function checkModels(pyodide, models) {
         ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
       for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
       summary = runPy(pyodide, JSON.stringify({ roles: present, optional, manifest, entries, served,
-        run_weights: runWeights, gguf_pair: !!gguf }), blobs);
-      if (gguf) summary = { ...summary, gguf: gguf.summary.gguf };
+        run_weights: runWeights, gguf_pair: Object.keys(gguf).length > 0 }), blobs);
+      summary = withGguf(summary);
       return summary;
     },
   };

@@ -101,7 +101,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     notify({ stage: "models" });
     built = await createBridge({ choice, prepared, ...wasmAssets(assets),
       championUrl: models.champion, championConfig: checked.champion_config ?? null,
-      draftUrl: models.draft || null, counters, runtimeInfo,
+      draftUrl: models.draft || null, draftConfig: checked.draft_config ?? null, counters, runtimeInfo,
       faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
