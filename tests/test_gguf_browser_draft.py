@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from browser_fixture import chromium_browser  # noqa: F401
+from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 from exactspec.browser_run import BrowserRuntime
 from exactspec.errors import ExactSpecError
 from exactspec.gguf_model import GGUFModel, load_reference
@@ -136,3 +136,44 @@ def test_the_wasm_draft_on_a_gguf_gives_the_references_logits(tmp_path, arch):
     assert out["identity"] == ref.identity and out["bytes"] == os.path.getsize(path)
     print(f"[err] GGUF draft_logits ({arch}) max abs {max_error(got, want, 'draft_logits'):.3g}")
     assert within(got, want, "draft_logits"), max_error(got, want, "draft_logits")
+
+
+ENGINE_JS = """async ([championUrl, draftUrl, picked, placement]) => {
+  const { createEngine } = await import("/web/exactspec.mjs");
+  const file = async (url) => new File([await (await fetch(url)).blob()], url.split("/").pop());   // as <input type=file> gives it
+  const [champion, draft] = picked ? [await file(championUrl), await file(draftUrl)] : [championUrl, draftUrl];
+  const stages = new Set();
+  try {
+    const engine = await createEngine({ champion, draft, championBackend: "wasm", draftPlacement: placement,
+      onProgress: (p) => stages.add(p.stage === "fetch" ? `fetch ${p.name}` : p.stage) });
+    const run = (speculate) => engine.generate("What is the capital of France?",
+      { chat: true, temperature: 0, max_new_tokens: 8, k: 3, speculate });
+    const alone = await run("none"), drafted = await run("draft");
+    const info = engine.ready.info.draft;
+    engine.terminate();
+    return { alone: alone.token_ids, drafted: drafted.token_ids, proposed: drafted.stats.proposed, info, stages: [...stages] };
+  } catch (err) {
+    return { error: { code: err.code, message: err.message } };
+  }
+}"""
+
+
+@pytest.mark.parametrize("picked,placement", [(True, "auto"), (False, "worker")], ids=["picked-files-inline", "urls-worker"])
+def test_the_engine_api_takes_a_gguf_draft(smollm2_path, tiny_gguf_draft, browser_page, http_server, picked, placement):
+    """createEngine({draft: File | URL}): picked files are read in the orchestrator worker (the draft
+    inline); a URL draft in its own worker gets the checked config with its URL. Its bytes are
+    reported as load progress."""
+    served = os.path.join(REPO, "build", f"test_gguf_browser_draft_{os.getpid()}.gguf")   # build/ is served
+    with open(served, "wb") as f, open(tiny_gguf_draft, "rb") as src:
+        f.write(src.read())
+    try:
+        browser_page.goto(http_server.url + "/web/runner.html")
+        out = browser_page.evaluate(ENGINE_JS, [f"/web/models/smollm2-135m-instruct/{os.path.basename(smollm2_path)}",
+                                                f"/build/{os.path.basename(served)}", picked, placement])
+    finally:
+        os.remove(served)
+    assert "error" not in out, out
+    assert out["info"]["identity"] == sha256_file(tiny_gguf_draft)[0] and out["info"]["placement"] == ("inline" if picked else "worker")
+    assert out["drafted"] == out["alone"] and out["proposed"] > 0, out
+    if picked:              # (the draft worker's own fetches are not counted, as for a folder draft)
+        assert any(s.startswith("fetch ") and s.endswith(".gguf") and "smollm2" not in s.lower() for s in out["stages"]), out["stages"]

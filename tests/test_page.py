@@ -336,6 +336,38 @@ def test_a_gguf_file_from_the_picker(app, tmp_path):
         wait_stage(app, "ready")
 
 
+def test_a_gguf_draft_from_the_picker(app, tmp_path):
+    """A .gguf draft chosen in the picker beside a .gguf champion (the fast pair, both exported to
+    GGUF): paired by the files' tokenizers, and it drafts (accepted tokens in the answer)."""
+    import subprocess
+    import sys
+    files = {}
+    for role, flags in (("champion", ["--weights", "q8"]), ("draft", [])):
+        files[role] = tmp_path / f"toy-{role}.gguf"
+        subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "export_gguf.py"), str(MODELS / role), str(files[role]),
+                        "--type", "f32", *flags], check=True, capture_output=True)
+    wait_stage(app, "ready")
+    app.set_input_files("#champion_gguf", str(files["champion"]))
+    app.set_input_files("#draft_gguf", str(files["draft"]))
+    app.set_input_files("#draft_folder", str(MODELS / "draft"))
+    loads = app.evaluate("() => window.appState.loads")
+    app.click("#load_models")
+    assert app.text_content("#status") == "E_BAD_ARGUMENT: choose a draft folder or a .gguf file, not both"
+    app.evaluate("() => { document.getElementById('draft_folder').value = ''; }")
+    app.click("#load_models")
+    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    try:
+        assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
+        assert app.text_content("#model_source") == "local file: champion toy-champion.gguf, draft toy-draft.gguf"
+        status, result, spans = answer(app, "draft", max_tokens=8)
+        assert status == "done" and result["n"] == 8, (status, result)
+        assert any(source == "accepted" for source, _ in spans), spans
+    finally:
+        app.evaluate("() => { for (const id of ['champion_gguf', 'draft_gguf']) document.getElementById(id).value = ''; }")
+        app.click("#load_test_pair")
+        wait_stage(app, "ready")
+
+
 def fresh_page(chromium_browser, http_server):
     context = chromium_browser.new_context()
     page = context.new_page()

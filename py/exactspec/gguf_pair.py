@@ -4,8 +4,8 @@
 its dequantised weights (gguf_model.load_reference), the tokenizer and tokenizer_config rebuilt
 from its metadata (gguf_tokenizer), and the stop ids it names (EOS, EOT, EOM). The tokenizer
 identity is the sha256 of the rebuilt tokenizer.json (canonical JSON); the chat template's is the
-sha256 of the template text, as for a folder. A draft is not taken yet: pairing a GGUF champion
-with a draft needs the manifest check to read GGUF (issue 17).
+sha256 of the template text, as for a folder. The pair has no draft here: models.load_pair attaches
+one (a folder or a GGUF file) after manifest.check_pair.
 """
 from __future__ import annotations
 
