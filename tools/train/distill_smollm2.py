@@ -157,7 +157,7 @@ def soft_targets(model, seqs):
 def save_shard(records, kind):
     os.makedirs(WORK, exist_ok=True)
     k = len(glob.glob(os.path.join(WORK, "shard_*.pt")))
-    path = os.path.join(WORK, f"shard_{k:04d}.pt")
+    path = os.path.join(WORK, f"shard_{k:04d}_{os.getpid()}.pt")   # pid: several gen processes may share WORK
     torch.save({"kind": kind, "records": records}, path + ".tmp")
     os.replace(path + ".tmp", path)
     return path
@@ -237,15 +237,49 @@ SHAPES = {   # hidden, intermediate, layers, heads, kv heads, head_dim
     "d64": (64, 256, 2, 2, 1, 32),
     "d96": (96, 288, 2, 3, 1, 32),
     "d128": (128, 384, 2, 2, 1, 64),
+    "d192": (192, 512, 4, 3, 1, 64),
 }
 
 
-def draft_conf(shape, layers=None):
+def draft_conf(shape, layers=None, input_rows=0, head_rows=0):
     from model import LlamaConf
     h, i, n, nh, nkv, hd = SHAPES[shape]
     return LlamaConf(vocab_size=49152, hidden_size=h, intermediate_size=i, num_hidden_layers=layers or n,
                      num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
-                     max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5)
+                     max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                     input_rows=input_rows, head_rows=head_rows)
+
+
+def restricted_vocabulary(records, input_rows, head_rows):
+    """(embed_rows (V,), head_ids (N,)) of a restricted-vocabulary draft, from the training data
+    only. The head scores N tokens: the N/2 lowest ids (BPE merge order, roughly the tokenizer
+    corpus' frequency order) and then the tokens with the most champion probability mass (the
+    stored top-K) in the data. The embedding has M = input_rows rows: the (M-1)/2 lowest ids, then
+    the most frequent tokens in the data (prompts and answers), and a last row shared by every
+    other token."""
+    V = 49152
+    mass = np.zeros(V, dtype=np.float64)
+    count = np.zeros(V, dtype=np.int64)
+    for r in records:
+        np.add.at(mass, r["top_ids"].reshape(-1), np.exp(r["top_logp"].astype(np.float64)).reshape(-1))
+        np.add.at(count, r["ids"], 1)
+
+    def pick(score, n):
+        chosen = list(range(n // 2))
+        seen = set(chosen)
+        for t in np.argsort(-score, kind="stable"):
+            if len(chosen) == n:
+                break
+            if int(t) not in seen:
+                chosen.append(int(t))
+                seen.add(int(t))
+        return np.array(sorted(chosen), dtype=np.int64)
+
+    head_ids = pick(mass, head_rows)
+    inputs = pick(count.astype(np.float64), input_rows - 1)
+    embed_rows = np.full(V, input_rows - 1, dtype=np.int64)
+    embed_rows[inputs] = np.arange(len(inputs))
+    return embed_rows, head_ids
 
 
 def pca_embedding(d):
@@ -296,11 +330,14 @@ def batches(records, tokens_per_batch, max_len, rnd):
     return out
 
 
-def distill_loss(logits, tv, ti, mask):
+def distill_loss(logits, tv, ti, mask, keep=None):
     """Cross-entropy of the draft against the champion's top-K distribution (renormalised);
-    ti indexes the columns of logits."""
+    ti indexes the columns of logits. keep (B, T, K): the teacher entries the draft can score
+    (a restricted head: the others are outside its support and carry no weight)."""
     logq = F.log_softmax(logits.float(), dim=-1).gather(-1, ti)
     p = F.softmax(tv, dim=-1)
+    if keep is not None:
+        p = p * keep
     per_pos = -(p * logq).sum(-1)
     return (per_pos * mask).sum() / mask.sum()
 
@@ -341,8 +378,12 @@ def cmd_train(args):
     rdir = os.path.join(WORK, args.tag)
     os.makedirs(rdir, exist_ok=True)
     ckpt_path = os.path.join(rdir, "ckpt.pt")
-    conf = draft_conf(args.shape, args.layers)
+    conf = draft_conf(args.shape, args.layers, args.input_rows, args.head_rows)
     model = Llama(conf)
+    if conf.head_rows:
+        embed_rows, head_ids = restricted_vocabulary(train, conf.input_rows, conf.head_rows)
+        model.embed_rows.copy_(torch.as_tensor(embed_rows))
+        model.head_ids.copy_(torch.as_tensor(head_ids))
     step, elapsed, epoch = 0, 0.0, 0
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -356,7 +397,15 @@ def cmd_train(args):
         log(f"resumed {ckpt_path} step {step} elapsed {elapsed:.0f}s")
     elif args.pca:
         with torch.no_grad():
-            model.model.embed_tokens.weight.copy_(pca_embedding(conf.hidden_size))
+            pca = pca_embedding(conf.hidden_size)                        # (V, d)
+            if conf.head_rows:
+                rows = model.embed_rows
+                shared = rows == conf.input_rows - 1
+                model.model.embed_tokens.weight[rows[~shared]] = pca[~shared]
+                model.model.embed_tokens.weight[-1] = pca[shared].mean(0)
+                model.lm_head.weight.copy_(pca[model.head_ids])
+            else:
+                model.model.embed_tokens.weight.copy_(pca)
     budget = 60 * args.minutes
     log(f"{args.tag}: {model.num_params()} params, {len(train)} train sequences ({ntok} tokens), "
         f"{len(held)} held out, budget {budget:.0f}s")
@@ -379,7 +428,13 @@ def cmd_train(args):
             for g in opt.param_groups:
                 g["lr"] = lr
             x, tv, ti, mask, _ = make_batch(batch, args.max_len)
-            if args.candidates:
+            if conf.head_rows:
+                # the restricted head's own N columns; teacher ids outside it carry no weight
+                column = torch.full((49152,), -1, dtype=torch.long)
+                column[model.head_ids] = torch.arange(conf.head_rows)
+                col = column[ti]
+                loss = distill_loss(model.head_logits(x), tv, col.clamp_min(0), mask, keep=col >= 0)
+            elif args.candidates:
                 # the softmax over the batch's teacher top-K ids and the most frequent tokens only
                 # (5-8x cheaper than 49152 columns on this CPU); the exported draft has the full head
                 cand = torch.unique(torch.cat([ti[mask > 0].flatten(), frequent]))
@@ -443,7 +498,11 @@ def cmd_export(args):
     model = Llama(conf)
     model.load_state_dict(ck["model"])
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
+             if k not in ("head_ids", "embed_rows")}
+    if conf.head_rows:   # the engine's restricted-vocabulary tensors (docs/draft_wasm.md)
+        state["exactspec.head_ids"] = model.head_ids.to(torch.int32).contiguous()
+        state["exactspec.embed_rows"] = model.embed_rows.to(torch.int32).contiguous()
     with GGUFFile(gguf_path()) as f:
         spec, tok_config, stops = tokenizer_spec(f), tokenizer_config(f), stop_token_ids(f)
     os.makedirs(args.out, exist_ok=True)
@@ -594,8 +653,16 @@ def load_torch_draft(folder):
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
     conf = LlamaConf(**{k: cfg[k] for k in LlamaConf.__dataclass_fields__ if k in cfg})
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    if "exactspec.head_ids" in tensors:
+        conf.head_rows = tensors["exactspec.head_ids"].shape[0]
+        conf.input_rows = tensors["model.embed_tokens.weight"].shape[0]
     model = Llama(conf)
-    model.load_state_dict({k: v.float() for k, v in load_file(os.path.join(folder, "model.safetensors")).items()})
+    state = {k: v.float() for k, v in tensors.items() if not k.startswith("exactspec.")}
+    if conf.head_rows:
+        state["head_ids"] = tensors["exactspec.head_ids"].long()
+        state["embed_rows"] = tensors["exactspec.embed_rows"].long()
+    model.load_state_dict(state)
     return model.eval()
 
 
@@ -669,6 +736,8 @@ def main():
     t.add_argument("--tag", required=True)
     t.add_argument("--shape", choices=sorted(SHAPES), default="d64")
     t.add_argument("--layers", type=int, default=None)
+    t.add_argument("--input-rows", type=int, default=0, help="restricted embedding: M rows (with --head-rows)")
+    t.add_argument("--head-rows", type=int, default=0, help="restricted head: N tokens, untied lm_head")
     t.add_argument("--minutes", type=float, default=30)
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--warmup", type=int, default=30)

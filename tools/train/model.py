@@ -5,6 +5,11 @@ self_attn.{q,k,v,o}_proj.weight, model.layers.{i}.mlp.{gate,up,down}_proj.weight
 model.layers.{i}.{input,post_attention}_layernorm.weight, model.norm.weight), so
 ``state_dict()`` is directly an HF checkpoint (lm_head is tied to the embedding).
 RMSNorm in fp32, RoPE with HF's rotate_half convention, SwiGLU MLP, grouped-query attention.
+
+A restricted-vocabulary draft (``input_rows`` / ``head_rows`` > 0; the engine's optional tensors
+``exactspec.embed_rows`` and ``exactspec.head_ids``, docs/draft_wasm.md): the embedding has
+input_rows rows and token t reads row ``embed_rows[t]``; an untied ``lm_head`` has head_rows rows
+and scores only the tokens ``head_ids`` (every other token's logit is -inf).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ class LlamaConf:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     initializer_range: float = 0.02
+    input_rows: int = 0      # M > 0: embedding (M, hidden) read through embed_rows (V,)
+    head_rows: int = 0       # N > 0: untied lm_head (N, hidden) scoring head_ids (N,) only
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,7 +117,7 @@ class Block(nn.Module):
 class Inner(nn.Module):
     def __init__(self, c: LlamaConf):
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens = nn.Embedding(c.input_rows or c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList([Block(c) for _ in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -118,8 +125,14 @@ class Inner(nn.Module):
 class Llama(nn.Module):
     def __init__(self, c: LlamaConf):
         super().__init__()
+        assert c.head_rows or not c.input_rows, "a restricted embedding needs the untied restricted head"
         self.conf = c
         self.model = Inner(c)
+        if c.head_rows:
+            self.lm_head = nn.Linear(c.hidden_size, c.head_rows, bias=False)
+            self.register_buffer("head_ids", torch.arange(c.head_rows), persistent=True)        # (N,) ascending
+        if c.input_rows:
+            self.register_buffer("embed_rows", torch.zeros(c.vocab_size, dtype=torch.long), persistent=True)  # (V,)
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
         self.reset_parameters()
@@ -143,15 +156,25 @@ class Llama(nn.Module):
         return emb.cos()[None, None], emb.sin()[None, None]
 
     def hidden(self, idx):
-        x = self.model.embed_tokens(idx)
+        x = self.model.embed_tokens(self.embed_rows[idx] if self.conf.input_rows else idx)
         cos, sin = self.rope(idx.shape[1], idx.device)
         for blk in self.model.layers:
             x = blk(x, cos, sin)
         return self.model.norm(x)
 
-    def forward(self, idx):
-        """Return logits (B, T, V); lm_head tied to embed_tokens."""
+    def head_logits(self, idx):
+        """(B, T, N) logits of the head's own rows (N = V when unrestricted)."""
+        if self.conf.head_rows:
+            return self.lm_head(self.hidden(idx))
         return F.linear(self.hidden(idx), self.model.embed_tokens.weight)
+
+    def forward(self, idx):
+        """Return logits (B, T, V): tied to embed_tokens, or -inf outside head_ids when restricted."""
+        logits = self.head_logits(idx)
+        if not self.conf.head_rows:
+            return logits
+        full = logits.new_full(logits.shape[:-1] + (self.conf.vocab_size,), float("-inf"))
+        return full.index_copy(-1, self.head_ids, logits)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -178,7 +201,7 @@ def hf_config(c: LlamaConf) -> dict:
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "pretraining_tp": 1,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not (c.head_rows or c.input_rows),
         "use_cache": True,
         "torch_dtype": "float32",
         "bos_token_id": 0,
