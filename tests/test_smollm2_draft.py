@@ -97,10 +97,12 @@ def test_wasm_draft_runs_it(draft_reference):
 
 
 def untrained_copy(folder) -> str:
-    """The draft's config with seeded N(0, 0.02) matrices: the same shape, nothing learnt."""
+    """The draft's config with seeded N(0, 0.02) matrices: the same shape, nothing learnt (the
+    restricted-vocabulary id tensors, integers, are kept as they are)."""
     from safetensors.numpy import load_file, save_file
     rs = np.random.default_rng(0)
-    weights = {k: (rs.normal(0, 0.02, v.shape).astype(np.float32) if v.ndim == 2 else v.astype(np.float32))
+    weights = {k: (v if v.dtype.kind == "i" else rs.normal(0, 0.02, v.shape).astype(np.float32) if v.ndim == 2
+                   else v.astype(np.float32))
                for k, v in load_file(os.path.join(DRAFT, "model.safetensors")).items()}
     save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(DRAFT, "config.json"), encoding="utf-8") as src, \
