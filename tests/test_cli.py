@@ -154,17 +154,27 @@ def test_port_0_serves_on_a_free_port_and_ctrl_c_stops_it_cleanly():
 
 
 def test_ctrl_c_during_generation_is_one_E_CANCELLED_line():
+    """The whole answer takes ~1.3 s; on a loaded machine the signal can land after it ended (exit
+    0, nothing to cancel). Such a run is retried, up to 3 times; an interrupted run must exit 130
+    with one E_CANCELLED line."""
     import signal
-    p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "generate", *GREEDY, "--max-new-tokens", "400",
-                          "--speculate", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
-    try:
-        assert p.stdout.read(1)            # the first token is out: generation is under way
-        p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=120) == 130
-        stderr = p.stderr.read().decode()
-    finally:
-        p.kill()
-        p.wait()
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "generate", *GREEDY, "--max-new-tokens", "400",
+                              "--speculate", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+        try:
+            assert p.stdout.read(1)            # the first token is out: generation is under way
+            p.send_signal(signal.SIGINT)
+            rc = p.wait(timeout=120)
+            stderr = p.stderr.read().decode()
+        finally:
+            p.kill()
+            p.wait()
+        if rc == 0 and "[length] 400 tokens" in stderr:
+            continue                           # finished before the signal: nothing was interrupted
+        assert rc == 130, (rc, stderr)
+        break
+    else:
+        pytest.fail("three answers ended before Ctrl-C reached them")
     assert "interrupted" in _one_coded_line(stderr, "E_CANCELLED")
 
 
