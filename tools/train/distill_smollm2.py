@@ -416,6 +416,9 @@ def cmd_train(args):
         os.replace(ckpt_path + ".tmp", ckpt_path)
 
     frequent = torch.as_tensor(np.argsort(-token_frequencies(train))[:args.candidates].copy())
+    head_column = torch.full((49152,), -1, dtype=torch.long)     # (V,) token -> head row, -1 off the head
+    if conf.head_rows:
+        head_column[model.head_ids] = torch.arange(conf.head_rows)
     last_save, done = elapsed, False
     while not done:
         for batch in batches(train, args.tokens_per_batch, args.max_len, random.Random(args.seed + epoch)):
@@ -430,9 +433,7 @@ def cmd_train(args):
             x, tv, ti, mask, _ = make_batch(batch, args.max_len)
             if conf.head_rows:
                 # the restricted head's own N columns; teacher ids outside it carry no weight
-                column = torch.full((49152,), -1, dtype=torch.long)
-                column[model.head_ids] = torch.arange(conf.head_rows)
-                col = column[ti]
+                col = head_column[ti]
                 loss = distill_loss(model.head_logits(x), tv, col.clamp_min(0), mask, keep=col >= 0)
             elif args.candidates:
                 # the softmax over the batch's teacher top-K ids and the most frequent tokens only
