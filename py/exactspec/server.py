@@ -357,20 +357,12 @@ class StaticServer:
 
 
 def serve_forever(host: str = "127.0.0.1", port: int = 8000, allow_origins=()) -> None:
-    """Serve until Ctrl-C. SIGINT only sets an event (installed before the URL is printed), so it
-    can land at any moment without raising inside Thread.join or the server's shutdown."""
-    import signal
     server = StaticServer(REPO_ROOT, host, port, allow_origins=allow_origins)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        print(f"exactspec: open {server.url}/ in a browser (the page; web/ and runtime files only, Ctrl-C stops)",
+    print(f"exactspec: open {server.url}/ in a browser (the page; web/ and runtime files only, Ctrl-C stops)", flush=True)
+    if server.httpd.RequestHandlerClass.allow_origins:
+        print(f"exactspec: pages on {', '.join(allow_origins)} may load the engine from {server.url}/web/exactspec.mjs",
               flush=True)
-        if server.httpd.RequestHandlerClass.allow_origins:
-            print(f"exactspec: pages on {', '.join(allow_origins)} may load the engine from "
-                  f"{server.url}/web/exactspec.mjs", flush=True)
-        while server.thread.is_alive() and not stop.wait(0.25):
-            pass
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
         server.close()
