@@ -131,6 +131,33 @@ export function errorPayload(err, fallback = "E_INTERNAL", codes = null) {
   return { code: fallback, message: text.split("\n")[0] || "unknown failure" };
 }
 
+/** The round record of schema.round_record (protocol.json): `at` maps each fixed word's name to
+ *  its offset, `decode(words)` reads a record (Int32Array: fixed words, then n_proposed ids) into
+ *  {n_accepted, next_token, rejected_at, ended_by, near_top_p, error_code, status, draft_ms,
+ *  verify_ms, proposals, diag}. The one JS reader of the layout (Python's: round_record.py). */
+export function roundRecordLayout(schema) {
+  const rec = schema.round_record;
+  const at = Object.fromEntries(rec.words.map(([name], i) => [name, i]));
+  const fixed = rec.words.length;
+  const status = Object.fromEntries(Object.entries(rec.status).map(([name, v]) => [v, name]));
+  const f32 = (words, i) => new Float32Array(Int32Array.of(words[i]).buffer)[0];
+  function decode(words) {
+    const w = Int32Array.from(words);
+    if (w.length < fixed || w.length !== fixed + w[at.n_proposed]) {
+      throw codedError("E_PROTOCOL", `a round record needs ${fixed} words + n_proposed ids, got ${w.length}`);
+    }
+    const none = (v) => (v < 0 ? null : v);
+    return {
+      n_accepted: w[at.n_accepted], next_token: none(w[at.next_token]), rejected_at: none(w[at.rejected_at]),
+      ended_by: rec.ended_by[w[at.ended_by] & rec.ended_by_mask] ?? "", near_top_p: (w[at.ended_by] & rec.near_top_p_flag) !== 0,
+      error_code: rec.decision_errors[w[at.decision_error]] ?? "E_INTERNAL", status: status[w[at.status]] ?? "unknown",
+      draft_ms: w[at.draft_us] / 1000, verify_ms: w[at.verify_us] / 1000, proposals: Array.from(w.subarray(fixed)),
+      diag: { score: f32(w, at.diag_score), u: f32(w, at.diag_u), a: f32(w, at.diag_a) },
+    };
+  }
+  return { at, fixed, decisionWords: rec.decision_words, status: rec.status, decode };
+}
+
 let schemaPromise = null;
 /** The one schema (fetched once per realm) -> {validate, codes, schema}. */
 export function loadSchema(url = new URL("../py/exactspec/protocol.json", import.meta.url).href) {
