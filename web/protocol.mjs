@@ -1,5 +1,5 @@
 // The envelope check, the generate request's type table and the error-code table of
-// py/exactspec/protocol.json, JS side (the Python side is protocol.py and errors.py).
+// py/exactspec/core/protocol.json, JS side (the Python side is protocol.py and errors.py).
 // makeValidator(schema) and makeRequestChecker(schema) are pure (tests run them in node);
 // loadSchema() fetches the one schema. Every error crossing a boundary is {code, message}.
 export function makeValidator(schema) {
@@ -155,12 +155,23 @@ export function roundRecordLayout(schema) {
       diag: { score: f32(w, at.diag_score), u: f32(w, at.diag_u), a: f32(w, at.diag_a) },
     };
   }
-  return { at, fixed, decisionWords: rec.decision_words, status: rec.status, decode };
+  /** The decision words alone (what decide() returns: the WGSL or C decider's words), in the
+   *  shape the decide() harnesses compare with decide_round: -1 for none, diag beside. */
+  function decodeDecision(words) {
+    const w = Int32Array.from(words);
+    if (w.length < rec.decision_words) throw codedError("E_PROTOCOL", `a decision needs ${rec.decision_words} words, got ${w.length}`);
+    return {
+      n_accepted: w[at.n_accepted], next_token: w[at.next_token], rejected_at: w[at.rejected_at],
+      ended_by: rec.ended_by[w[at.ended_by] & rec.ended_by_mask] ?? "", error_code: rec.decision_errors[w[at.decision_error]] ?? "E_INTERNAL",
+      diag: { score: f32(w, at.diag_score), u: f32(w, at.diag_u), a: f32(w, at.diag_a), near_top_p: (w[at.ended_by] & rec.near_top_p_flag) !== 0 },
+    };
+  }
+  return { at, fixed, decisionWords: rec.decision_words, status: rec.status, decode, decodeDecision };
 }
 
 let schemaPromise = null;
 /** The one schema (fetched once per realm) -> {validate, codes, schema}. */
-export function loadSchema(url = new URL("../py/exactspec/protocol.json", import.meta.url).href) {
+export function loadSchema(url = new URL("../py/exactspec/core/protocol.json", import.meta.url).href) {
   schemaPromise ??= fetch(url).then(async (res) => {
     if (!res.ok) throw codedError("E_MODEL_LOAD", `${url}: HTTP ${res.status}`);
     const schema = await res.json();
