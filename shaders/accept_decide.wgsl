@@ -1,4 +1,4 @@
-// accept_decide.wgsl: the decision of one speculative round (exactspec.acceptance.decide_round)
+// accept_decide.wgsl: the decision of one speculative round (exactspec.core.acceptance.decide_round)
 // on rows already processed by processors_rows.wgsl. One workgroup of WG invocations.
 // Needs accept_common.wgsl, threefry_addr.wgsl, sample_gumbel.wgsl.
 //

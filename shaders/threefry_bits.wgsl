@@ -1,5 +1,5 @@
 // threefry_bits.wgsl: (tests only) one address per invocation -> the RNG contract's words, so
-// tests can compare the WGSL Threefry, uniforms, portable log and Gumbel with exactspec.rng.
+// tests can compare the WGSL Threefry, uniforms, portable log and Gumbel with exactspec.core.rng.
 // Needs threefry_addr.wgsl and sample_gumbel.wgsl.
 
 @group(0) @binding(0) var<storage, read> addrs: array<u32>;        // (n, 8): seed_lo, seed_hi, domain, round, position, token, weight bits, 0

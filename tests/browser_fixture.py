@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from exactspec.server import StaticServer  # the same server `exactspec serve` runs
+from exactspec.host.server import StaticServer  # the same server `exactspec serve` runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")

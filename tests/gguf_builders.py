@@ -189,7 +189,7 @@ def write_tiny_draft_gguf(champion: str, path: str, *, edit=None) -> None:
     a Q8_0 embedding, the rest F32) carrying every tokenizer.* entry of the champion's metadata as
     the champion stores it, so the two pair. edit(writer): as write_tiny_model's, after the copy."""
     from gguf import GGUFValueType as V
-    from exactspec.gguf import GGUFFile
+    from exactspec.formats.gguf import GGUFFile
     with GGUFFile(champion) as f:
         entries = {k: (v, f.value_types[k]) for k, v in f.metadata.items() if k.startswith("tokenizer.")}
 

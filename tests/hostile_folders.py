@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
+from exactspec.formats.safetensors import load_safetensors, to_numpy, write_safetensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAMPION = os.path.join(ROOT, "web", "models", "champion")

@@ -14,13 +14,13 @@ import subprocess
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
-from exactspec.backends import RunnerChampion, RunnerDraft
-from exactspec.browser_run import BrowserRuntime
-from exactspec.models import default_models_dir, stop_ids_from
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.policy import SamplingPolicy
-from exactspec.reference_llama import LlamaReference
-from exactspec.tokenizer import Tokenizer
+from exactspec.core.backends import RunnerChampion, RunnerDraft
+from exactspec.host.browser_run import BrowserRuntime
+from exactspec.reference.models import default_models_dir, stop_ids_from
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.core.policy import SamplingPolicy
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.tokenizer import Tokenizer
 from tolerances import flip_margin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,7 +183,7 @@ def test_bad_request_in_the_browser_is_a_coded_error(runtime):
 
 
 def test_browser_receipt_binds_the_same_identities_as_cpython(runtime):
-    from exactspec.models import load_pair
+    from exactspec.reference.models import load_pair
     r = browser_ids(runtime, "In the beginning", max_new_tokens=4, temperature=0, speculate="draft", k=2)
     pair = load_pair(CHAMPION, DRAFT, champion_weights="q8")   # the CLI's default: the page's artifact
     ref = pair.orchestrator.generate(pair.tokenizer.encode("In the beginning"), GenerationConfig(

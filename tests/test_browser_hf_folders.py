@@ -11,9 +11,9 @@ import pytest
 
 from browser_fixture import chromium_browser, forward_console, http_server  # noqa: F401
 from hostile_folders import to_half
-from exactspec.browser_run import BrowserRuntime
-from exactspec.models import default_models_dir
-from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
+from exactspec.host.browser_run import BrowserRuntime
+from exactspec.reference.models import default_models_dir
+from exactspec.formats.safetensors import load_safetensors, to_numpy, write_safetensors
 
 MODELS = default_models_dir()
 MOUNTED = {"champion": "/models/champion/", "draft": "/models/draft/", "manifest": None}

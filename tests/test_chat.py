@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
-from exactspec.chat import encode_chat_prompt, render_chat
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError
-from exactspec.models import default_models_dir
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.chat import encode_chat_prompt, render_chat
+from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.reference.models import default_models_dir
+from exactspec.formats.tokenizer import Tokenizer
 from test_tokenizer import EDGE_TEXTS, SAMPLES
 
 CHAMPION = os.path.join(default_models_dir(), "champion")

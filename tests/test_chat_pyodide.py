@@ -10,8 +10,8 @@ import tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_families as families
-from exactspec.errors import ExactSpecError
-from exactspec.tokenizer import Tokenizer
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(ROOT, "tests", "chat_templates")
@@ -26,8 +26,8 @@ CASES = {"smollm2": {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
 PYODIDE_CODE = r'''
 import importlib.util, json
 import jinja2, markupsafe
-from exactspec.chat import encode_chat_prompt, render_template
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.chat import encode_chat_prompt, render_template
+from exactspec.formats.tokenizer import Tokenizer
 case = json.loads(CASE_JSON)
 tok = Tokenizer.from_json_str(case["tokenizer"])
 config = dict(case["tokens"], chat_template=case["template"])
@@ -80,7 +80,7 @@ def test_a_conversation_through_the_engine_is_encoded_as_transformers(chromium_b
     apply_chat_template on the same messages; role markers written in a message are ordinary text."""
     from transformers import AutoTokenizer
 
-    from exactspec.browser_run import BrowserRuntime
+    from exactspec.host.browser_run import BrowserRuntime
     champion = os.path.join(ROOT, "web", "models", "champion")
     hf = AutoTokenizer.from_pretrained(champion)
     special_ids = set(Tokenizer.from_file(os.path.join(champion, "tokenizer.json")).special_ids)

@@ -11,9 +11,9 @@ import tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_families as families
-from exactspec.chat import encode_chat_prompt, render_template
-from exactspec.errors import ExactSpecError
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.chat import encode_chat_prompt, render_template
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.tokenizer import Tokenizer
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
 # family -> (tokenizer builder, named special tokens of its tokenizer_config.json)
@@ -115,7 +115,7 @@ def test_block_whitespace_is_trimmed_as_transformers():
 
 
 def test_without_jinja2_only_the_project_template_renders(monkeypatch):
-    from exactspec import chat
+    from exactspec.formats import chat
     messages = CONVERSATIONS[1]
     with_jinja = chat.render_chat(messages, "<|bos|>", True)
     monkeypatch.setattr(chat, "_jinja_available", lambda: False)

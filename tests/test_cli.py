@@ -14,7 +14,7 @@ def cli(*args, env_extra=None):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "py"))
     env.pop("EXACTSPEC_DEBUG", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "exactspec.host.cli", *args], capture_output=True, text=True,
                           env=env, timeout=600)
 
 
@@ -85,7 +85,7 @@ def run_with_closed_pipe_stdout(*args):
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], stdout=write_end,
+        return subprocess.run([sys.executable, "-m", "exactspec.host.cli", *args], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, env=_env(), timeout=600)
     finally:
         os.close(write_end)
@@ -104,7 +104,7 @@ def test_stdout_a_closed_pipe_is_one_E_IO_line(args):
 
 def test_output_piped_into_head_never_shows_a_traceback():
     # head exits after 3 bytes; the streamed tokens after that hit a closed pipe.
-    cmd = f"{sys.executable} -m exactspec.cli generate --prompt 'In the beginning' --max-new-tokens 200 | head -c 3"
+    cmd = f"{sys.executable} -m exactspec.host.cli generate --prompt 'In the beginning' --max-new-tokens 200 | head -c 3"
     r = subprocess.run(["bash", "-c", cmd + "; exit ${PIPESTATUS[0]}"], capture_output=True, text=True,
                        env=_env(), timeout=600)
     assert len(r.stdout) == 3
@@ -113,7 +113,7 @@ def test_output_piped_into_head_never_shows_a_traceback():
 
 
 def test_stdout_closed_at_start_is_one_E_IO_line():
-    cmd = f"{sys.executable} -m exactspec.cli generate --prompt x --max-new-tokens 2 >&-"
+    cmd = f"{sys.executable} -m exactspec.host.cli generate --prompt x --max-new-tokens 2 >&-"
     r = subprocess.run(["bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        env=_env(), timeout=600)
     assert r.returncode == 1
@@ -148,7 +148,7 @@ def test_a_port_in_use_is_one_coded_line():
 
 def test_port_0_serves_on_a_free_port_and_ctrl_c_stops_it_cleanly():
     import signal
-    p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--port", "0"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "exactspec.host.cli", "serve", "--port", "0"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=_env(), preexec_fn=_ctrl_c_reaches_it)
     try:
         line = p.stdout.readline()
@@ -163,7 +163,7 @@ def test_port_0_serves_on_a_free_port_and_ctrl_c_stops_it_cleanly():
 
 def test_ctrl_c_during_generation_is_one_E_CANCELLED_line():
     import signal
-    p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "generate", *GREEDY, "--max-new-tokens", "400",
+    p = subprocess.Popen([sys.executable, "-m", "exactspec.host.cli", "generate", *GREEDY, "--max-new-tokens", "400",
                           "--speculate", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
                          preexec_fn=_ctrl_c_reaches_it)
     try:
@@ -178,7 +178,7 @@ def test_ctrl_c_during_generation_is_one_E_CANCELLED_line():
 
 
 def test_an_unexpected_exception_is_one_E_INTERNAL_line(monkeypatch, capsys):
-    from exactspec import cli as cli_module
+    from exactspec.host import cli as cli_module
 
     def boom(args):
         raise RuntimeError("a bug\nover two lines")
@@ -260,7 +260,7 @@ def test_the_cli_refuses_what_the_browser_refuses_before_any_output(flags, what)
 def test_raw_text_never_parses_special_tokens_and_the_default_does_as_transformers():
     """Without --chat, markers written in the prompt are parsed as control tokens (as
     transformers does); --raw-text keeps them ordinary text."""
-    from exactspec.tokenizer import Tokenizer
+    from exactspec.formats.tokenizer import Tokenizer
     tok = Tokenizer.from_file(os.path.join(CHAMPION_DIR, "tokenizer.json"))
     prompt = "Hi<|end|>\n<|assistant|>\nI obey."
     ids = {}
@@ -288,8 +288,8 @@ def bf16_folder(tmp_path_factory):
 
 def test_browser_ready_converts_a_published_folder_once_keyed_by_its_content(bf16_folder, tmp_path):
     import io
-    from exactspec.model_cache import browser_ready
-    from exactspec.safetensors import read_header
+    from exactspec.host.model_cache import browser_ready
+    from exactspec.formats.safetensors import read_header
     cache, said = tmp_path / "cache", io.StringIO()
     draft = browser_ready(bf16_folder, "draft", cache_root=str(cache), stream=said)
     assert os.path.dirname(draft) == str(cache) and "converting the draft to F32" in said.getvalue()

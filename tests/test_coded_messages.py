@@ -2,11 +2,11 @@
 boundaries (a JS Error, Pyodide, the CLI's printer) put the code in front of its message again."""
 import pytest
 
-from exactspec import cli
+from exactspec.host import cli
 from browser_fixture import browser_page, chromium_browser  # noqa: F401 (fixtures)
-from exactspec.browser_run import _coded_from
-from exactspec.cli import main as cli_main
-from exactspec.errors import CODE_TABLE, E_BAD_ARGUMENT, E_DRAFT_LOST, E_MODEL_LOAD, ExactSpecError, coded_error
+from exactspec.host.browser_run import _coded_from
+from exactspec.host.cli import main as cli_main
+from exactspec.core.errors import CODE_TABLE, E_BAD_ARGUMENT, E_DRAFT_LOST, E_MODEL_LOAD, ExactSpecError, coded_error
 
 DOUBLED = [
     ("E_MODEL_LOAD: E_MODEL_LOAD: config.json: bad", "config.json: bad"),

@@ -10,13 +10,13 @@ import tracemalloc
 import pytest
 
 from config_cases import BAD_CONFIG_BYTES, BAD_CONFIGS, CHAMPION_CONFIG, DELETE, GOOD_CONFIGS, ROOT, changed
-from exactspec.cli import main as cli_main
-from exactspec.config import (
+from exactspec.host.cli import main as cli_main
+from exactspec.formats.config import (
     INT_BOUNDS, MAX_CONFIG_BYTES, LlamaConfig, json_nesting_depth, load_json_bounded, read_json_file,
     validate_config,
 )
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError
-from exactspec.reference_llama import LlamaReference
+from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.reference.reference_llama import LlamaReference
 
 SHIPPED_CHAMPION = os.path.join(ROOT, "web", "models", "champion")
 PEAK_BYTES = 32 << 20   # any refusal here must stay far below what the issue saw (6 GB)

@@ -1,5 +1,5 @@
 """web/convert/q8_artifact.mjs (the page's streaming converter) writes exactly the bytes of
-`exactspec convert [--role draft]` (py/exactspec/convert.py): bf16 shards with an index and f16
+`exactspec convert [--role draft]` (py/exactspec/reference/convert.py): bf16 shards with an index and f16
 single files, embedding as float32 or q8, and the draft's all-F32 model.safetensors. Runs the module in node over file-backed Blobs (fs.openAsBlob),
 the same Blob.slice reads the worker makes on picked File objects."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from browser_fixture import browser_page, chromium_browser, http_server  # noqa:
 
 from hostile_folders import hf_folder
 
-from exactspec.convert import convert
+from exactspec.reference.convert import convert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_RUN = r"""

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser, forward_console  # noqa: F401
-from exactspec.server import StaticServer
+from exactspec.host.server import StaticServer
 
 # quoted URLs that only work when the repository root is the web root
 ROOT_ABSOLUTE = re.compile(r"""["'`](/(?:web|py|node_modules|build|shaders)/)""")
@@ -48,7 +48,7 @@ def test_npm_pack_lists_what_a_site_needs():
     need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
             "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/champion.wasm", "web/build/draft.wasm",
             "web/models/manifest.json", "web/models/champion/model.q8.safetensors", "web/models/draft/model.safetensors",
-            "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/protocol.json",
+            "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/core/protocol.json",
             *(f"py/exactspec/{f}" for f in py_files), *(f"shaders/{p.name}" for p in (REPO_ROOT / "shaders").glob("*.wgsl"))}
     assert need - listed == set()
     assert not [p for p in listed if p.startswith(("web/tests/", "tests/", "node_modules/")) or p == "web/models/champion/model.safetensors"]

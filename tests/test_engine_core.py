@@ -9,16 +9,16 @@ import re
 
 import pytest
 
-from exactspec import browser_backend
-from exactspec.acceptance import RoundDecision
-from exactspec.backends import FusedRunnerChampion, RunnerDraft
-from exactspec.errors import (ALL_CODES, CODE_TABLE, E_BAD_ARGUMENT, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
+from exactspec.pyodide import browser_backend
+from exactspec.core.acceptance import RoundDecision
+from exactspec.core.backends import FusedRunnerChampion, RunnerDraft
+from exactspec.core.errors import (ALL_CODES, CODE_TABLE, E_BAD_ARGUMENT, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
                               E_MANIFEST_MISMATCH, E_MODEL_LOAD, E_RESIDUAL_INVARIANT, ExactSpecError, coded_error)
-from exactspec.models import default_models_dir
-from exactspec.orchestrator import CancelToken, GenerationConfig, Orchestrator
-from exactspec.processors import SamplingPolicy
-from exactspec.receipts import seed_commitment
-from exactspec.toy import ToyRunner, toy_draft
+from exactspec.reference.models import default_models_dir
+from exactspec.core.orchestrator import CancelToken, GenerationConfig, Orchestrator
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.core.receipts import seed_commitment
+from exactspec.reference.toy import ToyRunner, toy_draft
 from toy_helpers import make_orchestrator, toy_decode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
-from exactspec.browser_run import BrowserRuntime, _url_for
-from exactspec.models import default_models_dir
+from exactspec.host.browser_run import BrowserRuntime, _url_for
+from exactspec.reference.models import default_models_dir
 
 CHAMPION, DRAFT = (os.path.join(default_models_dir(), name) for name in ("champion", "draft"))
 N_TOKENS = 32                 # long enough for mid-answer faults at round >= 4 and for cancels to land

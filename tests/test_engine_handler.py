@@ -12,7 +12,7 @@ SCRIPT = r"""
 import fs from 'node:fs';
 import { makeValidator } from './web/protocol.mjs';
 import { createOrchestratorHandler } from './web/orchestrator/handler.mjs';
-const schema = JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8'));
+const schema = JSON.parse(fs.readFileSync('py/exactspec/core/protocol.json', 'utf8'));
 const log = [], posted = [];
 const tick = () => new Promise((r) => setTimeout(r, 5));
 let active = 0, maxActive = 0;
@@ -118,7 +118,7 @@ def test_every_failure_is_a_coded_envelope():
 
 def test_every_envelope_posted_is_valid_and_seq_increases():
     out = scenario()
-    from exactspec.protocol import validate_envelope
+    from exactspec.core.protocol import validate_envelope
     for env in out["posted"]:
         validate_envelope(env)
     own = [e["seq"] for e in out["posted"] if e["kind"] != "result"]
@@ -129,7 +129,7 @@ REFUSAL_SCRIPT = r"""
 import fs from 'node:fs';
 import { makeValidator } from './web/protocol.mjs';
 import { createOrchestratorHandler } from './web/orchestrator/handler.mjs';
-const schema = JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8'));
+const schema = JSON.parse(fs.readFileSync('py/exactspec/core/protocol.json', 'utf8'));
 const posted = [];
 const runtime = { async generate(env, post) {
   post({ kind: 'result', request_id: env.request_id, seq: 0, epoch: env.epoch, payload: { finish_reason: 'length', stats: {} } });

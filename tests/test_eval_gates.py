@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from exactspec.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 from exactspec.evaluation.corpus import FIELDS, check_lock, file_hashes, load_corpus, lock_of, select
 from exactspec.evaluation.gates import check_same_gates, evaluate, gates_hash, load_gates
 

@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 
-from exactspec import acceptance
-from exactspec.deciders import enumerate_outcomes
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.processors import SamplingPolicy
-from exactspec.rng import DRAFT_SAMPLE
-from exactspec.toy import ExactChampion, ExactDraft
+from exactspec.core import acceptance
+from exactspec.core.deciders import enumerate_outcomes
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.core.rng import DRAFT_SAMPLE
+from exactspec.reference.toy import ExactChampion, ExactDraft
 from exact_models import distinct_rows, edge_case_rows, generic_rows, table_dist
 
 EOS = 0
@@ -195,7 +195,7 @@ def test_broken_residual_from_p_target_is_detected(monkeypatch):
 def test_broken_greedy_draft_while_sampling_is_detected(monkeypatch):
     """The draft proposes its argmax but reports its sampled distribution as p_draft."""
     def greedy_propose(self, cache, k, policy, decider, round_id, stop_token_ids):
-        from exactspec.backends import Proposal
+        from exactspec.core.backends import Proposal
         out = Proposal()
         for i in range(k):
             p_draft = self.dist_fn(tuple(cache.tokens))

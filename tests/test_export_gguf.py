@@ -7,9 +7,9 @@ import gguf
 import numpy as np
 import pytest
 
-from exactspec.config import read_json_file
-from exactspec.errors import ExactSpecError
-from exactspec.models import default_models_dir
+from exactspec.formats.config import read_json_file
+from exactspec.core.errors import ExactSpecError
+from exactspec.reference.models import default_models_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("export_gguf", os.path.join(ROOT, "tools", "export_gguf.py"))

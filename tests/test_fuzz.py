@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from config_cases import CHAMPION_CONFIG, ROOT
-from exactspec.config import INT_BOUNDS, LlamaConfig, json_nesting_depth, load_json_bounded, validate_config
-from exactspec.errors import E_BAD_ARGUMENT, E_MODEL_LOAD, E_PROTOCOL, ExactSpecError
-from exactspec.protocol import KINDS, SCHEMA, Inbox, validate_envelope
-from exactspec.safetensors import DTYPES, load_safetensors, parse_header, tensor_values
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.config import INT_BOUNDS, LlamaConfig, json_nesting_depth, load_json_bounded, validate_config
+from exactspec.core.errors import E_BAD_ARGUMENT, E_MODEL_LOAD, E_PROTOCOL, ExactSpecError
+from exactspec.core.protocol import KINDS, SCHEMA, Inbox, validate_envelope
+from exactspec.formats.safetensors import DTYPES, load_safetensors, parse_header, tensor_values
+from exactspec.formats.tokenizer import Tokenizer
 
 PEAK_BYTES = 64 << 20
 

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
-from exactspec.browser_run import BrowserRuntime
-from exactspec.errors import ExactSpecError
-from exactspec.gguf_model import GGUFModel
+from exactspec.host.browser_run import BrowserRuntime
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.gguf_model import GGUFModel
 from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
 
 QUESTION = "What is the capital of France?"
@@ -29,10 +29,10 @@ def smollm2_path():
 @functools.lru_cache(maxsize=None)
 def reference_tokens(path) -> tuple:
     """(chat prompt ids, greedy answer ids stopping on EOS) of the CPython reference on the file."""
-    from exactspec.gguf_pair import load_gguf_pair
-    from exactspec.orchestrator import GenerationConfig
-    from exactspec.policy import SamplingPolicy
-    from exactspec.chat import encode_chat_prompt
+    from exactspec.reference.gguf_pair import load_gguf_pair
+    from exactspec.core.orchestrator import GenerationConfig
+    from exactspec.core.policy import SamplingPolicy
+    from exactspec.formats.chat import encode_chat_prompt
     pair = load_gguf_pair(path)
     prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": QUESTION}])
     result = pair.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N_TOKENS, speculate="none",
@@ -43,7 +43,7 @@ def reference_tokens(path) -> tuple:
 
 def test_smollm2_gguf_chat_in_the_browser_equals_reference(smollm2_path, chromium_browser):
     prompt, want = reference_tokens(smollm2_path)
-    from exactspec.manifest import sha256_file
+    from exactspec.formats.manifest import sha256_file
     identity, size = sha256_file(smollm2_path)
     times = []
     for _ in range(2):                      # first and second load (one page each)
@@ -136,7 +136,7 @@ def test_a_picked_gguf_file_runs_through_the_engine_api(smollm2_path, browser_pa
     """createEngine({champion: File}): the file read in the worker behind a local URL; the real model
     fetched from where `exactspec serve` puts it (web/models/smollm2-135m-instruct/)."""
     prompt, want = reference_tokens(smollm2_path)
-    from exactspec.manifest import sha256_file
+    from exactspec.formats.manifest import sha256_file
     name = os.path.basename(smollm2_path)
     browser_page.goto(http_server.url + "/web/runner.html")
     out = browser_page.evaluate(PICKED_FILE_JS, [f"/web/models/smollm2-135m-instruct/{name}", name])
@@ -163,8 +163,8 @@ def test_a_picked_hostile_gguf_file_is_refused_with_the_clis_code(browser_page, 
 def test_a_picked_gguf_with_an_inf_weight_is_refused_naming_tensor_and_row(browser_page, http_server, tmp_path):
     """The header is sound, a weight is not: refused at load as the CLI's reference refuses it."""
     import numpy as np
-    from exactspec.gguf import GGUFFile
-    from exactspec.gguf_model import load_reference
+    from exactspec.formats.gguf import GGUFFile
+    from exactspec.formats.gguf_model import load_reference
     path = tmp_path / "inf.gguf"
     write_tiny_model(str(path))                                     # every tensor F32
     data = bytearray(path.read_bytes())

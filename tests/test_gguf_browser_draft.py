@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
-from exactspec.browser_run import BrowserRuntime
-from exactspec.errors import ExactSpecError
-from exactspec.gguf_model import GGUFModel, load_reference
-from exactspec.manifest import sha256_file
+from exactspec.host.browser_run import BrowserRuntime
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.gguf_model import GGUFModel, load_reference
+from exactspec.formats.manifest import sha256_file
 from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_draft_gguf, write_tiny_model
 from tolerances import max_error, within
 
@@ -43,7 +43,7 @@ def tiny_gguf_draft(smollm2_path, tmp_path_factory):
 def cli_refusal(champion: str, draft: str) -> ExactSpecError:
     """What `exactspec generate --champion C --draft D` (reference backend) prints: one coded line."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "py"))
-    r = subprocess.run([sys.executable, "-m", "exactspec.cli", "generate", "--champion", champion, "--draft", draft,
+    r = subprocess.run([sys.executable, "-m", "exactspec.host.cli", "generate", "--champion", champion, "--draft", draft,
                         "--prompt", "x", "--max-new-tokens", "1", "--speculate", "draft"],
                        capture_output=True, text=True, env=env, timeout=600)
     lines = r.stderr.strip().splitlines()

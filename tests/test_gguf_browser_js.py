@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q, GGML_QUANT_SIZES
 
-from exactspec.errors import ExactSpecError
-from exactspec.gguf import GGUFFile, TENSOR_TYPES
-from exactspec.gguf_dequant import dequantize
-from exactspec.gguf_model import GGUFModel
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.gguf import GGUFFile, TENSOR_TYPES
+from exactspec.reference.gguf_dequant import dequantize
+from exactspec.formats.gguf_model import GGUFModel
 from gguf_builders import gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record, write_tiny_model
 from node_harness import run_harness
 

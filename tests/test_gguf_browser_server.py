@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from exactspec.server import GGUF_ONLY_PREFIXES, check_mounts, resolve_request_path
+from exactspec.host.server import GGUF_ONLY_PREFIXES, check_mounts, resolve_request_path
 
 PREFIX = next(iter(GGUF_ONLY_PREFIXES))
 

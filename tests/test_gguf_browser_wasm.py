@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from exactspec.chat import encode_chat_prompt
-from exactspec.gguf_model import GGUFModel, load_reference
+from exactspec.formats.chat import encode_chat_prompt
+from exactspec.formats.gguf_model import GGUFModel, load_reference
 from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
 from node_harness import run_harness
 from tolerances import max_error, within
@@ -76,9 +76,9 @@ def smollm2_path():
 
 
 def test_smollm2_greedy_chat_equals_reference(smollm2_path):
-    from exactspec.gguf_pair import load_gguf_pair
-    from exactspec.orchestrator import GenerationConfig
-    from exactspec.policy import SamplingPolicy
+    from exactspec.reference.gguf_pair import load_gguf_pair
+    from exactspec.core.orchestrator import GenerationConfig
+    from exactspec.core.policy import SamplingPolicy
     pair = load_gguf_pair(smollm2_path)
     prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config,
                                 [{"role": "user", "content": "What is the capital of France?"}])

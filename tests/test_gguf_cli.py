@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from exactspec.manifest import canonical_json, sha256_file
+from exactspec.formats.manifest import canonical_json, sha256_file
 from gguf_builders import REPO, smollm2_path
 
 QUESTION = "What is the capital of France?"
@@ -28,7 +28,7 @@ def cli(*args, models_dir=None):
     env.pop("EXACTSPEC_DEBUG", None)
     if models_dir:
         env["EXACTSPEC_MODELS"] = str(models_dir)
-    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "exactspec.host.cli", *args], capture_output=True, text=True, env=env,
                           timeout=900)
 
 
@@ -50,8 +50,8 @@ def write_tiny_draft(gguf_path: str, out: str) -> str:
     GGUF's tokenizer files as exactspec rebuilds them."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from exactspec.gguf import GGUFFile
-    from exactspec.gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
+    from exactspec.formats.gguf import GGUFFile
+    from exactspec.formats.gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
     with GGUFFile(gguf_path) as f:
         spec, tok_config, stops = tokenizer_spec(f), tokenizer_config(f), stop_token_ids(f)
     torch.manual_seed(0)

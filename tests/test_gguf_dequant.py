@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q, GGML_QUANT_SIZES, GGUFReader, quants
 
-from exactspec import gguf as gguf_module
-from exactspec.gguf import GGUFFile, TENSOR_TYPES
-from exactspec.gguf_dequant import dequantize
+from exactspec.formats import gguf as gguf_module
+from exactspec.formats.gguf import GGUFFile, TENSOR_TYPES
+from exactspec.reference.gguf_dequant import dequantize
 from gguf_builders import write_tiny_model
 
 TYPES = [name for name, _, _ in TENSOR_TYPES.values()]

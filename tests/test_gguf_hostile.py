@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
-from exactspec.errors import ExactSpecError
-from exactspec.gguf import GGUFFile
-from exactspec.gguf_model import GGUFModel, load_reference
-from exactspec.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config
+from exactspec.core.errors import ExactSpecError
+from exactspec.formats.gguf import GGUFFile
+from exactspec.formats.gguf_model import GGUFModel, load_reference
+from exactspec.formats.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config
 from gguf_builders import (gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record,
                            write_tiny_model)
 
@@ -232,14 +232,14 @@ def test_header_and_tokenizer_need_no_numpy(tmp_path):
     import sys
     path = tiny(tmp_path)
     script = ("import sys; sys.modules['numpy'] = None\n"
-              "from exactspec.gguf import GGUFFile\nfrom exactspec.gguf_tokenizer import load_tokenizer\n"
+              "from exactspec.formats.gguf import GGUFFile\nfrom exactspec.formats.gguf_tokenizer import load_tokenizer\n"
               f"f = GGUFFile({str(path)!r})\nprint(len(f.tensors), load_tokenizer(f).encode('hello world'))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("21 ["), done.stderr
 
 
 def test_header_size_limit(tmp_path, monkeypatch):
-    from exactspec import gguf as gguf_module
+    from exactspec.formats import gguf as gguf_module
     monkeypatch.setattr(gguf_module, "MAX_HEADER_BYTES", 4096)
     big = kv("k", 8, gstr("y" * 5000))
     refused(write(tmp_path, raw_gguf([big], [])), GGUFFile, "metadata['k']", "4096 bytes of header")

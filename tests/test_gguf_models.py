@@ -21,12 +21,12 @@ import torch
 from gguf import GGMLQuantizationType as Q, GGUFWriter
 
 import tokenizer_families as families
-from exactspec.gguf import GGUFFile
-from exactspec.gguf_model import GGUFModel, load_reference
-from exactspec.gguf_tokenizer import load_tokenizer, tokenizer_config
-from exactspec.models import default_models_dir
-from exactspec.reference_llama import LlamaReference
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.gguf import GGUFFile
+from exactspec.formats.gguf_model import GGUFModel, load_reference
+from exactspec.formats.gguf_tokenizer import load_tokenizer, tokenizer_config
+from exactspec.reference.models import default_models_dir
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.tokenizer import Tokenizer
 from gguf_builders import REPO, write_tiny_model
 from test_tokenizer_families import HOSTILE
 from tolerances import TOLERANCES

@@ -14,11 +14,13 @@ import pytest
 from scipy import stats
 
 from browser_fixture import chromium_browser, forward_console, http_server  # noqa: F401
-from exactspec import accept_twins, processors, rng
-from exactspec.acceptance import decide_round, residual_weights
-from exactspec.deciders import RngDecider
-from exactspec.errors import ExactSpecError
-from exactspec.policy import AllowedSetGrammar, SamplingPolicy
+from exactspec.twins import accept_twins
+from exactspec.reference import processors
+from exactspec.core import rng
+from exactspec.core.acceptance import decide_round, residual_weights
+from exactspec.core.deciders import RngDecider
+from exactspec.core.errors import ExactSpecError
+from exactspec.core.policy import AllowedSetGrammar, SamplingPolicy
 from tolerances import TOLERANCES, flip_margin, max_error, within
 
 # A decision may differ from the float64 reference only where the reference's decision quantity

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from browser_fixture import chromium_browser, http_server  # noqa: F401
-from exactspec import accept_twins
-from exactspec.errors import ExactSpecError
-from exactspec.policy import SamplingPolicy
+from exactspec.twins import accept_twins
+from exactspec.core.errors import ExactSpecError
+from exactspec.core.policy import SamplingPolicy
 from test_gpu_accept import (as_decision, assert_explained, disagreement_margin, draft_proposals, harness,  # noqa: F401
                              js_policy, make_round_set, reference_decision, reference_rows, run_process_rows, run_rounds)
 from tolerances import max_error, within

@@ -1,6 +1,6 @@
 """WebGPU champion (shaders/*.wgsl, web/gpu/champion.mjs) in headless Chromium on SwiftShader.
 
-(a) each kernel vs its NumPy twin (py/exactspec/gpu_twins.py) on awkward shapes; (b) batch
+(a) each kernel vs its NumPy twin (py/exactspec/twins/gpu_twins.py) on awkward shapes; (b) batch
 invariance: a position's logits are bit-identical decoded alone or inside any block; (c) whole
 champion vs LlamaReference.from_dir(dir, weights="q8") on a random tiny HF Llama (GQA, tied)
 built here, and on the trained champion in web/models/champion/ when it is present.
@@ -20,9 +20,9 @@ import pytest
 from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
 from tolerances import TOLERANCES, max_error, within
 
-from exactspec import gpu_twins
-from exactspec.errors import ExactSpecError
-from exactspec.reference_llama import LlamaReference
+from exactspec.twins import gpu_twins
+from exactspec.core.errors import ExactSpecError
+from exactspec.reference.reference_llama import LlamaReference
 
 TEST_MODELS = REPO_ROOT / "build" / "test_models"   # gitignored, served by the test server
 TRAINED_CHAMPION = REPO_ROOT / "web" / "models" / "champion"

@@ -21,7 +21,7 @@ from test_gpu_champion import (TEST_MODELS, build_tiny_llama, forward_blocks, gp
 from test_gpu_real_sizes import build_family
 from tolerances import flip_margin, max_error, within
 
-from exactspec.reference_llama import LlamaReference
+from exactspec.reference.reference_llama import LlamaReference
 
 TINY_SPLIT = 16384                 # bytes per binding that force every big tensor into pieces
 LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
@@ -323,8 +323,8 @@ def test_smollm2_gguf_f32_greedy_equals_reference(gpu_page):
     file's sha256."""
     from safetensors.numpy import save_file
 
-    from exactspec.gguf_model import GGUFModel, load_reference
-    from exactspec.gguf_tokenizer import load_tokenizer
+    from exactspec.formats.gguf_model import GGUFModel, load_reference
+    from exactspec.formats.gguf_tokenizer import load_tokenizer
     gguf = smollm2_gguf()
     model_dir = TEST_MODELS / "smollm2_gguf_f32"
     weights = model_dir / "model.safetensors"
@@ -365,7 +365,7 @@ def test_smollm2_gguf_tensor_map_lazy_and_eager_give_the_same_bits(gpu_page):
     """The page's own GGUF reader (web/gguf/gguf_tensors.mjs) straight into
     createChampionFromTensors: its lazy map (one float32 tensor materialised at a time: the loader
     reads each tensor when it uploads it) gives the eager map's logits bit for bit."""
-    from exactspec.gguf_model import GGUFModel
+    from exactspec.formats.gguf_model import GGUFModel
     gguf = smollm2_gguf()
     with GGUFModel(gguf) as model:
         config = model.config

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from browser_fixture import chromium_browser, http_server  # noqa: F401
-from exactspec import gpu_twins
+from exactspec.twins import gpu_twins
 from test_gpu_champion import (TEST_MODELS, b64, forward_blocks, gpu_page, quantize_rows, run_kernel, split,  # noqa: F401
                                unb64, url_of)
 from tolerances import TOLERANCES, max_error, within
@@ -173,7 +173,7 @@ def test_family_vs_transformers_split_and_blocks(gpu_page, families, name):
 
 
 def test_rope_inv_freq_is_the_references_and_transformers(gpu_page, families):
-    """The page's RoPE frequencies equal exactspec.config.rope_inv_freq (float64, what the reference
+    """The page's RoPE frequencies equal exactspec.formats.config.rope_inv_freq (float64, what the reference
     and the WASM champion use) to 1 ulp, and transformers' inv_freq (computed in float32, so a few
     float32 ulps apart) within 5e-7 relative."""
     import json
@@ -182,7 +182,7 @@ def test_rope_inv_freq_is_the_references_and_transformers(gpu_page, families):
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from exactspec.config import rope_inv_freq, validate_config
+    from exactspec.formats.config import rope_inv_freq, validate_config
     llama32 = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
                "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True,

@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 import torch
 
-from exactspec import convert as convert_module
-from exactspec.cli import main as cli_main
-from exactspec.convert import MODEL_FILE, convert
-from exactspec.hf import open_checkpoint
-from exactspec.manifest import MUST_MATCH, load_model_identity
-from exactspec.models import default_models_dir
-from exactspec.reference_llama import LlamaReference
-from exactspec.safetensors import (load_safetensors, read_header, safetensors_layout, serialize_safetensors,
+from exactspec.reference import convert as convert_module
+from exactspec.host.cli import main as cli_main
+from exactspec.reference.convert import MODEL_FILE, convert
+from exactspec.reference.hf import open_checkpoint
+from exactspec.formats.manifest import MUST_MATCH, load_model_identity
+from exactspec.reference.models import default_models_dir
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.safetensors import (load_safetensors, read_header, safetensors_layout, serialize_safetensors,
                                    write_safetensors)
 from hf_synth import ROOT, synth_models_dirs  # noqa: F401  (a fixture)
 
@@ -330,7 +330,7 @@ def test_sigterm_during_convert_is_one_coded_line_and_leaves_dst_as_it_was(synth
     big = _big_sparse_folder(tmp_path / "big", synth_models_dirs["tinyllama-mid"])
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "py"))
     env.pop("EXACTSPEC_DEBUG", None)
-    p = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "convert", str(big), str(dst)],
+    p = subprocess.Popen([sys.executable, "-m", "exactspec.host.cli", "convert", str(big), str(dst)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = p.stderr.readline()

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from exactspec.backends import RunnerChampion, RunnerDraft
-from exactspec.cli import main as cli_main
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.processors import SamplingPolicy
-from exactspec.reference_llama import LlamaReference
+from exactspec.core.backends import RunnerChampion, RunnerDraft
+from exactspec.host.cli import main as cli_main
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.reference.reference_llama import LlamaReference
 from hf_synth import CHAMPIONS, DRAFTS, synth_models_dirs  # noqa: F401  (a fixture)
 from tolerances import TOLERANCES, flip_margin, max_error
 

@@ -1,6 +1,6 @@
 """What a Hugging Face folder may not be: each unsupported feature is E_MODEL_LOAD naming the field.
 
-Config features go through the one validator (exactspec.config.validate_config, also run by the
+Config features go through the one validator (exactspec.formats.config.validate_config, also run by the
 browser) and, for a sample, through the loader and `convert` on a real folder; weights-file
 problems (shards, biases, dtypes) through the loader.
 """
@@ -10,12 +10,12 @@ import shutil
 
 import pytest
 
-from exactspec.config import validate_config
-from exactspec.convert import convert
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError
-from exactspec.models import stop_ids_from
-from exactspec.reference_llama import LlamaReference
-from exactspec.safetensors import load_safetensors, write_safetensors
+from exactspec.formats.config import validate_config
+from exactspec.reference.convert import convert
+from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.reference.models import stop_ids_from
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.safetensors import load_safetensors, write_safetensors
 from hf_synth import synth_models_dirs  # noqa: F401  (a fixture)
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from exactspec.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
-from exactspec.manifest import (MAY_DIFFER, MUST_MATCH, check_pair, check_pair_identities, check_run_artifact,
+from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
+from exactspec.formats.manifest import (MAY_DIFFER, MUST_MATCH, check_pair, check_pair_identities, check_run_artifact,
                                 check_served_files, check_served_pair, check_weights_metadata, listed_files,
                                 load_model_identity, model_identity_from_files, run_artifact, sha256_bytes)
-from exactspec.safetensors import write_safetensors
+from exactspec.formats.safetensors import write_safetensors
 
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
@@ -497,8 +497,8 @@ def test_committed_manifest_lists_every_committed_file_with_its_hash(shipped):
 def test_committed_manifest_binds_the_made_for_draft_to_its_champion(shipped):
     """web/models/smollm2-draft names the GGUF champion it was made for in its safetensors
     metadata; the manifest lists it as a model (f32 run artifact) and binds it in `drafts`."""
-    from exactspec.manifest import draft_for_champion
-    from exactspec.safetensors import read_header
+    from exactspec.formats.manifest import draft_for_champion
+    from exactspec.formats.safetensors import read_header
     manifest = shipped[1]
     champion_sha = read_header(os.path.join(MODELS_DIR, "smollm2-draft", "model.safetensors"))[1][
         "exactspec_champion_sha256"]
@@ -615,7 +615,7 @@ def test_hostile_model_json_is_refused_coded_without_blocking_or_recursing(pair_
 
 
 def test_a_draft_is_found_by_the_champion_sha256(shipped):
-    from exactspec.manifest import draft_for_champion
+    from exactspec.formats.manifest import draft_for_champion
     manifest = json.loads(json.dumps(shipped[1]))
     assert draft_for_champion(manifest, "a" * 64) is None
     manifest["drafts"] = {"a" * 64: {"dir": "smollm2-draft", "champion": "x.gguf"}}
@@ -625,7 +625,7 @@ def test_a_draft_is_found_by_the_champion_sha256(shipped):
 def test_chat_template_jinja_wins_over_tokenizer_config_as_in_transformers(pair_dirs):
     """transformers: 'independent chat template file(s) ... take priority over template entries in
     the tokenizer config'; the identity hashes the template that runs."""
-    from exactspec.manifest import chat_template_of, sha256_json
+    from exactspec.formats.manifest import chat_template_of, sha256_json
     assert chat_template_of({"chat_template": "a"}, None) == "a"
     assert chat_template_of({"chat_template": "a"}, b"b") == "b" and chat_template_of({}, b"b") == "b"
     with pytest.raises(ExactSpecError) as err:
@@ -643,7 +643,7 @@ def test_chat_template_jinja_wins_over_tokenizer_config_as_in_transformers(pair_
 def test_a_served_folder_is_checked_against_its_own_entry(shipped):
     """The SmolLM2 draft plays the role "draft" beside the GGUF champion, but its served files are
     those of models.smollm2-draft: they pass there and are refused against the toy draft's entry."""
-    from exactspec.manifest import check_served_model
+    from exactspec.formats.manifest import check_served_model
     manifest, folder = shipped[1], os.path.join(MODELS_DIR, "smollm2-draft")
     served = {}
     for name in os.listdir(folder):

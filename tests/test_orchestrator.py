@@ -4,15 +4,15 @@ import json
 import numpy as np
 import pytest
 
-from exactspec.backends import FusedRunnerChampion, FusedRunnerDraft, Proposal, RunnerChampion, RunnerDraft
-from exactspec.caches import LogicalCache
-from exactspec.errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST,
+from exactspec.core.backends import FusedRunnerChampion, FusedRunnerDraft, Proposal, RunnerChampion, RunnerDraft
+from exactspec.core.caches import LogicalCache
+from exactspec.core.errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST,
                               E_DRAFT_LOST, E_TARGET_NUMERIC_OR_MASK, ExactSpecError)
-from exactspec.orchestrator import CancelToken, GenerationConfig, Orchestrator
-from exactspec.processors import SamplingPolicy
-from exactspec.protocol import Inbox
-from exactspec.receipts import ALLOWED_FIELDS
-from exactspec.toy import ToyRunner, toy_draft
+from exactspec.core.orchestrator import CancelToken, GenerationConfig, Orchestrator
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.core.protocol import Inbox
+from exactspec.core.receipts import ALLOWED_FIELDS
+from exactspec.reference.toy import ToyRunner, toy_draft
 from toy_helpers import make_orchestrator, toy_decode
 
 GREEDY = SamplingPolicy(temperature=0)

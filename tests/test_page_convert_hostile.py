@@ -17,8 +17,8 @@ from browser_fixture import chromium_browser, forward_console, http_server  # no
 from config_cases import BAD_CONFIG_BYTES, BAD_CONFIGS, GOOD_CONFIGS
 from hostile_folders import HOSTILE, hf_folder
 
-from exactspec.config import load_json_bounded, validate_config
-from exactspec.errors import ExactSpecError
+from exactspec.formats.config import load_json_bounded, validate_config
+from exactspec.core.errors import ExactSpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PICK_AND_CONVERT = """async () => {

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from browser_fixture import REPO_ROOT
-from exactspec import demo
+from exactspec.host import demo
 
 
 def test_demo_runs_the_browser_engine():
@@ -29,7 +29,7 @@ def test_demo_runs_the_browser_engine():
 
 
 def test_demo_falls_back_to_the_reference_only_without_a_browser(monkeypatch, capsys):
-    import exactspec.browser_run as browser_run
+    import exactspec.host.browser_run as browser_run
 
     def no_browser():
         raise FileNotFoundError("/nonexistent/chromium: not found")

@@ -14,10 +14,10 @@ import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser  # noqa: F401
 from gguf_builders import REPO as REPO_FOR_PATHS, smollm2_path
-from exactspec.models import default_models_dir, load_pair
-from exactspec.orchestrator import GenerationConfig
-from exactspec.processors import SamplingPolicy
-from exactspec.server import CONTENT_SECURITY_POLICY, StaticServer
+from exactspec.reference.models import default_models_dir, load_pair
+from exactspec.core.orchestrator import GenerationConfig
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.host.server import CONTENT_SECURITY_POLICY, StaticServer
 
 sys.path.insert(0, str(REPO_ROOT / "tools" / "bench"))
 import peer  # noqa: E402  (tools/bench/peer.py: PeerServer, open_bench_page)

@@ -1,4 +1,4 @@
-"""Tests for exactspec.processors: each declared step, the order, errors, HF equivalence, properties."""
+"""Tests for exactspec.reference.processors: each declared step, the order, errors, HF equivalence, properties."""
 import json
 import math
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from tolerances import within
 
-from exactspec.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
-from exactspec.processors import (PROCESSORS_VERSION, AllowedSetGrammar, Grammar, SamplingPolicy, argmax_tie_low,
+from exactspec.core.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
+from exactspec.reference.processors import (PROCESSORS_VERSION, AllowedSetGrammar, Grammar, SamplingPolicy, argmax_tie_low,
                                   process_logits, process_logits_batch)
 
 NEG_INF = -math.inf

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from exactspec.errors import ExactSpecError
-from exactspec.protocol import CONFIG_OPTIONS, REQUEST_FIELDS, Inbox, checked_request, make_envelope, validate_envelope
+from exactspec.core.errors import ExactSpecError
+from exactspec.core.protocol import CONFIG_OPTIONS, REQUEST_FIELDS, Inbox, checked_request, make_envelope, validate_envelope
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = {"kind": "tokens", "request_id": "r", "seq": 0, "epoch": 0, "payload": {"token_ids": [1], "text": "a"}}
@@ -43,7 +43,7 @@ def python_verdicts():
 def test_js_and_python_agree_on_every_case():
     script = ("import { makeValidator } from './web/protocol.mjs';\n"
               "import fs from 'node:fs';\n"
-              "const v = makeValidator(JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8')));\n"
+              "const v = makeValidator(JSON.parse(fs.readFileSync('py/exactspec/core/protocol.json', 'utf8')));\n"
               "const cases = JSON.parse(fs.readFileSync(0, 'utf8'));\n"
               "console.log(JSON.stringify(cases.map((c) => { try { v(c); return true; } catch (e) {"
               " if (!e.message.startsWith('E_PROTOCOL')) throw e; return false; } })));\n")
@@ -151,7 +151,7 @@ REQUEST_CASES = [
 def js_request_verdicts(expressions):
     script = ("import { makeRequestChecker } from './web/protocol.mjs';\n"
               "import fs from 'node:fs';\n"
-              "const check = makeRequestChecker(JSON.parse(fs.readFileSync('py/exactspec/protocol.json', 'utf8')));\n"
+              "const check = makeRequestChecker(JSON.parse(fs.readFileSync('py/exactspec/core/protocol.json', 'utf8')));\n"
               f"const cases = [{', '.join(f'() => ({e})' for e in expressions)}];\n"
               "console.log(JSON.stringify(cases.map((c) => { try { check(c()); return null; } catch (e) {"
               " return [e.code, e.detail]; } })));\n")
@@ -199,8 +199,8 @@ def test_the_module_names_every_option_of_the_table():
 
 
 def test_message_roles_are_the_ones_chat_templates_get():
-    from exactspec.chat import ROLES
-    from exactspec.protocol import MESSAGE_ROLES
+    from exactspec.formats.chat import ROLES
+    from exactspec.core.protocol import MESSAGE_ROLES
     assert MESSAGE_ROLES == ROLES
 
 

@@ -11,8 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A pure-Python champion with list rows and prompt-lookup proposals: runs on CPython and Pyodide.
 SCENARIO = r'''
 import json
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.policy import SamplingPolicy
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.core.policy import SamplingPolicy
 class ListChampion:
     vocab_size, max_context, identity, n_calls = 7, 200, "list-champion", 0
     def prefill(self, cache):
@@ -62,8 +62,8 @@ def test_pyodide_has_no_numpy_and_only_pure_modules_are_installed(browser_page, 
     page.wait_for_function("() => window.harnessReady === true")
     res = page.evaluate("(code) => window.runPy(code)", """
 import importlib.util
-str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exactspec.processors") is None,
-     importlib.util.find_spec("exactspec.orchestrator") is not None])
+str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exactspec.reference.processors") is None,
+     importlib.util.find_spec("exactspec.core.orchestrator") is not None])
 """)
     assert res["ok"], res.get("error")
     assert res["value"] == "[True, True, True]"
@@ -84,7 +84,7 @@ def test_tokenizer_in_pyodide_matches_hugging_face(browser_page, http_server):
     page = browser_page
     page.goto(http_server.url + "/web/tests/pyodide_harness.html")
     page.wait_for_function("() => window.harnessReady === true")
-    code = ("import json\nfrom pyodide.http import open_url\nfrom exactspec.tokenizer import Tokenizer\n"
+    code = ("import json\nfrom pyodide.http import open_url\nfrom exactspec.formats.tokenizer import Tokenizer\n"
             "tok = Tokenizer.from_json_str(open_url('/web/models/champion/tokenizer.json').read())\n"
             f"texts = json.loads({json.dumps(json.dumps(TEXTS))})\n"
             "json.dumps([[tok.encode(t), tok.decode(tok.encode(t, add_special_tokens=False))] for t in texts])")

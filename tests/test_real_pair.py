@@ -7,11 +7,11 @@ import shutil
 import numpy as np
 import pytest
 
-from exactspec.errors import E_MANIFEST_MISMATCH, ExactSpecError
-from exactspec.models import default_models_dir, load_pair
-from exactspec.orchestrator import GenerationConfig
-from exactspec.processors import SamplingPolicy, process_logits
-from exactspec.reference_llama import LlamaReference
+from exactspec.core.errors import E_MANIFEST_MISMATCH, ExactSpecError
+from exactspec.reference.models import default_models_dir, load_pair
+from exactspec.core.orchestrator import GenerationConfig
+from exactspec.reference.processors import SamplingPolicy, process_logits
+from exactspec.reference.reference_llama import LlamaReference
 from test_cli import cli
 from test_statistical import chi_square_pvalue
 
@@ -93,8 +93,8 @@ def test_mismatched_pair_is_refused(tmp_path):
 
 def test_chat_template_renders_like_transformers():
     from transformers import AutoTokenizer
-    from exactspec.chat import check_template, encode_chat_prompt, render_chat
-    from exactspec.tokenizer import Tokenizer
+    from exactspec.formats.chat import check_template, encode_chat_prompt, render_chat
+    from exactspec.formats.tokenizer import Tokenizer
     hf = AutoTokenizer.from_pretrained(CHAMPION)
     config = json.loads(open(os.path.join(CHAMPION, "tokenizer_config.json")).read())
     check_template(config["chat_template"])

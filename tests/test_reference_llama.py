@@ -18,8 +18,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 from transformers.models.llama import modeling_llama
 
-from exactspec.errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
-from exactspec.reference_llama import REFERENCE_TOLERANCES, LlamaReference
+from exactspec.core.errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
+from exactspec.reference.reference_llama import REFERENCE_TOLERANCES, LlamaReference
 
 TOL_F64 = REFERENCE_TOLERANCES["vs_hf_float64_abs"]
 TOL_F32 = REFERENCE_TOLERANCES["vs_hf_float32_abs"]
@@ -371,7 +371,7 @@ def test_shipped_models_match_hf(which):
 def test_shipped_champion_q8_is_dequantised_f32(tmp_path):
     """weights="q8" must equal an F32 checkpoint holding q8 * scale[:, None] (formed in float32)."""
     from safetensors.numpy import save_file as save_numpy
-    from exactspec.safetensors import load_safetensors
+    from exactspec.formats.safetensors import load_safetensors
     directory = SHIPPED / "champion"
     q8_path = directory / "model.q8.safetensors"
     assert q8_path.is_file(), f"shipped model file missing: {q8_path}"
@@ -397,7 +397,7 @@ def test_shipped_champion_q8_is_dequantised_f32(tmp_path):
 
 
 def test_q8_missing_scale_refused(tmp_path):
-    from exactspec.safetensors import load_safetensors
+    from exactspec.formats.safetensors import load_safetensors
     from safetensors.numpy import save_file as save_numpy
     directory = SHIPPED / "champion"
     raw = load_safetensors(str(directory / "model.q8.safetensors"))

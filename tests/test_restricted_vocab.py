@@ -33,17 +33,17 @@ from test_wasm_draft import (compare_proposals, ensure_wasm, forward_sequences, 
 from tolerances import within
 from toy_helpers import champion_first_two
 
-from exactspec.backends import RunnerChampion, RunnerDraft
-from exactspec.convert import convert
-from exactspec.errors import ExactSpecError
-from exactspec.models import load_pair
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.policy import SamplingPolicy
-from exactspec.processors import process_logits
-from exactspec.reference_llama import LlamaReference
-from exactspec.restricted_vocab import EMBED_ROWS, HEAD_IDS
-from exactspec.safetensors import load_safetensors, to_numpy, write_safetensors
-from exactspec.toy import ToyRunner
+from exactspec.core.backends import RunnerChampion, RunnerDraft
+from exactspec.reference.convert import convert
+from exactspec.core.errors import ExactSpecError
+from exactspec.reference.models import load_pair
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.core.policy import SamplingPolicy
+from exactspec.reference.processors import process_logits
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.reference.restricted_vocab import EMBED_ROWS, HEAD_IDS
+from exactspec.formats.safetensors import load_safetensors, to_numpy, write_safetensors
+from exactspec.reference.toy import ToyRunner
 
 REPO = Path(__file__).resolve().parent.parent
 TOY = REPO / "web" / "models"

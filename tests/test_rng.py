@@ -1,13 +1,13 @@
-"""Tests for exactspec.rng: Random123 KATs, scalar/NumPy bit equality, golden vectors, addressing, statistics."""
+"""Tests for exactspec.core.rng: Random123 KATs, scalar/NumPy bit equality, golden vectors, addressing, statistics."""
 import math
 
 import numpy as np
 import pytest
 
-from exactspec import rng
-from exactspec.acceptance import decide_round
-from exactspec.deciders import RngDecider
-from exactspec.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
+from exactspec.core import rng
+from exactspec.core.acceptance import decide_round
+from exactspec.core.deciders import RngDecider
+from exactspec.core.errors import E_BAD_ARGUMENT, E_PROCESSOR_INVALID, ExactSpecError
 
 # ---------------------------------------------------------------- Random123 known-answer tests
 # Source: Random123 distribution, tests/kat_vectors (columns: name rounds CTR[0] CTR[1] KEY[0] KEY[1] EXPECTED),
@@ -308,7 +308,7 @@ def test_pure_python_import_has_no_numpy():
     import os
     import subprocess
     import sys
-    code = ("import sys; from exactspec import rng; "
+    code = ("import sys; from exactspec.core import rng; "
             "assert rng.sample_gumbel_max([1.0, 2.0], 1, rng.DRAFT_SAMPLE, 0, 0) in (0, 1); "
             "assert 'numpy' not in sys.modules, 'numpy imported'")
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "py"))

@@ -1,4 +1,4 @@
-"""exactspec.safe_files, the one way exactspec writes a file: never through a link (planted before the
+"""exactspec.host.safe_files, the one way exactspec writes a file: never through a link (planted before the
 write, or swapped in while it runs), the old file kept whole when a write fails, and no other writer
 in py/exactspec or the tools that write for the command line (a source scan)."""
 import json
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from exactspec.errors import E_IO, ExactSpecError
+from exactspec.core.errors import E_IO, ExactSpecError
 from exactspec.evaluation.runner import Checkpoints, _write_json
-from exactspec.safe_files import _interrupts_held, append_text, copy_file, create_new, replacing, write_file
-from exactspec.safetensors import write_safetensors
+from exactspec.host.safe_files import _interrupts_held, append_text, copy_file, create_new, replacing, write_file
+from exactspec.formats.safetensors import write_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = b"the victim's own line\n"
@@ -144,11 +144,11 @@ def test_the_snapshot_tool_refuses_a_link_before_any_work(tmp_path, victim):
     assert victim.read_bytes() == VICTIM and sorted(os.listdir(tmp_path)) == ["index.json", "victim.txt"]
 
 
-# Every way a file is written in these sources goes through exactspec.safe_files (Python) or the
+# Every way a file is written in these sources goes through exactspec.host.safe_files (Python) or the
 # snapshot tool's writeFresh ("wx", then rename). Writers left on purpose are named here, with why.
 SCANNED = ["py/exactspec/**/*.py", "tools/*.py", "tools/*.mjs", "tools/bench/*.py"]
 LEFT_ALONE = {
-    "py/exactspec/safe_files.py": "the helper itself",
+    "py/exactspec/host/safe_files.py": "the helper itself",
     "tools/fetch_models.py": "its own mkstemp (O_EXCL) + os.replace into the folder it creates",
     "tools/synth_models.py": "test fixtures: transformers' save_pretrained writes the folder it makes",
 }
@@ -167,7 +167,7 @@ def test_no_writer_bypasses_the_helper():
             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if WRITES.search(line) and not line.lstrip().startswith(("#", "//", "*")):
                     hits.append(f"{rel}:{n}: {line.strip()}")
-    assert not hits, "write through exactspec.safe_files:\n" + "\n".join(hits)
+    assert not hits, "write through exactspec.host.safe_files:\n" + "\n".join(hits)
 
 
 def test_the_scan_sees_each_kind_of_write():

@@ -12,9 +12,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import exactspec.safetensors as st_module
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError
-from exactspec.safetensors import (
+import exactspec.formats.safetensors as st_module
+from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError
+from exactspec.formats.safetensors import (
     MAX_HEADER_BYTES, load_safetensors, read_header, serialize_safetensors, tensor_values, to_numpy,
     write_safetensors,
 )
@@ -278,7 +278,7 @@ def test_8_gib_declared_tensor_header_is_read_without_its_data(tmp_path):
 
 
 def test_reference_loader_checks_the_header_against_the_config_before_reading(tmp_path):
-    from exactspec.reference_llama import LlamaReference
+    from exactspec.reference.reference_llama import LlamaReference
     blob = _file(_giant_header(8 * GIB), b"")
     _sparse(tmp_path / "model.safetensors", blob, len(blob) + 8 * GIB)
     (tmp_path / "config.json").write_bytes(open(os.path.join(SHIPPED, "champion", "config.json"), "rb").read())

@@ -1,14 +1,14 @@
 """The k schedulers: static k, the adaptive policy's estimates and choices, and exactness with it on."""
 import pytest
 
-from exactspec import orchestrator as orch_module
-from exactspec.browser_backend import config_from_json
-from exactspec.deciders import enumerate_outcomes
-from exactspec.errors import E_BAD_ARGUMENT, ExactSpecError
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.processors import SamplingPolicy
-from exactspec.scheduler import AdaptiveK, StaticK, make_scheduler
-from exactspec.toy import ExactChampion, ExactDraft
+from exactspec.core import orchestrator as orch_module
+from exactspec.pyodide.browser_backend import config_from_json
+from exactspec.core.deciders import enumerate_outcomes
+from exactspec.core.errors import E_BAD_ARGUMENT, ExactSpecError
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.reference.processors import SamplingPolicy
+from exactspec.core.scheduler import AdaptiveK, StaticK, make_scheduler
+from exactspec.reference.toy import ExactChampion, ExactDraft
 from exact_models import distinct_rows, table_dist
 from test_exact_enumeration import champion_sequence_distribution
 from toy_helpers import make_orchestrator

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from exactspec.browser_run import _url_for
-from exactspec.errors import E_BAD_ARGUMENT, E_IO, ExactSpecError
-from exactspec.server import REPO_ROOT, StaticServer, is_loopback_host, resolve_request_path
+from exactspec.host.browser_run import _url_for
+from exactspec.core.errors import E_BAD_ARGUMENT, E_IO, ExactSpecError
+from exactspec.host.server import REPO_ROOT, StaticServer, is_loopback_host, resolve_request_path
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +47,10 @@ def raw_exchange(port, data: bytes) -> bytes:
 
 
 def test_headers_and_mime_types(server):
-    for path, mime in [("/py/exactspec/protocol.json", "application/json"),
+    for path, mime in [("/py/exactspec/core/protocol.json", "application/json"),
                        ("/node_modules/pyodide/pyodide.mjs", "text/javascript"),
                        ("/node_modules/pyodide/pyodide.asm.wasm", "application/wasm"),
-                       ("/py/exactspec/orchestrator.py", "text/plain; charset=utf-8")]:
+                       ("/py/exactspec/core/orchestrator.py", "text/plain; charset=utf-8")]:
         r = get(server, path)
         assert r.status == 200
         assert r.headers["Content-Type"] == mime, path

@@ -114,7 +114,7 @@ def test_console_script_in_venv():
     venv_bin = REPO_ROOT / ".venv" / "bin"
     script = venv_bin / "exactspec"
     assert script.is_file(), f"{script} missing: run `bash tools/setup.sh`"
-    assert "exactspec.cli" in script.read_text()
+    assert "exactspec.host.cli" in script.read_text()
     assert Path(sys.executable).parent == venv_bin or shutil.which("exactspec")
 
 

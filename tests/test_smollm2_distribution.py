@@ -37,13 +37,13 @@ import os
 import numpy as np
 import pytest
 
-from exactspec import acceptance
-from exactspec.acceptance import decide_round
-from exactspec.chat import encode_chat_prompt
-from exactspec.deciders import RngDecider
-from exactspec.policy import SamplingPolicy
-from exactspec.processors import process_logits
-from exactspec.rng import DRAFT_SAMPLE
+from exactspec.core import acceptance
+from exactspec.core.acceptance import decide_round
+from exactspec.formats.chat import encode_chat_prompt
+from exactspec.core.deciders import RngDecider
+from exactspec.core.policy import SamplingPolicy
+from exactspec.reference.processors import process_logits
+from exactspec.core.rng import DRAFT_SAMPLE
 from gguf_builders import REPO, smollm2_path
 from test_statistical import chi_square_pvalue
 
@@ -142,7 +142,7 @@ def first_tokens(kept: KeptForwards, seed: int, draft: KeptForwards = None, draf
 
 @pytest.fixture(scope="module")
 def kept():
-    from exactspec.gguf_pair import load_gguf_pair
+    from exactspec.reference.gguf_pair import load_gguf_pair
     pair = load_gguf_pair(smollm2_path())
     prompt_ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, MESSAGES)
     return KeptForwards(pair.orchestrator.champion.runner, prompt_ids)
@@ -214,7 +214,7 @@ def test_broken_acceptance_ratio_is_rejected(kept, monkeypatch):
 @pytest.fixture(scope="module")
 def smollm2_draft(kept):
     """The draft shipped for this champion (web/models/smollm2-draft/, the float64 reference)."""
-    from exactspec.reference_llama import LlamaReference
+    from exactspec.reference.reference_llama import LlamaReference
     return KeptForwards(LlamaReference.from_dir(os.path.join(REPO, "web", "models", "smollm2-draft")), kept.prompt_ids)
 
 
@@ -239,8 +239,8 @@ def test_the_orchestrator_emits_the_same_tokens_seed_for_seed(kept, answers):
     """The full request loop (Orchestrator, RunnerChampion and RunnerDraft over the real logits, the
     draft paired at its own policy) gives, for each of N_ORCHESTRATOR_SEEDS seeds, exactly the two
     tokens the direct decision above gives: the sampled process is the product's."""
-    from exactspec.backends import RunnerChampion, RunnerDraft
-    from exactspec.orchestrator import GenerationConfig, Orchestrator
+    from exactspec.core.backends import RunnerChampion, RunnerDraft
+    from exactspec.core.orchestrator import GenerationConfig, Orchestrator
     orchestrator = Orchestrator(RunnerChampion(KeptForwardsRunner(kept)), RunnerDraft(KeptForwardsRunner(kept)))
     n_first_rejected = 0
     for seed in range(N_ORCHESTRATOR_SEEDS):

@@ -21,15 +21,15 @@ from test_tokenizer_families import HOSTILE
 from test_wasm_draft import run_node, unb64
 from tolerances import max_error, within
 
-from exactspec.backends import RunnerDraft
-from exactspec.chat import encode_chat_prompt
-from exactspec.gguf import GGUFFile
-from exactspec.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config, tokenizer_spec
-from exactspec.manifest import canonical_json, check_pair, load_model_identity
-from exactspec.orchestrator import GenerationConfig, Orchestrator
-from exactspec.policy import SamplingPolicy
-from exactspec.reference_llama import LlamaReference
-from exactspec.tokenizer import Tokenizer
+from exactspec.core.backends import RunnerDraft
+from exactspec.formats.chat import encode_chat_prompt
+from exactspec.formats.gguf import GGUFFile
+from exactspec.formats.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config, tokenizer_spec
+from exactspec.formats.manifest import canonical_json, check_pair, load_model_identity
+from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+from exactspec.core.policy import SamplingPolicy
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.tokenizer import Tokenizer
 
 DRAFT = os.path.join(REPO, "web", "models", "smollm2-draft")
 MAX_BYTES = 16_000_000
@@ -58,7 +58,7 @@ def test_folder_is_small_and_loads(draft_reference):
 
 
 def test_tokenizer_is_the_champions(gguf_path):
-    """The folder's tokenizer is the GGUF's, rebuilt by exactspec.gguf_tokenizer: byte for byte,
+    """The folder's tokenizer is the GGUF's, rebuilt by exactspec.formats.gguf_tokenizer: byte for byte,
     id for id (exactspec and HF `tokenizers`), chat template and stop ids; manifest.check_pair
     (what the CLI runs before pairing) accepts the GGUF champion with this folder."""
     import tokenizers
@@ -115,7 +115,7 @@ def test_greedy_speculation_equals_champion_alone(gguf_path, draft_reference, tm
     """The CPython reference on a chat turn: the GGUF champion alone, and with this draft at
     k = 4: the same tokens; and the draft has learnt the champion: more of its proposals are accepted than of
     the same shape with untrained weights."""
-    from exactspec.gguf_pair import load_gguf_pair
+    from exactspec.reference.gguf_pair import load_gguf_pair
     pair = load_gguf_pair(gguf_path)
     base = pair.orchestrator
     ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config,

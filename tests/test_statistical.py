@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from exactspec import acceptance
-from exactspec.orchestrator import GenerationConfig
-from exactspec.processors import AllowedSetGrammar, SamplingPolicy
+from exactspec.core import acceptance
+from exactspec.core.orchestrator import GenerationConfig
+from exactspec.reference.processors import AllowedSetGrammar, SamplingPolicy
 from toy_helpers import champion_first_two, make_orchestrator
 
 V, SEED, HIDDEN, SCALE = 12, 3, 8, 2.5
@@ -93,7 +93,7 @@ def test_broken_residual_is_rejected(monkeypatch):
 
 def test_broken_greedy_draft_while_sampling_is_rejected(monkeypatch):
     """Draft proposes its argmax but reports the sampled distribution: must be caught."""
-    from exactspec import backends
+    from exactspec.core import backends
     monkeypatch.setattr(backends.RunnerDraft, "propose", _greedy_but_reports_p)
     policy = POLICIES["plain"]
     expected = champion_first_two(V, SEED, HIDDEN, SCALE, PROMPT, policy)
@@ -101,7 +101,7 @@ def test_broken_greedy_draft_while_sampling_is_rejected(monkeypatch):
 
 
 def _greedy_but_reports_p(self, cache, k, policy, decider, round_id, stop_token_ids):
-    from exactspec.backends import Proposal, _materialize, _process
+    from exactspec.core.backends import Proposal, _materialize, _process
     out = Proposal()
     logits = _materialize(self.runner, cache, len(cache.tokens))[-1]
     for i in range(k):

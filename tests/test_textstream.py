@@ -4,8 +4,8 @@ released pieces always add up to the decoded answer, with stop strings across to
 import numpy as np
 import pytest
 
-from exactspec.textstream import TextAssembler
-from exactspec.tokenizer import Tokenizer
+from exactspec.core.textstream import TextAssembler
+from exactspec.formats.tokenizer import Tokenizer
 from pathlib import Path
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "web" / "models" / "champion" / "tokenizer.json"

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
-from exactspec.errors import E_MODEL_LOAD, ExactSpecError  # noqa: E402
-from exactspec.tokenizer import (  # noqa: E402
+from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError  # noqa: E402
+from exactspec.formats.tokenizer import (  # noqa: E402
     BYTE_TO_CHAR, LETTER, NUMBER, OTHER, SPACE, Tokenizer, char_class, is_word_char, split_gpt2,
 )
 
@@ -208,7 +208,7 @@ def test_single_word_boundaries_match_tokenizers_for_every_code_point(trained_pa
 @pytest.mark.parametrize("form", ["NFC", "NFD", "NFKC", "NFKD", "Lowercase"])
 def test_normalizers_match_tokenizers_for_every_code_point(form):
     from tokenizers import normalizers
-    from exactspec.tokenizer import _build_normalizer
+    from exactspec.formats.tokenizer import _build_normalizer
     theirs = getattr(normalizers, form)()
     ours = _build_normalizer({"type": form})
     seps = [" ", "a\u0301", "\u0316", "\u0345"]

@@ -15,8 +15,8 @@ import pytest
 import tokenizers
 
 import tokenizer_families as families
-from exactspec.pretokenize import NUMBER, translate_oniguruma
-from exactspec.tokenizer import Tokenizer
+from exactspec.formats.pretokenize import NUMBER, translate_oniguruma
+from exactspec.formats.tokenizer import Tokenizer
 
 M = families.METASPACE
 HOSTILE = [
@@ -114,11 +114,11 @@ def test_regex_translation_covers_every_code_point_like_oniguruma():
 
 def test_digits_split_every_numeric_code_point_like_tokenizers():
     # "a" between code points: a numeric one comes out alone, any other stays inside a run of "a"s.
-    from exactspec.pretokenize import char_class
+    from exactspec.formats.pretokenize import char_class
     digits = tokenizers.pre_tokenizers.Digits(individual_digits=True)
     cps = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c != ord("a")]
     theirs = {p for p, _ in digits.pre_tokenize_str("a".join(cps)) if len(p) == 1 and p != "a"}
-    from exactspec.pretokenize import _RUST_NEWER_NUMERIC
+    from exactspec.formats.pretokenize import _RUST_NEWER_NUMERIC
     assert theirs == {c for c in cps if char_class(c) == NUMBER or c in _RUST_NEWER_NUMERIC}
 
 
@@ -132,7 +132,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("needle", sorted(REFUSED))
 def test_unknown_pre_tokenizer_settings_are_refused(needle):
-    from exactspec.errors import ExactSpecError
+    from exactspec.core.errors import ExactSpecError
     spec = families.llama2("metaspace")
     spec["pre_tokenizer"] = REFUSED[needle]
     with pytest.raises(ExactSpecError) as err:

@@ -31,12 +31,12 @@ from test_gpu_champion import build_tiny_llama, quantize_rows, split
 from node_harness import run_harness
 from tolerances import TOLERANCES, flip_margin, max_error, within
 
-from exactspec import rng
-from exactspec.acceptance import decide_round
-from exactspec.deciders import RngDecider
-from exactspec.policy import AllowedSetGrammar, SamplingPolicy
-from exactspec.processors import process_logits
-from exactspec.reference_llama import LlamaReference
+from exactspec.core import rng
+from exactspec.core.acceptance import decide_round
+from exactspec.core.deciders import RngDecider
+from exactspec.core.policy import AllowedSetGrammar, SamplingPolicy
+from exactspec.reference.processors import process_logits
+from exactspec.reference.reference_llama import LlamaReference
 
 WASM = REPO_ROOT / "web" / "build" / "champion.wasm"
 WASM_THREADS = REPO_ROOT / "web" / "build" / "champion_mt.wasm"

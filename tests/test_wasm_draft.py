@@ -29,14 +29,14 @@ from node_harness import run_harness
 from tolerances import TOLERANCES, max_error, within
 
 sys.path.insert(0, str(REPO_ROOT / "py"))
-from exactspec import rng  # noqa: E402
-from exactspec.backends import RunnerDraft  # noqa: E402
-from exactspec.caches import LogicalCache  # noqa: E402
-from exactspec.deciders import RngDecider  # noqa: E402
-from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.policy import AllowedSetGrammar, SamplingPolicy  # noqa: E402
-from exactspec.processors import process_logits  # noqa: E402
-from exactspec.reference_llama import LlamaReference  # noqa: E402
+from exactspec.core import rng  # noqa: E402
+from exactspec.core.backends import RunnerDraft  # noqa: E402
+from exactspec.core.caches import LogicalCache  # noqa: E402
+from exactspec.core.deciders import RngDecider  # noqa: E402
+from exactspec.core.errors import ExactSpecError  # noqa: E402
+from exactspec.core.policy import AllowedSetGrammar, SamplingPolicy  # noqa: E402
+from exactspec.reference.processors import process_logits  # noqa: E402
+from exactspec.reference.reference_llama import LlamaReference  # noqa: E402
 
 WASM = REPO_ROOT / "web" / "build" / "draft.wasm"
 HARNESS = REPO_ROOT / "web" / "tests" / "draft_harness.mjs"

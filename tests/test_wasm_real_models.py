@@ -15,8 +15,8 @@ from test_gpu_champion import split
 from test_wasm_champion import WASM, as_blocks, forward_rows, run_node
 from tolerances import TOLERANCES, max_error, within
 
-from exactspec.convert import convert
-from exactspec.reference_llama import LlamaReference
+from exactspec.reference.convert import convert
+from exactspec.reference.reference_llama import LlamaReference
 
 CASES = [(shape, False) for shape in CHAMPIONS] + [("qwen2.5-mid", True)]
 

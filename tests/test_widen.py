@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from exactspec.reference_llama import LlamaReference
-from exactspec.tokenizer import Tokenizer
+from exactspec.reference.reference_llama import LlamaReference
+from exactspec.formats.tokenizer import Tokenizer
 from tolerances import TOLERANCES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

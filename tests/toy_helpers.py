@@ -1,10 +1,10 @@
 """Shared toy set-ups for orchestrator tests (NumPy toy runners, a char-level decode)."""
 import numpy as np
 
-from exactspec.backends import RunnerChampion, RunnerDraft
-from exactspec.orchestrator import Orchestrator
-from exactspec.processors import process_logits
-from exactspec.toy import ToyRunner, toy_draft
+from exactspec.core.backends import RunnerChampion, RunnerDraft
+from exactspec.core.orchestrator import Orchestrator
+from exactspec.reference.processors import process_logits
+from exactspec.reference.toy import ToyRunner, toy_draft
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,;!?"
 

@@ -21,10 +21,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
-from exactspec.config import read_json_file, validate_config  # noqa: E402
-from exactspec.errors import E_BAD_ARGUMENT, E_IO, E_MODEL_LOAD, ExactSpecError  # noqa: E402
-from exactspec.reference_llama import _dequantise_q8, _tensor_to_float32  # noqa: E402  (the browser's view of q8)
-from exactspec.safetensors import load_safetensors  # noqa: E402
+from exactspec.formats.config import read_json_file, validate_config  # noqa: E402
+from exactspec.core.errors import E_BAD_ARGUMENT, E_IO, E_MODEL_LOAD, ExactSpecError  # noqa: E402
+from exactspec.reference.reference_llama import _dequantise_q8, _tensor_to_float32  # noqa: E402  (the browser's view of q8)
+from exactspec.formats.safetensors import load_safetensors  # noqa: E402
 
 SOURCE_FILES = {"f32": "model.safetensors", "q8": "model.q8.safetensors"}
 EXPORT_TYPES = ("f32", "q8_0")

@@ -49,7 +49,7 @@ export const MODULES = ["json", "re", "hashlib", "math", "dataclasses", "unicode
 
 const t0 = performance.now();
 const { loadPyodide } = await import(pathToFileURL(path.join(pyodideDir, "pyodide.mjs")).href);
-const { sourcesKey, PY_HOME, IMPORTS } = await import(pathToFileURL(path.join(root, "web", "orchestrator", "py_sources.mjs")).href);
+const { sourcesKey, IMPORTS, writeSources } = await import(pathToFileURL(path.join(root, "web", "orchestrator", "py_sources.mjs")).href);
 const pyodide = await loadPyodide({ indexURL: pyodideDir + path.sep, _makeSnapshot: true });
 pyodide.runPython(MODULES.map((m) => `import ${m}`).join("\n"));
 const wheelsIndex = path.join(root, "build", "wheels", "index.json");
@@ -61,8 +61,7 @@ if (fs.existsSync(wheelsIndex)) {            // jinja2 for chat templates: impor
 }
 const names = JSON.parse(fs.readFileSync(path.join(root, "web", "orchestrator", "py_files.json"), "utf8"));
 const sources = names.map((f) => new Uint8Array(fs.readFileSync(path.join(root, "py", "exactspec", f))));
-pyodide.FS.mkdirTree(`${PY_HOME}/exactspec`);
-names.forEach((f, i) => pyodide.FS.writeFile(`${PY_HOME}/exactspec/${f}`, sources[i]));
+writeSources(pyodide, names, sources);
 pyodide.runPython(IMPORTS);
 const pySources = await sourcesKey(names, sources);
 const snapshot = pyodide.makeMemorySnapshot();

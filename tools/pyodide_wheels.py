@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
-from exactspec.safe_files import write_file  # noqa: E402  (never through a link)
+from exactspec.host.safe_files import write_file  # noqa: E402  (never through a link)
 
 JINJA2 = ("jinja2", "3.1.6")
 MARKUPSAFE = ("markupsafe", "3.0.3")

@@ -184,9 +184,10 @@ step "pyodide wheels (build/wheels: jinja2, markupsafe)"
 # (tools/pyodide_snapshot.mjs): the orchestrator worker restores it in well under a second instead
 # of booting in ~3 s; remade when Pyodide, the wheels, the Python sources or the tool change.
 step "pyodide snapshot (build/pyodide_snapshot)"
+"$VENV/bin/python" tools/gen_py_files.py   # web/orchestrator/py_files.json from py/exactspec/{core,formats,pyodide}
 if [ -f build/pyodide_snapshot/index.json ] && [ -z "$( { find node_modules/pyodide/package.json tools/pyodide_snapshot.mjs \
         web/orchestrator/py_sources.mjs web/orchestrator/py_files.json build/wheels -newer build/pyodide_snapshot/index.json;
-        find py/exactspec -maxdepth 1 \( -name '*.py' -o -name '*.json' \) -newer build/pyodide_snapshot/index.json; } \
+        find py/exactspec/__init__.py py/exactspec/core py/exactspec/formats py/exactspec/pyodide \( -name '*.py' -o -name '*.json' \) -newer build/pyodide_snapshot/index.json; } \
         2>/dev/null | head -1)" ]; then
     log "pyodide snapshot up to date"
 else

@@ -49,8 +49,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 
-from exactspec.safe_files import copy_file, replacing, write_file  # noqa: E402
-from exactspec.safetensors import load_safetensors, safetensors_layout, to_numpy  # noqa: E402
+from exactspec.host.safe_files import copy_file, replacing, write_file  # noqa: E402
+from exactspec.formats.safetensors import load_safetensors, safetensors_layout, to_numpy  # noqa: E402
 
 SHAPES = {   # the published SmolLM2 configs (hidden, layers, heads, kv heads, intermediate, vocab)
     "smollm2-360m": dict(hidden=960, layers=32, heads=15, kv_heads=5, intermediate=2560, vocab=49152),

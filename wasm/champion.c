@@ -1,7 +1,7 @@
 /* champion.c — the exactspec champion in WASM-SIMD: Llama forward pass over a block of 1..B
  * positions on the q8 artifact (int8 values held as exact float32, per-row scale applied after
  * the row sum), batch-invariant, plus the round's decision (processors-v1, acceptance, residual,
- * extra and baseline sampling) in float64 on the CPU: exactspec.acceptance.decide_round.
+ * extra and baseline sampling) in float64 on the CPU: exactspec.core.acceptance.decide_round.
  *
  * Weights: the q8 linears are held either widened to float32 (fastest while they stay in the
  * CPU's caches: small models) or as int8 (a quarter of the bytes: what large models need, where
@@ -497,7 +497,7 @@ static int forward(const int32_t *tokens, int n, int start_pos) {
 }
 
 /* ============================================================================================
- * The round's decision: exactspec.acceptance.decide_round on the processed logits rows.
+ * The round's decision: exactspec.core.acceptance.decide_round on the processed logits rows.
  * ========================================================================================== */
 
 enum { ENDED_NONE = 0, ENDED_STOP = 1, ENDED_LENGTH = 2 };
@@ -679,7 +679,7 @@ EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
 }
 
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
- * exactspec.config.rope_inv_freq does); the default tables come from rope_theta at build time */
+ * exactspec.formats.config.rope_inv_freq does); the default tables come from rope_theta at build time */
 EXPORT("champion_set_inv_freq") int champion_set_inv_freq(const double *inv_freq) {
     if (!st.rope_cos || built) return ERR_MODEL;
     return rope_tables_from_inv_freq(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, inv_freq);

@@ -214,7 +214,7 @@ static inline double uniform_open_closed(uint32_t bits) {
 
 static inline double gumbel(uint32_t bits) { return -plog(-plog(uniform_open_open(bits))); }
 
-enum {                        /* RNG domains (py/exactspec/rng.py), stable ids */
+enum {                        /* RNG domains (py/exactspec/core/rng.py), stable ids */
     DOMAIN_DRAFT_SAMPLE = 1, DOMAIN_ACCEPT_UNIFORM = 2, DOMAIN_CORRECTION_SAMPLE = 3,
     DOMAIN_TARGET_EXTRA = 4, DOMAIN_TARGET_BASELINE = 5,
 };
@@ -501,7 +501,7 @@ static void build_rope_tables(float *rope_cos, float *rope_sin, int max_context,
 }
 
 /* the tables from explicit inverse frequencies (scaled RoPE: linear, llama3), computed by JS as
- * exactspec.config.rope_inv_freq does; ERR_MODEL if one is not positive */
+ * exactspec.formats.config.rope_inv_freq does; ERR_MODEL if one is not positive */
 static int rope_tables_from_inv_freq(float *rope_cos, float *rope_sin, int max_context, int head_dim,
                                      const double *inv_freq) {
     int half = head_dim / 2;

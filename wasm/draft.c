@@ -214,7 +214,7 @@ static int forward(const int32_t *tokens, int n, int start_pos) {
 
 /* ============================================================================================
  * Propose: feed the unmaterialised tokens, then up to k proposals (stop after a stop token),
- * each from its processed row; exactly exactspec.backends.RunnerDraft.propose.
+ * each from its processed row; exactly exactspec.core.backends.RunnerDraft.propose.
  * ========================================================================================== */
 
 static int n_proposed;
@@ -331,7 +331,7 @@ int draft_set_restriction(const int32_t *head_ids, int n_head, const int32_t *em
 }
 
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
- * exactspec.config.rope_inv_freq does); by default the tables come from rope_theta */
+ * exactspec.formats.config.rope_inv_freq does); by default the tables come from rope_theta */
 EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
     if (built || !st.rope_cos) return ERR_MODEL;
     return rope_tables_from_inv_freq(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, inv_freq);

@@ -36,7 +36,7 @@ export function engineAssets(baseUrl = new URL("./", import.meta.url).href, over
     pyodide: new URL(installed ? "../../pyodide/" : "../node_modules/pyodide/", base).href,
     py: new URL("../py/exactspec/", base).href,
     pyFiles: new URL("orchestrator/py_files.json", base).href,
-    protocol: new URL("../py/exactspec/protocol.json", base).href,
+    protocol: new URL("../py/exactspec/core/protocol.json", base).href,
     build: new URL("build/", base).href,
     snapshot: new URL("../build/pyodide_snapshot/", base).href,   // tools/pyodide_snapshot.mjs (absent: slow boot)
     models: new URL("models/", base).href,

@@ -2,7 +2,7 @@
 
 export type ErrorCode = `E_${string}`;
 
-/** Every failure: a code from py/exactspec/protocol.json "errors" and a plain sentence. */
+/** Every failure: a code from py/exactspec/core/protocol.json "errors" and a plain sentence. */
 export interface CodedError extends Error { code: ErrorCode; detail?: string }
 
 /** A URL (a folder, or a file ending in .gguf), a picked folder, or a picked .gguf File: champion or draft. */
@@ -35,7 +35,7 @@ export interface EngineOptions {
   onProgress?: (progress: LoadProgress) => void;
 }
 
-/** Every option is type-checked before the request queues (py/exactspec/protocol.json
+/** Every option is type-checked before the request queues (py/exactspec/core/protocol.json
  *  "generate_config"): integers must be integers, numbers finite, flags booleans; anything else
  *  is refused E_BAD_ARGUMENT naming the option and the value. */
 export interface GenerateOptions {
@@ -45,7 +45,7 @@ export interface GenerateOptions {
   raw_text?: boolean;
   speculate?: "none" | "draft" | "lookup";
   k?: number;
-  scheduler?: "static" | "adaptive";   // adaptive: a k <= k per round (py/exactspec/scheduler.py)
+  scheduler?: "static" | "adaptive";   // adaptive: a k <= k per round (py/exactspec/core/scheduler.py)
   temperature?: number;                 // 0: greedy
   top_k?: number;
   top_p?: number;

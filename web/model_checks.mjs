@@ -1,5 +1,5 @@
 // The checks `exactspec convert` makes on a Hugging Face folder before a weight byte is read, in
-// JS for the page: bounded strict JSON (py/exactspec/config.py load_json_bounded), config.json
+// JS for the page: bounded strict JSON (py/exactspec/formats/config.py load_json_bounded), config.json
 // (validate_config), the shard index (hf.shard_files), a safetensors header against the size of
 // its file (safetensors.header_length, parse_header_json) and the tensors against the config
 // (reference_llama._check_header). Each function is a port of the named Python one, refusing the
@@ -403,7 +403,7 @@ export function expectedShapes(c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Restricted-vocabulary drafts (py/exactspec/restricted_vocab.py, line-by-line twin): two optional
+// Restricted-vocabulary drafts (py/exactspec/reference/restricted_vocab.py, line-by-line twin): two optional
 // I32 tensors. exactspec.head_ids (N,) strictly ascending ids in [0, V): lm_head.weight is (N, D)
 // and every other id's logit is -inf. exactspec.embed_rows (V,) values in [0, M): token t's
 // embedding is row embed_rows[t] of model.embed_tokens.weight (M, D). Untied heads only; drafts only.

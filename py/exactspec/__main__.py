@@ -1,6 +1,6 @@
 """`python -m exactspec ...`: the same command line as the `exactspec` script."""
 import sys
 
-from .cli import main
+from .host.cli import main
 
 sys.exit(main())

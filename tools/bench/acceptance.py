@@ -10,10 +10,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "py"))
-from exactspec.models import default_models_dir, load_pair  # noqa: E402
-from exactspec.orchestrator import GenerationConfig  # noqa: E402
-from exactspec.processors import SamplingPolicy  # noqa: E402
-from exactspec.safe_files import write_file  # noqa: E402
+from exactspec.reference.models import default_models_dir, load_pair  # noqa: E402
+from exactspec.core.orchestrator import GenerationConfig  # noqa: E402
+from exactspec.reference.processors import SamplingPolicy  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
 
 KINDS = {
     "scripture": ["In the beginning God created", "And the LORD spake unto Moses, saying,", "Blessed are the"],
@@ -31,7 +31,7 @@ def main():
     args = ap.parse_args()
     base = default_models_dir()
     pair = load_pair(os.path.join(base, "champion"), os.path.join(base, "draft"))
-    from exactspec.chat import render_chat
+    from exactspec.formats.chat import render_chat
     rows = []
     for kind, prompts in KINDS.items():
         for temperature in (0.0, 1.0):

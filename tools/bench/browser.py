@@ -11,9 +11,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "py"))
-from exactspec.browser_run import BrowserRuntime  # noqa: E402
-from exactspec.models import default_models_dir  # noqa: E402
-from exactspec.safe_files import write_file  # noqa: E402
+from exactspec.host.browser_run import BrowserRuntime  # noqa: E402
+from exactspec.reference.models import default_models_dir  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
 
 PROMPTS = ["In the beginning God created", "To be, or not to be,", "And the LORD said unto Moses,",
            "What light through yonder window breaks?", "Blessed are the poor in spirit:", "Enter HAMLET."]

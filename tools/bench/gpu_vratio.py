@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "py"))
-from exactspec.safe_files import write_file  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
 
 SYNTH_DIR = os.path.join("build", "bench", "models", "synth360")
 SYNTH135 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,

@@ -37,9 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "py"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
-from exactspec import server as static_server  # noqa: E402
-from exactspec.errors import E_INTERNAL, ExactSpecError, message_without_code  # noqa: E402
-from exactspec.safe_files import write_file  # noqa: E402
+from exactspec.host import server as static_server  # noqa: E402
+from exactspec.core.errors import E_INTERNAL, ExactSpecError, message_without_code  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
 WLLAMA_DIR = os.path.join(REPO, "node_modules", "@wllama", "wllama")
@@ -82,9 +82,9 @@ def bench_models(champion, draft, gguf, mounts: dict) -> dict:
     """The URLs the page loads ({champion, draft, gguf}) and the champion's local file or folder.
     champion/draft/gguf: a folder or file here (mounted, or its path under web/), or a URL path the
     bench server already serves (/web/models/...). None: the shipped toy pair and its GGUF export."""
-    from exactspec.browser_run import _url_for
-    from exactspec.model_cache import browser_ready
-    from exactspec.models import default_models_dir
+    from exactspec.host.browser_run import _url_for
+    from exactspec.host.model_cache import browser_ready
+    from exactspec.reference.models import default_models_dir
 
     def where(arg, name, role=None):
         if os.path.exists(arg):
@@ -123,15 +123,15 @@ def chat_renderer(local: str):
     """text -> (the chat template's rendering of it as one user message, its token ids as our
     engine encodes it), for the champion at `local` (a .gguf file or a model folder); None when
     the champion has no chat template."""
-    from exactspec.chat import encode_chat_prompt, render_template, special_token_strings, template_of
+    from exactspec.formats.chat import encode_chat_prompt, render_template, special_token_strings, template_of
     if local.endswith(".gguf"):
-        from exactspec.gguf import GGUFFile
-        from exactspec.gguf_tokenizer import load_tokenizer, tokenizer_config
+        from exactspec.formats.gguf import GGUFFile
+        from exactspec.formats.gguf_tokenizer import load_tokenizer, tokenizer_config
         with GGUFFile(local) as f:
             tokenizer, tok_config = load_tokenizer(f), tokenizer_config(f)
     else:
-        from exactspec.models import read_tokenizer_config
-        from exactspec.tokenizer import Tokenizer
+        from exactspec.reference.models import read_tokenizer_config
+        from exactspec.formats.tokenizer import Tokenizer
         tokenizer, tok_config = Tokenizer.from_file(os.path.join(local, "tokenizer.json")), read_tokenizer_config(local)
     if not tok_config.get("chat_template"):
         return None
@@ -264,7 +264,7 @@ def machine_facts(browser) -> dict:
 
 def run(args) -> dict:
     from playwright.sync_api import sync_playwright
-    from exactspec.browser_run import CHROMIUM, CHROMIUM_ARGS
+    from exactspec.host.browser_run import CHROMIUM, CHROMIUM_ARGS
 
     os.chdir(REPO)
     mounts: dict = {}
@@ -469,7 +469,7 @@ def main(argv=None) -> int:
     except ExactSpecError as exc:                 # one code, one sentence
         raise SystemExit(str(exc)) from None
     except Exception as exc:                      # a page's exception (wllama or our engine refused): its coded line
-        from exactspec.browser_run import _coded_from
+        from exactspec.host.browser_run import _coded_from
         if type(exc).__module__.startswith("playwright"):
             raise SystemExit(str(_coded_from(exc))) from None
         raise

@@ -20,7 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "py"))
-from exactspec.safe_files import write_file  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
 HARNESS = ROOT / "web" / "tests" / "champion_harness.mjs"
 WASM = ROOT / "web" / "build" / "champion.wasm"
 WASM_THREADS = ROOT / "web" / "build" / "champion_mt.wasm"       # --threads > 1

@@ -284,7 +284,7 @@ def restricted_vocabulary(records, input_rows, head_rows):
 
 def pca_embedding(d):
     """The champion's token embedding projected on its d leading principal directions."""
-    from exactspec.gguf_model import GGUFModel
+    from exactspec.formats.gguf_model import GGUFModel
     with GGUFModel(gguf_path()) as m:
         e = torch.as_tensor(np.asarray(m.read_float32("model.embed_tokens.weight"), dtype=np.float32))
     centred = e - e.mean(0, keepdim=True)
@@ -487,13 +487,13 @@ def write_json(path, obj):
 
 def cmd_export(args):
     """A Hugging Face Llama folder: config.json, generation_config.json, model.safetensors (f32 or
-    bf16, lm_head tied), and the champion's tokenizer rebuilt from the GGUF by exactspec.gguf_tokenizer
+    bf16, lm_head tied), and the champion's tokenizer rebuilt from the GGUF by exactspec.formats.gguf_tokenizer
     (tokenizer.json is the canonical JSON whose sha256 is the GGUF pair's tokenizer identity)."""
     from safetensors.torch import save_file
     from model import Llama, LlamaConf, hf_config
-    from exactspec.gguf import GGUFFile
-    from exactspec.gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
-    from exactspec.manifest import canonical_json
+    from exactspec.formats.gguf import GGUFFile
+    from exactspec.formats.gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
+    from exactspec.formats.manifest import canonical_json
     ck = torch.load(os.path.join(WORK, args.tag, "ckpt.pt"), map_location="cpu", weights_only=False)
     conf = LlamaConf(**ck["conf"])
     model = Llama(conf)
@@ -531,7 +531,7 @@ STRATA = ("dialogue", "summary", "extraction")
 
 def eval_prompts(pair):
     """(stratum, id, prompt ids, max_new_tokens, seed) of the dialogue, summary and extraction strata."""
-    from exactspec.chat import encode_chat_prompt
+    from exactspec.formats.chat import encode_chat_prompt
     out = []
     for stratum in STRATA:
         with open(os.path.join(REPO, "eval", "corpus", f"{stratum}.jsonl")) as f:
@@ -548,11 +548,11 @@ def eval_prompts(pair):
 def cmd_measure(args):
     """Tokens per round at k with the project's CPython orchestrator: the GGUF champion on the
     NumPy reference (gguf_pair) and the draft folder on LlamaReference; greedy, then T = 1 seeds."""
-    from exactspec.backends import RunnerDraft
-    from exactspec.gguf_pair import load_gguf_pair
-    from exactspec.orchestrator import GenerationConfig, Orchestrator
-    from exactspec.policy import SamplingPolicy
-    from exactspec.reference_llama import LlamaReference
+    from exactspec.core.backends import RunnerDraft
+    from exactspec.reference.gguf_pair import load_gguf_pair
+    from exactspec.core.orchestrator import GenerationConfig, Orchestrator
+    from exactspec.core.policy import SamplingPolicy
+    from exactspec.reference.reference_llama import LlamaReference
     pair = load_gguf_pair(gguf_path())
     base = pair.orchestrator
     orch = Orchestrator(base.champion, RunnerDraft(LlamaReference.from_dir(args.draft)), decode=base.decode,
@@ -587,7 +587,7 @@ def cmd_measure(args):
 
 @torch.no_grad()
 def simulate_round(champion, cache, draft, context, pending, k, temperature, gen):
-    """One speculative round in torch (the exact rule of exactspec.acceptance on plain softmax rows):
+    """One speculative round in torch (the exact rule of exactspec.core.acceptance on plain softmax rows):
     the draft proposes k tokens, the champion verifies pending + proposals through its KV cache.
     Returns (accepted, emitted tokens)."""
     proposal, q_rows = [], []
@@ -670,9 +670,9 @@ def load_torch_draft(folder):
 def cmd_simulate(args):
     """Tokens per round at k in a torch simulation of the exact rule (transformers' float32 champion
     from the GGUF, the draft folder in tools/train/model.py): greedy, and T = 1 over --seeds seeds."""
-    from exactspec.gguf import GGUFFile
-    from exactspec.gguf_tokenizer import load_tokenizer, tokenizer_config
-    from exactspec.models import LoadedPair
+    from exactspec.formats.gguf import GGUFFile
+    from exactspec.formats.gguf_tokenizer import load_tokenizer, tokenizer_config
+    from exactspec.reference.models import LoadedPair
     torch.set_num_threads(args.threads)
     champion, _ = load_champion()
     with GGUFFile(gguf_path()) as f:

@@ -31,9 +31,9 @@ from model import Llama, LlamaConf, hf_config  # noqa: E402
 from train_tokenizer import tokenizer_config  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "py"))
-from exactspec.manifest import (FILES_MANIFEST_VERSION, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,  # noqa: E402
+from exactspec.formats.manifest import (FILES_MANIFEST_VERSION, Q8_WEIGHTS_FILE, RUN_WEIGHTS_SCHEMES,  # noqa: E402
                                 check_weights_metadata, run_weights_scheme)
-from exactspec.safetensors import read_header  # noqa: E402
+from exactspec.formats.safetensors import read_header  # noqa: E402
 
 # What the browser runs for each model (manifest.json models.<name>.run_artifact): the WebGPU
 # champion the int8 file, the WASM draft the float32 one.

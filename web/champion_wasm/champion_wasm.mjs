@@ -3,7 +3,7 @@
 // (q8 linears kept int8 or widened to exact float32; a float32 linear `<name>` with no scale runs as
 // float32 rows times a scale of exactly 1.0), runs the
 // batch-invariant forward over a block and decides the round on the CPU with the semantics of
-// exactspec.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
+// exactspec.core.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
 // Node (pass bytes instead of URLs there).
 //
 //   const champion = await createWasmChampion({ wasmUrl, modelUrl, maxBlock: 9 });

@@ -1,6 +1,6 @@
 // The run artifact of a Hugging Face folder, streamed tensor by tensor and row block by row block
 // from File/Blob objects (Blob.slice), the same bytes `exactspec convert [--role draft]` writes
-// (py/exactspec/convert.py). Role "champion": model.q8.safetensors (scheme q8-sym-row-v1), every
+// (py/exactspec/reference/convert.py). Role "champion": model.q8.safetensors (scheme q8-sym-row-v1), every
 // 2-D tensor but the embedding as <name>.q8 int8 + <name>.scale float32 per row, the rest
 // float32. Role "draft": the WASM draft's all-float32 model.safetensors, every tensor under its
 // own name, no `quantization` metadata. Both: the same plan (tied lm_head and rotary inv_freq

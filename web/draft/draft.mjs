@@ -1,6 +1,6 @@
 // draft.mjs — JS side of the WASM-SIMD draft (wasm/draft.c): loads config.json +
 // model.safetensors (f32) into the module's memory and exposes forward / propose with the
-// semantics of exactspec.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
+// semantics of exactspec.core.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
 import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
 import { fetchSafetensors } from "../gpu/safetensors.mjs";
@@ -72,7 +72,7 @@ export function parseConfig(config) {
     qkv_bias: modelType === "qwen2",
     rope_type: rope.type,
   };
-  // scaled RoPE: the inverse frequencies exactly as exactspec.config.rope_inv_freq (transformers'
+  // scaled RoPE: the inverse frequencies exactly as exactspec.formats.config.rope_inv_freq (transformers'
   // formulas) computes them; null for the default (the kernels build it from rope_theta)
   c.rope_inv_freq = rope.type === "default" ? null : Array.from(ropeInvFreq({ headDim: c.head_dim, rope }));
   if (c.num_heads % c.num_kv_heads !== 0) throw loadError("num_attention_heads is not a multiple of num_key_value_heads");

@@ -1,5 +1,5 @@
 // draft_worker.mjs — module worker around the WASM draft (web/draft/draft.mjs), speaking the
-// envelope protocol of py/exactspec/protocol.json: {kind, request_id, seq, epoch, payload}.
+// envelope protocol of py/exactspec/core/protocol.json: {kind, request_id, seq, epoch, payload}.
 //
 //   new Worker(new URL("draft_worker.mjs?wasm=/web/build/draft.wasm&model=/web/models/draft/",
 //              import.meta.url), {type: "module"})

@@ -1,4 +1,4 @@
-// gguf_dequant.mjs — GGUF tensor types to float32, the JS twin of py/exactspec/gguf_dequant.py (and of
+// gguf_dequant.mjs — GGUF tensor types to float32, the JS twin of py/exactspec/reference/gguf_dequant.py (and of
 // ggml's dequantize_row_*): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K. Every value is computed
 // with the same float32 operations in the same order (each product and sum rounded to float32 by
 // Math.fround: a double holds a float32 product exactly, and one double-then-float rounding of a

@@ -1,4 +1,4 @@
-// gguf_reader.mjs — the GGUF container in JS, the twin of py/exactspec/gguf.py: header, metadata and
+// gguf_reader.mjs — the GGUF container in JS, the twin of py/exactspec/formats/gguf.py: header, metadata and
 // tensor table bounded and validated before any tensor byte is read, with gguf.py's limits, fields
 // and sentences (`E_MODEL_LOAD: <file>: <field>: what is wrong`).
 //

@@ -6,8 +6,8 @@
 //   await acceptor.drawBits(addrs)    -> Uint32Array of RNG words per address (tests only)
 //
 // One decide() = one submission: processors_rows (one workgroup per row) + accept_decide (one
-// workgroup), then 8 u32 words are copied back. Semantics: exactspec.acceptance.decide_round with
-// exactspec.processors.process_logits (processors-v1) and the RNG contract of docs/rng.md.
+// workgroup), then 8 u32 words are copied back. Semantics: exactspec.core.acceptance.decide_round with
+// exactspec.reference.processors.process_logits (processors-v1) and the RNG contract of docs/rng.md.
 
 const MAX_BLOCK_LIMIT = 32;                    // stop_mask is one u32 word
 const NONE = 0xffffffff;

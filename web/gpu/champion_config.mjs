@@ -80,7 +80,7 @@ export function resolveMaxContext(hp, maxContext) {
 
 /** RoPE inverse frequencies (hd/2) in float64: transformers' formulas (default, linear, llama3 of
  *  modeling_rope_utils, which runs them in float32) evaluated in float64 in the same order as
- *  exactspec.config.rope_inv_freq, so the reference, the WASM champion and this one share them. */
+ *  exactspec.formats.config.rope_inv_freq, so the reference, the WASM champion and this one share them. */
 export function ropeInvFreq(hp) {
   const { headDim: dim, rope } = hp;
   const inv = Float64Array.from({ length: dim / 2 }, (_, i) => 1.0 / Math.pow(rope.theta, (2 * i) / dim));

@@ -1,4 +1,4 @@
-// The JS side of the Pyodide adapter (py/exactspec/browser_backend.py): one call per round step,
+// The JS side of the Pyodide adapter (py/exactspec/pyodide/browser_backend.py): one call per round step,
 // or one per whole speculative round when the draft runs inline (speculativeRound).
 // Owns the champion backend (WebGPU or WASM, champion_backends.mjs) and the draft: a client of the
 // draft worker, or the WASM draft in this thread (draft_inline.mjs); recovers both between requests (a lost device is rebuilt, a dead draft worker

@@ -1,5 +1,5 @@
 // Load-time model checks, in the orchestrator worker: fetch each model's small files, hash them
-// with WebCrypto, and run exactspec.browser_backend.check_models in Pyodide (the same config
+// with WebCrypto, and run exactspec.pyodide.browser_backend.check_models in Pyodide (the same config
 // validator, manifest fields and pair check as under CPython). Stage 1 runs before any weights
 // are fetched; stage 2 (verifyRunArtifacts) after the champion and draft loaded, with the
 // sha256 of the very bytes they run.
@@ -43,7 +43,7 @@ function folderName(url) {
 }
 
 function runPy(pyodide, specJson, blobs) {
-  const check = pyodide.pyimport("exactspec.browser_backend").check_models;
+  const check = pyodide.pyimport("exactspec.pyodide.browser_backend").check_models;
   try {
     const out = JSON.parse(check(specJson, (key) => blobs.get(key)));
     if (out.error) throw codedError(out.error.code, out.error.message);
@@ -54,7 +54,7 @@ function runPy(pyodide, specJson, blobs) {
 }
 
 /** A GGUF model (champion or draft): only the bytes before its data section are read here (the
- *  body is cancelled there), and exactspec.browser_backend.check_gguf turns them into the config and the four model
+ *  body is cancelled there), and exactspec.pyodide.browser_backend.check_gguf turns them into the config and the four model
  *  files the file implies, in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the CLI's code).
  *  -> {name (the run artifact's name), files: name -> text, config, summary} */
 async function readGguf(pyodide, url) {
@@ -69,7 +69,7 @@ async function readGguf(pyodide, url) {
   const size = declaredSize(res);
   if (size === null) throw codedError("E_MODEL_LOAD", `${label}: the server did not declare the file's size (Content-Length)`);
   const { prefix } = await readGgufHeader(res, size, label);
-  const check = pyodide.pyimport("exactspec.browser_backend").check_gguf;
+  const check = pyodide.pyimport("exactspec.pyodide.browser_backend").check_gguf;
   let out;
   try {
     out = JSON.parse(check(prefix, size, label));

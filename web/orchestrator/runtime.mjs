@@ -1,5 +1,5 @@
 // The orchestrator worker's runtime: Pyodide (booted once per worker) running
-// exactspec.browser_backend over a bridge to the WebGPU champion and the draft worker. Every
+// exactspec.pyodide.browser_backend over a bridge to the WebGPU champion and the draft worker. Every
 // PyProxy it makes is destroyed by it: per request, per cancel, and at unload/terminate.
 // A load reports progress (notify): {stage: "prepare" | "python" | "check" | "models"}, and
 // {stage: "fetch", url, name, loaded, total, done} for every artifact's bytes (the worker's fetch
@@ -69,7 +69,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   async function boot(assets) {
     if (py) return { pyodide: 0, install: 0 };
     const { pyodide, timing_ms, snapshot } = await bootPython({ ...defaultAssets(), ...assets });
-    const backend = pyodide.pyimport("exactspec.browser_backend");
+    const backend = pyodide.pyimport("exactspec.pyodide.browser_backend");
     const sys = pyodide.pyimport("sys");
     const vi = sys.version_info;
     py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}`, snapshot };

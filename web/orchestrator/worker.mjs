@@ -1,4 +1,4 @@
-// Orchestrator worker: Pyodide runs the rounds (exactspec.browser_backend); the champion and the
+// Orchestrator worker: Pyodide runs the rounds (exactspec.pyodide.browser_backend); the champion and the
 // acceptance kernels run on WebGPU here; the draft runs in its own WASM worker. The protocol
 // logic is handler.mjs (a plain function, tested with a mock runtime); this file only wires it
 // to the Pyodide runtime (runtime.mjs) and to postMessage.

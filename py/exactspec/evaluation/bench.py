@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from ..safe_files import copy_file, write_file
-from ..server import REPO_ROOT
+from ..host.safe_files import copy_file, write_file
+from ..host.server import REPO_ROOT
 from .report import report_markdown, write_report
 from .runner import check_args, run_bench
 

@@ -5,7 +5,7 @@ import hashlib
 import json
 import os
 
-from ..errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 
 FIELDS = ("id", "stratum", "prompt", "chat", "max_new_tokens", "seed")
 

@@ -16,9 +16,9 @@ from .metrics import entropy_nats
 def champion_first_token_probs(prompt: dict, models_dir: str) -> dict:
     """{token id: probability} of the champion's first token at T = 1 (q8 weights, CPython
     float64 reference: the function the browser's champion computes, up to float32 rounding)."""
-    from ..chat import encode_chat_prompt
-    from ..reference_llama import LlamaReference
-    from ..tokenizer import Tokenizer
+    from ..formats.chat import encode_chat_prompt
+    from ..reference.reference_llama import LlamaReference
+    from ..formats.tokenizer import Tokenizer
     tok = Tokenizer.from_file(os.path.join(models_dir, "champion", "tokenizer.json"))
     with open(os.path.join(models_dir, "champion", "tokenizer_config.json")) as f:
         tok_config = json.load(f)
@@ -34,9 +34,9 @@ def draft_entropy_pairs(records: list, prompts_by_id: dict, models_dir: str, arm
                         backend: str = "wasm") -> dict:
     """{"pairs": [(entropy nats, accepted 0/1, stratum)], "prompts": n, "skipped": ids whose
     prompt ids did not hash to what the browser ran}."""
-    from ..chat import encode_chat_prompt
-    from ..reference_llama import LlamaReference
-    from ..tokenizer import Tokenizer
+    from ..formats.chat import encode_chat_prompt
+    from ..reference.reference_llama import LlamaReference
+    from ..formats.tokenizer import Tokenizer
     tok = Tokenizer.from_file(os.path.join(models_dir, "champion", "tokenizer.json"))
     with open(os.path.join(models_dir, "champion", "tokenizer_config.json")) as f:
         tok_config = json.load(f)

@@ -6,7 +6,7 @@ import hashlib
 import json
 import operator
 
-from ..errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 
 OPS = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..safe_files import replacing
+from ..host.safe_files import replacing
 
 PLOTS = ("survival", "waterfall", "break_even", "memory_latency", "entropy", "heatmap", "ecdf", "pareto")
 

@@ -6,8 +6,8 @@ import json
 import math
 import os
 
-from ..models import default_models_dir
-from ..safe_files import write_file
+from ..reference.models import default_models_dir
+from ..host.safe_files import write_file
 from . import analysis as A
 from . import metrics as M
 from .corpus import load_corpus

@@ -9,9 +9,9 @@ import os
 import sys
 import time
 
-from ..errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
-from ..safe_files import append_text, write_file
-from ..server import REPO_ROOT
+from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from ..host.safe_files import append_text, write_file
+from ..host.server import REPO_ROOT
 from . import arms as arms_mod
 from .corpus import load_corpus, select
 from .gates import check_same_gates, load_gates
@@ -84,8 +84,8 @@ def _record(backend, arm, prompt, temperature, out, rep: int = 0) -> dict:
 def run_bench(opts) -> str:
     """Run (or resume) the evaluation; returns the run directory. opts: see cli `bench`."""
     from playwright.sync_api import sync_playwright
-    from ..browser_run import CHROMIUM, CHROMIUM_ARGS
-    from ..models import default_models_dir
+    from ..host.browser_run import CHROMIUM, CHROMIUM_ARGS
+    from ..reference.models import default_models_dir
     peer = _peer()
 
     os.chdir(REPO_ROOT)

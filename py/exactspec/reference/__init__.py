@@ -1,0 +1,1 @@
+"""The NumPy reference (CPython only): Llama forward pass, logits processors, model loading, convert, toy models."""

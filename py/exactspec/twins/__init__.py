@@ -1,0 +1,1 @@
+"""NumPy twins of the WGSL and C kernels (CPython only), which the tests compare the kernels against."""
