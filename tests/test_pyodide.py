@@ -11,9 +11,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A pure-Python champion with list rows and prompt-lookup proposals: runs on CPython and Pyodide.
 SCENARIO = r'''
 import json
+from exactspec.core.backends import ReferenceChampion
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
 from exactspec.core.policy import SamplingPolicy
-class ListChampion:
+class ListChampion(ReferenceChampion):
     vocab_size, max_context, identity, n_calls = 7, 200, "list-champion", 0
     def prefill(self, cache):
         cache.mark_materialized(cache.n_committed - 1)
@@ -62,11 +63,12 @@ def test_pyodide_has_no_numpy_and_only_pure_modules_are_installed(browser_page, 
     page.wait_for_function("() => window.harnessReady === true")
     res = page.evaluate("(code) => window.runPy(code)", """
 import importlib.util
-str([importlib.util.find_spec("numpy") is None, importlib.util.find_spec("exactspec.reference.processors") is None,
+str([importlib.util.find_spec("numpy") is None,
+     [importlib.util.find_spec("exactspec." + folder) is None for folder in ("reference", "twins", "host", "evaluation")],
      importlib.util.find_spec("exactspec.core.orchestrator") is not None])
 """)
     assert res["ok"], res.get("error")
-    assert res["value"] == "[True, True, True]"
+    assert res["value"] == "[True, [True, True, True, True], True]"
 
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "To be, or not to be: that is the question",
