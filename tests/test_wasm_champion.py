@@ -38,8 +38,8 @@ from exactspec.core.policy import AllowedSetGrammar, SamplingPolicy
 from exactspec.reference.processors import process_logits
 from exactspec.reference.reference_llama import LlamaReference
 
-WASM = REPO_ROOT / "web" / "build" / "champion.wasm"
-WASM_THREADS = REPO_ROOT / "web" / "build" / "champion_mt.wasm"
+WASM = REPO_ROOT / "web" / "build" / "cpu.wasm"
+WASM_THREADS = REPO_ROOT / "web" / "build" / "cpu_mt.wasm"
 HARNESS = REPO_ROOT / "web" / "tests" / "champion_harness.mjs"
 TEST_MODELS = REPO_ROOT / "build" / "test_models"
 SHIPPED = REPO_ROOT / "web" / "models" / "champion"
@@ -353,10 +353,11 @@ def check_rounds(results, refs, label):
             assert explain(rows, p_draft, proposals, seed, round_id, got_t, want_t), (label, got_t, want_t)
             continue
         a, score = reference_quantities(rows, None if greedy else p_draft, proposals, seed, round_id, want_t)
+        # the record carries the diagnostics as float32 bits: errors in units of float32 spacing
         if a is not None and got["diag"]["a"] is not None:            # NaN (no test) arrives as null
-            a_errs.append(abs(got["diag"]["a"] - a))
+            a_errs.append(abs(got["diag"]["a"] - a) / abs(float(np.spacing(np.float32(a)))))
         if score is not None:
-            score_errs.append(abs(got["diag"]["score"] - score))
+            score_errs.append(abs(got["diag"]["score"] - score) / abs(float(np.spacing(np.float32(score)))))
     return n_diff, kinds, max(a_errs), max(score_errs), len(a_errs) - 1, len(score_errs) - 1
 
 
@@ -370,10 +371,9 @@ def test_decide_matches_decide_round(V, n_sets, rounds_per_set):
     out = run_node(model_dir, {"decide": {"sets": sets, "jobs": jobs}})
     n_diff, kinds, a_err, score_err, n_a, n_score = check_rounds(out["decide"]["results"], refs, f"V={V}")
     total = len(jobs)
-    print(f"decide V={V}: {n_diff}/{total} disagreements; outcomes {kinds}; [err] wasm_accept_probability "
-          f"max abs {a_err:.3g} ({n_a} tests), wasm_gumbel_score max abs {score_err:.3g} ({n_score} tokens)")
-    assert a_err <= TOLERANCES["wasm_accept_probability"].max_abs
-    assert score_err <= TOLERANCES["wasm_gumbel_score"].max_abs
+    print(f"decide V={V}: {n_diff}/{total} disagreements; outcomes {kinds}; accept probability within "
+          f"{a_err:.3g} float32 spacings ({n_a} tests), Gumbel score within {score_err:.3g} ({n_score} tokens)")
+    assert a_err <= 1.0 and score_err <= 1.0    # the float64 values (TOLERANCES) rounded once to float32
     assert n_a > total // 4 and n_score > total // 4                    # the compared quantities are not empty
     if V < 100:                                                          # every outcome occurs
         assert {"token", "stop", "length", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"} <= set(kinds), kinds

@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
-# Build the WASM-SIMD modules into web/build/ (gitignored; rebuilt by set-up and by the tests
-# when missing or older than a source in wasm/):
-#   wasm/draft.c    -> draft.wasm     (the draft model, docs/draft_wasm.md)
-#   wasm/champion.c -> champion.wasm  (the champion + exact decisions, docs/champion_wasm.md)
-#                   -> champion_mt.wasm (the same with a thread pool: atomics, imported shared memory)
-# All include wasm/common.h.
+# Build the CPU module (WASM-SIMD) into web/build/ (gitignored; rebuilt by set-up and by the tests
+# when missing or older than a source in wasm/): the champion and the draft linked into one module
+# over one memory, one arena, one status table (docs/champion_wasm.md, "One CPU module"):
+#   wasm/common.c + champion.c + draft.c + cpu.c -> cpu.wasm     (one thread)
+#                                                -> cpu_mt.wasm  (the champion's thread pool:
+#                                                   atomics, an imported shared memory)
+# champion.wasm, champion_mt.wasm and draft.wasm are byte-for-byte copies of cpu.wasm / cpu_mt.wasm
+# under the names older callers still load (the bridge's defaults); the loaders accept any of them.
 #   bash wasm/build.sh [OUT_DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-$ROOT/web/build}"
 mkdir -p "$OUT_DIR"
 CLANG="${CLANG:-clang}"
+SOURCES=("$ROOT/wasm/common.c" "$ROOT/wasm/champion.c" "$ROOT/wasm/draft.c" "$ROOT/wasm/cpu.c")
 # -ffp-contract=off: no fused multiply-add, so the portable log matches NumPy bit for bit.
 # -ffreestanding: no libc (and no implicit memset/memcpy calls).
-build() {   # build OUT_NAME SOURCE_NAME [extra flags...]
-    local out="$OUT_DIR/$1.wasm" src="$ROOT/wasm/$2.c"
-    shift 2
+build() {   # build OUT_NAME [extra flags...]
+    local out="$OUT_DIR/$1.wasm"
+    shift
     "$CLANG" --target=wasm32 -O3 -ffreestanding -nostdlib -msimd128 -ffp-contract=off \
         -fno-math-errno -Wall -Wextra -Wno-unused-parameter "$@" \
         -Wl,--no-entry -Wl,--export-dynamic -Wl,--strip-all -Wl,-z,stack-size=1048576 \
-        -o "$out.tmp" "$src"
+        -o "$out.tmp" "${SOURCES[@]}"
     mv "$out.tmp" "$out"
     echo "built $out ($(wc -c < "$out") bytes)"
 }
-build draft draft
-build champion champion
+alias_of() {   # alias_of NAME TARGET: NAME.wasm, a copy of TARGET.wasm
+    cp "$OUT_DIR/$2.wasm" "$OUT_DIR/$1.wasm.tmp"
+    mv "$OUT_DIR/$1.wasm.tmp" "$OUT_DIR/$1.wasm"
+}
+build cpu
 # helpers are instances of the same module over one shared memory; each sets its own stack
-build champion_mt champion -DCHAMPION_THREADS -matomics -mbulk-memory -mmutable-globals \
+build cpu_mt -DCHAMPION_THREADS -matomics -mbulk-memory -mmutable-globals \
     -Wl,--import-memory -Wl,--shared-memory -Wl,--max-memory=4294967296 -Wl,--export=__stack_pointer
+alias_of champion cpu
+alias_of draft cpu
+alias_of champion_mt cpu_mt

@@ -30,6 +30,7 @@
  * alone or inside any block, after any rollback.
  */
 #include "common.h"
+#include "cpu.h"
 
 EXPORT("champion_alloc") void *champion_alloc(uint32_t nbytes) { return arena_alloc(nbytes); }
 
@@ -113,7 +114,7 @@ static int build_weights(void) {
     weights.layers = (LayerWeights *)arena_alloc((uint32_t)cfg.num_layers * sizeof(LayerWeights));
     if (!weights.embed || (embed_q8 && !weights.s_embed) || (!tied_head && (!weights.lm_head || !weights.s_lm_head)) ||
         !weights.final_norm || !weights.layers)
-        return ERR_NO_MEMORY;
+        return ERR_OUT_OF_MEMORY;
     for (int l = 0; l < cfg.num_layers; l++) {
         LayerWeights *w = &weights.layers[l];
         w->attn_norm = alloc_floats(D);
@@ -121,7 +122,7 @@ static int build_weights(void) {
         w->w_qkv = alloc_q8(qkv * D);
         w->s_qkv = alloc_floats(qkv);
         w->b_qkv = has_qkv_bias ? alloc_floats(qkv) : 0;
-        if (has_qkv_bias && !w->b_qkv) return ERR_NO_MEMORY;
+        if (has_qkv_bias && !w->b_qkv) return ERR_OUT_OF_MEMORY;
         w->w_o = alloc_q8(D * q_dim);
         w->s_o = alloc_floats(D);
         w->w_gate_up = alloc_q8(2 * F * D);
@@ -130,7 +131,7 @@ static int build_weights(void) {
         w->s_down = alloc_floats(D);
         if (!w->attn_norm || !w->mlp_norm || !w->w_qkv || !w->s_qkv || !w->w_o || !w->s_o ||
             !w->w_gate_up || !w->s_gate_up || !w->w_down || !w->s_down)
-            return ERR_NO_MEMORY;
+            return ERR_OUT_OF_MEMORY;
     }
     return OK;
 }
@@ -158,7 +159,7 @@ static int build_run_state(void) {
     st.n_rows = 0;
     if (!st.x || !st.xb || !st.qkv || !st.att || !st.gate_up || !st.act || !st.scores || !st.logits ||
         !st.key_cache || !st.value_cache || !st.rope_cos || !st.rope_sin || !st.residual)
-        return ERR_NO_MEMORY;
+        return ERR_OUT_OF_MEMORY;
     build_rope_tables(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, cfg.rope_theta);
     return OK;
 }
@@ -484,7 +485,7 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
 }
 
 static int forward(const int32_t *tokens, int n, int start_pos) {
-    if (!built) return ERR_MODEL;
+    if (!built) return ERR_MODEL_LOAD;
     if (n <= 0 || n > max_block || start_pos < 0 || start_pos > st.n_cached) return ERR_BAD_ARGUMENT;
     if (start_pos + n > cfg.max_context) return ERR_CONTEXT_OVERFLOW;
     for (int i = 0; i < n; i++)
@@ -500,8 +501,9 @@ static int forward(const int32_t *tokens, int n, int start_pos) {
  * The round's decision: exactspec.core.acceptance.decide_round on the processed logits rows.
  * ========================================================================================== */
 
-enum { ENDED_NONE = 0, ENDED_STOP = 1, ENDED_LENGTH = 2 };
-enum { DECIDE_OK = 0, DECIDE_TARGET_NUMERIC_OR_MASK = 1, DECIDE_RESIDUAL_INVARIANT = 2 };
+enum { ENDED_NONE = REC_ENDED_NONE, ENDED_STOP = REC_ENDED_STOP, ENDED_LENGTH = REC_ENDED_LENGTH };
+enum { DECIDE_OK = REC_ERR_OK, DECIDE_TARGET_NUMERIC_OR_MASK = REC_ERR_E_TARGET_NUMERIC_OR_MASK,
+       DECIDE_RESIDUAL_INVARIANT = REC_ERR_E_RESIDUAL_INVARIANT };
 
 typedef struct {
     int32_t n_accepted;
@@ -608,6 +610,42 @@ static void decide(const int32_t *proposals, int m, const float *p_draft, uint32
     if (d->next_token < 0) fail(d, DECIDE_TARGET_NUMERIC_OR_MASK);
 }
 
+/* float32 bits of a float64 (the record's diag words) */
+static int32_t f32_word(double x) { union { float f; int32_t i; } v = { (float)x }; return v.i; }
+
+/* decide() written as the round record's decision words (REC_N_ACCEPTED..REC_DIAG_A, protocol.json
+ * round_record): int32 words, the three diagnostics as float32 bits */
+static void decide_words(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo, uint32_t seed_hi,
+                         uint32_t round_id, int remaining, int greedy, int32_t *words) {
+    Decision d;
+    DecisionDiag diag;
+    decide(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, &d, &diag);
+    words[REC_N_ACCEPTED] = d.n_accepted;
+    words[REC_NEXT_TOKEN] = d.next_token;
+    words[REC_REJECTED_AT] = d.rejected_at;
+    words[REC_ENDED_BY] = d.ended_by;
+    words[REC_DECISION_ERROR] = d.error;
+    words[REC_DIAG_SCORE] = f32_word(diag.score);
+    words[REC_DIAG_U] = f32_word(diag.u);
+    words[REC_DIAG_A] = f32_word(diag.a);
+}
+
+/* ============================================================================================
+ * The champion half as the CPU round (wasm/cpu.c) sees it (wasm/cpu.h)
+ * ========================================================================================== */
+
+int champ_built(void) { return built; }
+int champ_vocab_size(void) { return cfg.vocab_size; }
+int champ_max_block(void) { return max_block; }
+Policy *champ_policy(void) { return &pol; }
+ProcState *champ_proc(void) { return &proc; }
+int champ_forward(const int32_t *tokens, int n, int start_pos) { return forward(tokens, n, start_pos); }
+float *champ_logits(void) { return st.logits; }
+void champ_decide_words(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo, uint32_t seed_hi,
+                        uint32_t round_id, int remaining, int greedy, int32_t *words) {
+    decide_words(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, words);
+}
+
 /* ============================================================================================
  * Exports (the JS side is web/champion_wasm/champion_wasm.mjs)
  * ========================================================================================== */
@@ -626,14 +664,14 @@ int champion_build_config(int vocab_size, int hidden_size, int intermediate_size
                           int num_heads, int num_kv_heads, int head_dim, int max_context,
                           int block, double rms_norm_eps, double rope_theta, int q8_as_int8,
                           int qkv_bias, int tied, int q8_embedding) {
-    if (built || weights.layers) return ERR_MODEL;
+    if (built || weights.layers) return ERR_MODEL_LOAD;
     weights_int8 = q8_as_int8 != 0;
     has_qkv_bias = qkv_bias != 0;
     tied_head = tied != 0;
     embed_q8 = q8_embedding != 0;
     if (block <= 0 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
                                  num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
-        return ERR_MODEL;
+        return ERR_MODEL_LOAD;
     max_block = block;
     int status = build_weights();
     if (status == OK) status = build_run_state();
@@ -681,12 +719,12 @@ EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
  * exactspec.formats.config.rope_inv_freq does); the default tables come from rope_theta at build time */
 EXPORT("champion_set_inv_freq") int champion_set_inv_freq(const double *inv_freq) {
-    if (!st.rope_cos || built) return ERR_MODEL;
+    if (!st.rope_cos || built) return ERR_MODEL_LOAD;
     return rope_tables_from_inv_freq(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, inv_freq);
 }
 
 EXPORT("champion_check") int champion_check(void) {
-    if (!weights.layers || !st.logits || !proc.work) return ERR_MODEL;
+    if (!weights.layers || !st.logits || !proc.work) return ERR_MODEL_LOAD;
     built = 1;
     return OK;
 }
@@ -717,14 +755,16 @@ int champion_set_masks(const int32_t *suppress, int n_suppress, const int32_t *a
     return policy_set_masks(&pol, cfg.vocab_size, suppress, n_suppress, allowed, n_allowed);
 }
 
-/* One round on the last forward's logits rows (n_rows == m + 1). out: (5,) int32 words
- * n_accepted, next_token, rejected_at, ended_by (0 | 1 stop | 2 length), error (0 | 1
- * E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT); diag: (3,) float64 a, u, score. */
+/* One round on the last forward's logits rows (n_rows == m + 1). out: (REC_DECISION_WORDS,) int32,
+ * the round record's decision words (protocol.json round_record, wasm/round_record.h): n_accepted,
+ * next_token (-1 none), rejected_at (-1 none), ended_by (0 | 1 stop | 2 length), decision_error
+ * (0 | 1 E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT), then diag_score, diag_u, diag_a as
+ * float32 bits (NaN: none). */
 EXPORT("champion_decide")
 int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_draft,
                     const int32_t *context, int n_context, uint32_t seed_lo, uint32_t seed_hi,
                     uint32_t round_id, const int32_t *stops, int n_stops, int remaining, int greedy,
-                    int32_t *out, double *diag) {
+                    int32_t *out) {
     int V = cfg.vocab_size;
     if (!built || m < 0 || n_rows != m + 1 || n_rows > st.n_rows) return ERR_BAD_ARGUMENT;
     if (m > 0 && (remaining < m || (!greedy && !p_draft))) return ERR_BAD_ARGUMENT;
@@ -735,7 +775,6 @@ int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_
     zero_bytes(proc.is_stop, (uint32_t)V);
     for (int i = 0; i < n_stops; i++)                       /* ids outside [0, V) cannot occur */
         if (stops[i] >= 0 && stops[i] < V) proc.is_stop[stops[i]] = 1;
-    decide(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, (Decision *)out,
-           (DecisionDiag *)diag);
+    decide_words(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, out);
     return OK;
 }

@@ -18,6 +18,7 @@
  * Errors are returned as small integer codes (ERR_* in common.h); JS maps them to E_* codes.
  */
 #include "common.h"
+#include "cpu.h"
 
 EXPORT("draft_alloc") void *draft_alloc(uint32_t nbytes) { return arena_alloc(nbytes); }
 
@@ -96,7 +97,7 @@ static int build_run_state(RunState *s, const Config *c) {
     s->n_cached = 0;
     if (!s->x || !s->xb || !s->q || !s->att_out || !s->scores || !s->hb_gate || !s->hb_up ||
         !s->logits || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin)
-        return ERR_NO_MEMORY;
+        return ERR_OUT_OF_MEMORY;
     build_rope_tables(s->rope_cos, s->rope_sin, c->max_context, c->head_dim, c->rope_theta);
     return OK;
 }
@@ -201,7 +202,7 @@ static void forward_token(int token, int pos, int want_logits) {
 
 /* feed tokens at [start_pos, start_pos + n); logits of the last one land in st.logits */
 static int forward(const int32_t *tokens, int n, int start_pos) {
-    if (!built) return ERR_MODEL;
+    if (!built) return ERR_MODEL_LOAD;
     if (n <= 0 || start_pos < 0 || start_pos > st.n_cached) return ERR_BAD_ARGUMENT;
     if (start_pos + n > cfg.max_context) return ERR_CONTEXT_OVERFLOW;
     for (int i = 0; i < n; i++)
@@ -254,6 +255,21 @@ static int propose(const int32_t *feed, int n_feed, int start_pos, int k, uint32
 }
 
 /* ============================================================================================
+ * The draft half as the CPU round (wasm/cpu.c) sees it (wasm/cpu.h)
+ * ========================================================================================== */
+
+int draft_built(void) { return built; }
+int draft_vocab_size(void) { return cfg.vocab_size; }
+Policy *draft_policy(void) { return &pol; }
+ProcState *draft_proc(void) { return &proc; }
+int draft_propose_rows(const int32_t *feed, int n_feed, int start_pos, int k, uint32_t seed_lo, uint32_t seed_hi,
+                       uint32_t round_id, int32_t *out_tokens, float *out_rows, int *n_out) {
+    int status = propose(feed, n_feed, start_pos, k, seed_lo, seed_hi, round_id, out_tokens, out_rows);
+    *n_out = n_proposed;
+    return status;
+}
+
+/* ============================================================================================
  * Exports (the JS side is web/draft/draft.mjs)
  * ========================================================================================== */
 
@@ -268,12 +284,12 @@ EXPORT("draft_build_config")
 int draft_build_config(int vocab_size, int hidden_size, int intermediate_size, int num_layers,
                        int num_heads, int num_kv_heads, int head_dim, int max_context,
                        double rms_norm_eps, double rope_theta) {
-    if (built) return ERR_MODEL;
+    if (built) return ERR_MODEL_LOAD;
     if (config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
                    head_dim, max_context, rms_norm_eps, rope_theta) != OK)
-        return ERR_MODEL;
+        return ERR_MODEL_LOAD;
     weights.layers = (LayerWeights *)arena_alloc((uint32_t)num_layers * sizeof(LayerWeights));
-    if (!weights.layers) return ERR_NO_MEMORY;
+    if (!weights.layers) return ERR_OUT_OF_MEMORY;
     zero_bytes(weights.layers, (uint32_t)num_layers * sizeof(LayerWeights));
     int status = build_run_state(&st, &cfg);
     if (status == OK) status = build_proc_state(&proc, &pol, vocab_size);
@@ -281,7 +297,7 @@ int draft_build_config(int vocab_size, int hidden_size, int intermediate_size, i
 }
 
 EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float *ptr) {
-    if (kind >= T_ATTN_NORM && (layer < 0 || layer >= cfg.num_layers)) return ERR_MODEL;
+    if (kind >= T_ATTN_NORM && (layer < 0 || layer >= cfg.num_layers)) return ERR_MODEL_LOAD;
     LayerWeights *w = kind >= T_ATTN_NORM ? &weights.layers[layer] : 0;
     switch (kind) {
         case T_EMBED: weights.embed = ptr; break;
@@ -299,7 +315,7 @@ EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float
         case T_BQ: w->bq = ptr; break;
         case T_BK: w->bk = ptr; break;
         case T_BV: w->bv = ptr; break;
-        default: return ERR_MODEL;
+        default: return ERR_MODEL_LOAD;
     }
     return OK;
 }
@@ -311,20 +327,20 @@ EXPORT("draft_set_tensor") int draft_set_tensor(int kind, int layer, const float
 EXPORT("draft_set_restriction")
 int draft_set_restriction(const int32_t *head_ids, int n_head, const int32_t *embed_rows, int n_embed_rows) {
     int V = cfg.vocab_size;
-    if (built || !st.logits) return ERR_MODEL;
+    if (built || !st.logits) return ERR_MODEL_LOAD;
     if (head_ids) {
-        if (n_head < 1 || n_head > V) return ERR_MODEL;
+        if (n_head < 1 || n_head > V) return ERR_MODEL_LOAD;
         for (int j = 0; j < n_head; j++)
-            if (head_ids[j] < 0 || head_ids[j] >= V || (j > 0 && head_ids[j] <= head_ids[j - 1])) return ERR_MODEL;
+            if (head_ids[j] < 0 || head_ids[j] >= V || (j > 0 && head_ids[j] <= head_ids[j - 1])) return ERR_MODEL_LOAD;
         weights.head_out = alloc_floats((uint32_t)n_head);
-        if (!weights.head_out) return ERR_NO_MEMORY;
+        if (!weights.head_out) return ERR_OUT_OF_MEMORY;
         weights.head_ids = head_ids;
         weights.n_head = n_head;
     }
     if (embed_rows) {
-        if (n_embed_rows < 1 || n_embed_rows > V) return ERR_MODEL;
+        if (n_embed_rows < 1 || n_embed_rows > V) return ERR_MODEL_LOAD;
         for (int t = 0; t < V; t++)
-            if (embed_rows[t] < 0 || embed_rows[t] >= n_embed_rows) return ERR_MODEL;
+            if (embed_rows[t] < 0 || embed_rows[t] >= n_embed_rows) return ERR_MODEL_LOAD;
         weights.embed_rows = embed_rows;
     }
     return OK;
@@ -333,20 +349,20 @@ int draft_set_restriction(const int32_t *head_ids, int n_head, const int32_t *em
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
  * exactspec.formats.config.rope_inv_freq does); by default the tables come from rope_theta */
 EXPORT("draft_set_inv_freq") int draft_set_inv_freq(const double *inv_freq) {
-    if (built || !st.rope_cos) return ERR_MODEL;
+    if (built || !st.rope_cos) return ERR_MODEL_LOAD;
     return rope_tables_from_inv_freq(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, inv_freq);
 }
 
 /* every tensor present? (the LM head defaults to the embedding: tied) */
 EXPORT("draft_check") int draft_check(void) {
-    if (!weights.embed || !weights.final_norm || !weights.layers) return ERR_MODEL;
-    if ((weights.head_ids || weights.embed_rows) && !weights.lm_head) return ERR_MODEL;   /* untied only */
+    if (!weights.embed || !weights.final_norm || !weights.layers) return ERR_MODEL_LOAD;
+    if ((weights.head_ids || weights.embed_rows) && !weights.lm_head) return ERR_MODEL_LOAD;   /* untied only */
     if (!weights.lm_head) weights.lm_head = weights.embed;
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];
         if (!w->attn_norm || !w->wq || !w->wk || !w->wv || !w->wo || !w->mlp_norm ||
             !w->w_gate || !w->w_up || !w->w_down || (!w->bq != !w->bk) || (!w->bq != !w->bv))
-            return ERR_MODEL;
+            return ERR_MODEL_LOAD;
     }
     built = 1;
     return OK;

@@ -10,13 +10,20 @@
 //   await champion.forward(Int32Array.of(...ids), startPos);   // logits rows 0..n-1 kept in WASM
 //   await champion.decide({ nRows, proposals, pDraft, contextIds, policy, seed, roundId,
 //                           stopTokenIds, remaining, greedy })
-//     -> { n_accepted, next_token, rejected_at, ended_by, error_code }   (+ diag, not in the contract)
+//     -> Int32Array: the round record's decision words (protocol.json round_record, words 0..7;
+//        web/protocol.mjs roundRecordLayout decodes them)
+// With a draft loaded into the same instance (createWasmChampion({..., draft})), a whole round is one
+// call: champion.beginNow({...}) once a request, then champion.roundNow({...}) -> the whole record
+// (web/champion_wasm/cpu_session.mjs).
 import { parseConfig } from "../draft/draft.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
+import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
+import { CpuSession } from "./cpu_session.mjs";
+import { createDraft } from "../draft/draft.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
 // "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
@@ -27,9 +34,7 @@ export const F32_WEIGHTS_LIMIT = 1536 * 1024 * 1024;
 const MAX_THREADS = 16;                        // MAX_THREADS of wasm/champion.c
 const HELPER_STACK_BYTES = 256 * 1024;
 const POOL_START_MS = 20_000;
-const STATUS_CODES = { 1: "E_PROCESSOR_INVALID", 2: "E_BAD_ARGUMENT", 3: "E_CONTEXT_OVERFLOW", 4: "E_MODEL_LOAD", 5: "E_OUT_OF_MEMORY" };
-const ENDED_BY = ["", "stop", "length"];
-const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
+const DECISION_WORDS = 8;                      // REC_DECISION_WORDS (protocol.json round_record)
 
 // tensor kinds of champion_tensor_ptr (wasm/champion.c); [suffix, q8 kind, scale kind, shape]
 const T = { embed: 0, final_norm: 1, lm_head: 2, s_lm_head: 3, s_embed: 4, attn_norm: 10, mlp_norm: 11,
@@ -55,7 +60,7 @@ function asCoded(err, fallback) {
 }
 
 function check(status, what) {
-  if (status !== 0) throw codedError(STATUS_CODES[status] ?? "E_INTERNAL", `champion ${what} failed (status ${status})`);
+  if (status !== 0) throw statusError(status, `champion ${what}`);
 }
 
 async function fetchBytes(fetchFn, url) {
@@ -114,7 +119,7 @@ function checkedPolicy(policy, V) {
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
                                            tensors = null, identity = null, ggufUrl = null,
                                            maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl,
-                                           weightStorage = "auto" } = {}) {
+                                           weightStorage = "auto", draft = null } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
     throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
@@ -123,7 +128,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (threads > 1 && (typeof SharedArrayBuffer === "undefined" || globalThis.crossOriginIsolated === false)) {
     throw badArgument(`threads ${threads}: WASM threads need SharedArrayBuffer (a cross-origin isolated page)`);
   }
-  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/champion\.wasm(\?|$)/, "champion_mt.wasm$1");
+  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/(champion|cpu)\.wasm(\?|$)/, "$1_mt.wasm$2");
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
   const [wasm, configRaw, file] = await Promise.all([
@@ -160,10 +165,10 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   let module, instance, memory;
   try {
     module = await WebAssembly.compile(wasm);
-    const threaded = WebAssembly.Module.imports(module).some((i) => i.kind === "memory");
-    if (threads > 1 && !threaded) throw badArgument(`threads ${threads}: this module is the one-thread build (use champion_mt.wasm)`);
+    const threaded = isThreadedModule(module);
+    if (threads > 1 && !threaded) throw badArgument(`threads ${threads}: this module is the one-thread build (use cpu_mt.wasm)`);
     memory = threaded ? new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true }) : null;
-    instance = await WebAssembly.instantiate(module, threaded ? { env: { memory } } : {});
+    instance = await WebAssembly.instantiate(module, cpuImports(memory));
   } catch (err) {
     throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
@@ -172,6 +177,14 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     { maxBlock, maxContext, weightStorage, artifactBytes });
   champion.identity = identity;
   if (threads > 1) await champion._startPool(module, threads);
+  if (draft) {                          // the draft into the same instance: one memory, one arena
+    try {
+      champion.draft = await createDraft({ ...draft, fetchFn, instance: { exports: instance.exports, memory: champion.memory } });
+    } catch (err) {
+      champion.destroy();
+      throw err;
+    }
+  }
   return champion;
 }
 
@@ -198,6 +211,8 @@ export class WasmChampion {
     this.maxContext = maxContext;
     this.artifactBytes = artifactBytes;
     this.identity = null;
+    this.draft = null;                    // a Draft in this instance (createWasmChampion's draft option)
+    this._session = null;
     this._destroyed = false;
     const q8Bytes = [...tensors.values()].filter((t) => t.dtype === "I8").reduce((n, t) => n + t.bytes.byteLength, 0);
     this.f32Linears = LAYER_LINEARS.some(([suffix]) => tensors.has(`model.layers.0.${suffix}`)) ||
@@ -226,8 +241,7 @@ export class WasmChampion {
     this._ensureIds(Math.max(maxContext, 1024));
     this._proposals = this._alloc(4 * maxBlock);                 // (B,) int32
     this._pDraft = this._alloc(4 * maxBlock * V);                // (B, V) f32
-    this._out = this._alloc(32);                                 // (5,) int32 decision words
-    this._diag = this._alloc(24);                                // (3,) f64 a, u, score
+    this._out = this._alloc(4 * DECISION_WORDS);                 // (8,) int32 decision words
   }
 
   /** Bytes of WASM linear memory (it only grows: this is also its peak). */
@@ -339,6 +353,31 @@ export class WasmChampion {
     if (this._destroyed) throw codedError("E_TERMINATED", "the WASM champion was destroyed");
   }
 
+  _liveExports() {
+    this._alive();
+    return this.wasm;
+  }
+
+  /** The CPU round (cpu_session.mjs): the request's state, once (policy, draftPolicy, stopTokenIds,
+   *  seed [lo, hi], contextIds, greedy). */
+  beginNow(args) {
+    this._alive();
+    this._session ??= new CpuSession(this, this.draft);
+    this._session.beginNow(args);
+  }
+
+  /** One whole round in one call -> Int32Array, the round record (cpu_session.mjs roundNow). */
+  roundNow(args) {
+    if (!this._session?.begun) throw badArgument("roundNow before beginNow");
+    return this._session.roundNow(args);
+  }
+
+  /** {code, message} of the last round whose record says draft_failed, else null. */
+  lastFailure() { return this._session ? this._session.lastFailure() : null; }
+
+  /** Fault injection: the next roundNow's champion rows 0..nRows-1 are NaN after its forward. */
+  injectRoundNaN(nRows) { this._liveExports().cpu_inject_nan(nRows); }
+
   /** Run positions [startPos, startPos + n): K/V written; logits rows 0..n-1 kept in WASM memory. */
   async forward(tokenIds, startPos) { return this.forwardNow(tokenIds, startPos); }
 
@@ -382,10 +421,14 @@ export class WasmChampion {
     this._view(Float32Array, this.wasm.champion_logits(), n * this.vocabSize).fill(NaN);
   }
 
-  /** decide_round on the last forward's rows: web/gpu/accept.mjs's decide() arguments and result. */
+  /** decide_round on the last forward's rows: web/gpu/accept.mjs's decide() arguments and result
+   *  (an Int32Array of the round record's decision words). */
   async decide(args) { return this.decideNow(args); }
 
-  /** decide(), synchronously. */
+  /** decide(), synchronously: -> Int32Array (8,), a copy of the decision words n_accepted,
+   *  next_token (-1 none), rejected_at (-1), ended_by (0 | 1 stop | 2 length), decision_error (0 |
+   *  1 E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT), diag_score, diag_u, diag_a (float32 bits,
+   *  NaN: none), in protocol.json round_record's order. */
   decideNow({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
     this._alive();
     const V = this.vocabSize;
@@ -419,14 +462,8 @@ export class WasmChampion {
     this._writeInts(this._ids2, stops);
     check(this.wasm.champion_decide(nRows, this._proposals, m, useDraft ? this._pDraft : 0, this._ids, context.length,
       seedLo >>> 0, seedHi >>> 0, (roundId ?? 0) >>> 0, this._ids2, stops.length,
-      Math.min(remaining ?? 0x7fffffff, 0x7fffffff), greedy ? 1 : 0, this._out, this._diag), "decide");
-    const w = this._view(Int32Array, this._out, 5);
-    const d = this._view(Float64Array, this._diag, 3);
-    return {
-      n_accepted: w[0], next_token: w[1], rejected_at: w[2], ended_by: ENDED_BY[w[3]], error_code: ERROR_CODES[w[4]],
-      // not in the contract: the last accept test's probability and uniform, the sampled token's Gumbel score
-      diag: { a: d[0], u: d[1], score: d[2] },
-    };
+      Math.min(remaining ?? 0x7fffffff, 0x7fffffff), greedy ? 1 : 0, this._out), "decide");
+    return this._view(Int32Array, this._out, DECISION_WORDS).slice();
   }
 
   /** Forget the module (its memory is freed with the instance); later calls throw E_TERMINATED. */

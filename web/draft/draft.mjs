@@ -8,14 +8,8 @@ import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, he
 import { sha256Hex } from "../sha256.mjs";
 import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
 import { isGgufUrl } from "../gguf/gguf_reader.mjs";
-
-const STATUS_CODES = {
-  1: "E_PROCESSOR_INVALID",
-  2: "E_BAD_ARGUMENT",
-  3: "E_CONTEXT_OVERFLOW",
-  4: "E_MODEL_LOAD",
-  5: "E_MODEL_LOAD",
-};
+import { cpuImports } from "../champion_wasm/cpu_module.mjs";
+import { wasmStatusCode } from "../wasm_status.mjs";
 
 // tensor kinds of draft_set_tensor (wasm/draft.c)
 const T = { embed: 0, final_norm: 1, lm_head: 2, attn_norm: 10, wq: 11, wk: 12, wv: 13, wo: 14,
@@ -120,32 +114,35 @@ function policyNumbers(policy) {
  * createDraft({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
  * A modelUrl ending in .gguf is one GGUF file (configJson: the config the model check derived from
  * it): its tensors as F32 (web/gguf/gguf_draft.mjs), its sha256 the draft's identity.
+ * The module is the CPU module (web/build/cpu.wasm); `instance: {exports, memory}` loads the draft
+ * into an instance that already holds the champion (one memory, one arena: cpu_session.mjs).
  */
-export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, weightsBytes, fetchFn } = {}) {
+export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, weightsBytes, fetchFn, instance: shared = null } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (isGgufUrl(modelUrl)) {
     const gguf = await ggufDraftWeights(fetchFn, modelUrl, configJson);
-    const draft = await createDraft({ wasmUrl, wasmBytes, configJson, weightsBytes: gguf.weightsBytes, fetchFn });
+    const draft = await createDraft({ wasmUrl, wasmBytes, configJson, weightsBytes: gguf.weightsBytes, fetchFn, instance: shared });
     draft.identity = gguf.identity;
     draft.artifactBytes = gguf.artifactBytes;
     return draft;
   }
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   const [wasm, config, file] = await Promise.all([
-    wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
+    shared ? null : wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
     configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => JSON.parse(new TextDecoder().decode(b))),
     weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
   ]);
-  const { instance } = await WebAssembly.instantiate(wasm, {});
-  const draft = new Draft(instance.exports, typeof config === "string" ? JSON.parse(config) : config, file);
+  const { exports, memory } = shared ?? await WebAssembly.instantiate(wasm, cpuImports()).then(({ instance }) => instance);
+  const draft = new Draft(exports, typeof config === "string" ? JSON.parse(config) : config, file, memory ?? exports.memory);
   draft.identity = await sha256Hex(file);   // = LlamaReference.identity (sha256 of model.safetensors)
   draft.artifactBytes = file.byteLength;
   return draft;
 }
 
 export class Draft {
-  constructor(exports, config, file) {
+  constructor(exports, config, file, memory = exports.memory) {
     this.wasm = exports;
+    this.memory = memory;                 // the CPU module's (shared with the champion when loaded into its instance)
     this.config = config;
     const c = parseConfig(config);
     this.hp = c;
@@ -189,7 +186,7 @@ export class Draft {
       if (!restricted.has(name)) return 0;
       const ptr = dataStart + tensors[name].begin;
       if (ptr % 4 !== 0) fault(`tensor '${name}' is not 4-byte aligned in the file`);
-      checkRestrictedValues(name, new Int32Array(this.wasm.memory.buffer, ptr, restricted.get(name)[0]), limit, fault);
+      checkRestrictedValues(name, new Int32Array(this.memory.buffer, ptr, restricted.get(name)[0]), limit, fault);
       return ptr;
     };
     const headIds = placeIds(HEAD_IDS, c.vocab_size), embedRows = placeIds(EMBED_ROWS, embedShape[0]);
@@ -226,16 +223,16 @@ export class Draft {
   }
 
   /** Bytes of WASM linear memory (it only grows: this is also its peak). */
-  get memoryBytes() { return this.wasm.memory.buffer.byteLength; }
+  get memoryBytes() { return this.memory.buffer.byteLength; }
 
   /** Fault injection (tests): the next propose() runs with a NaN final-norm weight, so every
    *  logits row is NaN and the draft's own processors report E_PROCESSOR_INVALID. */
   injectNaNOnce() { this._nanOnce = true; }
 
-  _u8() { return new Uint8Array(this.wasm.memory.buffer); }
-  _i32(ptr, n) { return new Int32Array(this.wasm.memory.buffer, ptr, n); }
-  _f32(ptr, n) { return new Float32Array(this.wasm.memory.buffer, ptr, n); }
-  _f64(ptr, n) { return new Float64Array(this.wasm.memory.buffer, ptr, n); }
+  _u8() { return new Uint8Array(this.memory.buffer); }
+  _i32(ptr, n) { return new Int32Array(this.memory.buffer, ptr, n); }
+  _f32(ptr, n) { return new Float32Array(this.memory.buffer, ptr, n); }
+  _f64(ptr, n) { return new Float64Array(this.memory.buffer, ptr, n); }
 
   _ensureK(k) {
     if (k <= this._kCap) return;
@@ -313,16 +310,8 @@ export class Draft {
     this._ensureK(k);
     this._ensureIds(feed.length);
     const nFeed = this._writeIds(this._ids, feed);
-    const norm = this._nanOnce ? this._f32(this._finalNorm.ptr, this._finalNorm.n) : null;
-    const saved = norm ? norm.slice() : null;
-    if (norm) { norm.fill(NaN); this._nanOnce = false; }
-    let status;
-    try {
-      status = this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0, roundId >>> 0,
-        this._outTokens, this._outRows);
-    } finally {
-      if (norm) this._f32(this._finalNorm.ptr, this._finalNorm.n).set(saved);
-    }
+    const status = this.withArmedFault(() => this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0,
+      roundId >>> 0, this._outTokens, this._outRows));
     const m = this.wasm.draft_n_proposed();
     const V = this.vocabSize;
     const tokens = this._i32(this._outTokens, m).slice();
@@ -330,6 +319,18 @@ export class Draft {
     if (status === 1) return { tokens, pDraft, error_code: "E_PROCESSOR_INVALID" };
     check(status, "propose");
     return { tokens, pDraft, error_code: "" };
+  }
+
+  /** fn() with the armed fault (injectNaNOnce) in force: a NaN final-norm weight, restored after. */
+  withArmedFault(fn) {
+    const norm = this._nanOnce ? this._f32(this._finalNorm.ptr, this._finalNorm.n) : null;
+    const saved = norm ? norm.slice() : null;
+    if (norm) { norm.fill(NaN); this._nanOnce = false; }
+    try {
+      return fn();
+    } finally {
+      if (norm) this._f32(this._finalNorm.ptr, this._finalNorm.n).set(saved);
+    }
   }
 
   /** processors-v1 on one logits row (tests): {probs (V,) f32, probs64 (V,) f64, error_code} */
@@ -363,6 +364,5 @@ export class Draft {
 
 function check(status, what) {
   if (status === 0) return;
-  const code = STATUS_CODES[status] ?? "E_MODEL_LOAD";
-  throw new DraftError(code, `draft ${what} failed (status ${status})`);
+  throw new DraftError(wasmStatusCode(status), `draft ${what} failed (status ${status})`);
 }

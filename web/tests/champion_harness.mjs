@@ -7,6 +7,15 @@
 //              errors: [...], load_errors: [...], timing: {...}}; float arrays travel as base64.
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { fromBase64, toBase64 } from "./draft_harness.mjs";
+import { roundRecordLayout } from "../protocol.mjs";
+
+const { readFileSync, existsSync } = await import("node:fs");
+const PROTOCOL = ["core/protocol.json", "protocol.json"].map((p) => new URL(`../../py/exactspec/${p}`, import.meta.url))
+  .find((url) => existsSync(url));
+export const RECORD = roundRecordLayout(JSON.parse(readFileSync(PROTOCOL, "utf8")));
+
+/** decide()'s decision words (Int32Array 8) as protocol.mjs's one reader gives them (decodeDecision). */
+export const decisionOf = (words) => RECORD.decodeDecision(words);
 
 // forward: [[[ids, start], ...], ...]: each sequence runs in order on the same instance (the KV
 // cache is shared on purpose: rollback and re-feed are part of what is tested) -> base64 rows.
@@ -46,7 +55,7 @@ export async function runDecide(champion, { sets, jobs }) {
     }
     const m = job.proposals.length;
     try {
-      results.push(await champion.decide({ ...job, nRows: m + 1, pDraft: pDraft && m ? pDraft.subarray(0, m * V) : null }));
+      results.push(decisionOf(await champion.decide({ ...job, nRows: m + 1, pDraft: pDraft && m ? pDraft.subarray(0, m * V) : null })));
     } catch (err) {
       results.push({ thrown: err.code ?? String(err) });
     }
@@ -63,7 +72,7 @@ export async function runErrors(champion, cases) {
       else if (c.op === "readLogits") await champion.readLogits(c.n);
       else if (c.op === "poison") champion.poisonLogits(c.n);
       else {
-        codes.push((await champion.decide(c.args)).error_code);   // a decision's own error word
+        codes.push(decisionOf(await champion.decide(c.args)).error_code);   // a decision's own error word
         continue;
       }
       codes.push("");

@@ -53,7 +53,7 @@ async function runChampion({ wasm, path, config, forward = [], greedy = null, in
       if (start < ids.length) continue;
       const d = champion.decideNow({ nRows: 1, proposals: [], contextIds: ids, policy: {}, seed: [0, 0], roundId: 0,
         stopTokenIds: [], remaining: 1, greedy: true });
-      ids.push(d.next_token);
+      ids.push(d[1]);                    // the decision words' next_token (protocol.json round_record)
     }
     out.greedy = ids.slice(greedy.prompt.length);
     out.ms_total = performance.now() - t0;
