@@ -534,7 +534,7 @@ def load_model_identity(model_dir: str, run_weights: str = WEIGHTS_FILE) -> dict
         weights[WEIGHTS_FILE] = sha256_file(f32_path)
     identity = model_identity_from_files(files, weights, source=model_dir, run_weights=run_weights)
     if run_weights != SHARDED_WEIGHTS_FILE:   # (each shard's header is checked when it is opened)
-        from .safetensors import read_header   # here, so the browser bundle needs no safetensors.py
+        from .safetensors import read_header   # here: only the CPython checks read headers
         check_weights_metadata(run_weights, read_header(run_path)[1], run_path)
     return {"model_dir": os.path.abspath(model_dir), **identity}
 
