@@ -38,7 +38,7 @@ from exactspec.core.policy import AllowedSetGrammar, SamplingPolicy  # noqa: E40
 from exactspec.reference.processors import process_logits  # noqa: E402
 from exactspec.reference.reference_llama import LlamaReference  # noqa: E402
 
-WASM = REPO_ROOT / "web" / "build" / "draft.wasm"
+WASM = REPO_ROOT / "web" / "build" / "cpu.wasm"      # the CPU module: the draft is one of its halves
 HARNESS = REPO_ROOT / "web" / "tests" / "draft_harness.mjs"
 TINY = REPO_ROOT / "build" / "test_models" / "tiny_llama_v1"
 SHIPPED = REPO_ROOT / "web" / "models" / "draft"
@@ -46,8 +46,8 @@ SHIPPED = REPO_ROOT / "web" / "models" / "draft"
 
 # ----------------------------------------------------------------------------- set-up
 def ensure_wasm() -> Path:
-    """Build web/build/draft.wasm if it is missing or older than any source in wasm/ (draft.c
-    includes common.h, shared with the champion)."""
+    """Build web/build/cpu.wasm (the CPU module, wasm/build.sh) if it is missing or older than any
+    source in wasm/ (draft.c is linked with champion.c, cpu.c and common.c)."""
     newest = max(p.stat().st_mtime for p in (REPO_ROOT / "wasm").iterdir() if p.is_file())
     if not WASM.exists() or WASM.stat().st_mtime < newest:
         subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh")], check=True, cwd=REPO_ROOT)
@@ -496,7 +496,7 @@ def test_worker_envelopes_stale_epochs_and_transfer(browser_page, http_server):
     calls, expected = propose_scenarios(ref, policy, [99], n_rounds=1, k=4, stop_ids=())
     calls2, _ = propose_scenarios(ref, policy, [98], n_rounds=1, k=4, stop_ids=())
     open_harness(browser_page, http_server)
-    res = browser_page.evaluate(WORKER_SCRIPT, [rel_url(WASM.parent)[:-1] + "/draft.wasm", rel_url(model_dir),
+    res = browser_page.evaluate(WORKER_SCRIPT, [rel_url(WASM.parent)[:-1] + "/cpu.wasm", rel_url(model_dir),
                                                 [calls[0], calls2[0]]])
     kinds = [m["kind"] for m in res["log"]]
     assert kinds == ["progress", "proposals", "proposals", "sync"], kinds
@@ -542,7 +542,7 @@ def test_browser_propose_timing(which, browser_page, http_server):
     opts = {"promptLen": 32, "k": 8, "reps": 40,
             "policies": {"T1": {"temperature": 1.0}, "greedy": {"temperature": 0.0},
                          "topk_topp": {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}}}
-    res = browser_page.evaluate(TIMING_SCRIPT, ["/web/build/draft.wasm", rel_url(model_dir), opts])
+    res = browser_page.evaluate(TIMING_SCRIPT, ["/web/build/cpu.wasm", rel_url(model_dir), opts])
     res["wasm_bytes"] = WASM.stat().st_size
     out = REPO_ROOT / "build" / f"draft_timing_{which}.json"
     out.write_text(json.dumps(res, indent=2))
@@ -590,7 +590,7 @@ async ([wasm, model, prompt, feed, start, policy]) => {
   worker.terminate();
   return { sync: sync.payload, tokens: prop.payload.tokens };
 }
-""", ["/web/build/draft.wasm", rel_url(model_dir), prompt, feed, start, policy_json(policy)])
+""", ["/web/build/cpu.wasm", rel_url(model_dir), prompt, feed, start, policy_json(policy)])
     assert res["sync"]["n_cached"] == len(prompt) - 1
     assert res["tokens"] == list(prop.tokens)
 
@@ -633,7 +633,7 @@ def test_browser_equals_node(which, browser_page, http_server):
 async ([wasm, model, cases]) => {
   const draft = await window.draftHarness.createDraft({ wasmUrl: wasm, modelUrl: model });
   return window.draftHarness.runCases(draft, cases);
-}""", ["/web/build/draft.wasm", rel_url(model_dir), cases])
+}""", ["/web/build/cpu.wasm", rel_url(model_dir), cases])
     assert page_out["propose"] == node_out["propose"]
     assert page_out["forward"] == node_out["forward"]
 
@@ -665,7 +665,7 @@ async ([wasm, model, calls]) => {
   out.after_cancel = again.tokens.length;
   client.terminate();
   return out;
-}""", ["/web/build/draft.wasm", rel_url(model_dir), calls])
+}""", ["/web/build/cpu.wasm", rel_url(model_dir), calls])
     assert res["vocab"] == ref.vocab_size and res["identity"] == ref.identity      # sha256 of the weights
     assert [r["tokens"] for r in res["rounds"]] == [list(p.tokens) for p in expected]
     assert all(r["n"] == len(r["tokens"]) * ref.vocab_size for r in res["rounds"])
