@@ -1,6 +1,8 @@
 // draft_inline.mjs — the WASM draft run in the caller's own thread (the orchestrator worker), with
 // DraftWorkerClient's interface: no messages, so a CPU speculative round is one bridge call.
 //   const draft = await InlineDraft.create({ wasmUrl, modelUrl });
+//   const draft = new InlineDraft(champion.draft);   // the draft half of a WASM champion's instance
+//                                                    // (createWasmChampion({draft}): one CPU module)
 //   await draft.forward(ids, startPos);  await draft.propose({...});  draft.kill(); draft.terminate();
 // Calls run to completion synchronously (wrapped in promises for the shared interface), so there is
 // never a call in flight to cancel or to go stale: its stale counts are always zero.
