@@ -1,9 +1,125 @@
-"""Shared pytest set-up: make tests/ helpers importable."""
+"""Shared pytest set-up: tests/ helpers importable; the `browser` and `slow` tiers (docs/testing.md).
+
+Tiers: `-m "not browser and not slow"` is the fast loop; the plain run is the whole suite (CI).
+- `browser` is added here to every test whose fixtures include the shared Chromium
+  (browser_fixture.chromium_browser / browser_page), and to the tests in BROWSER_TESTS. It cannot be
+  forgotten: every Chromium any test starts (in this process or a child, through EXACTSPEC_CHROMIUM,
+  which the product and browser_fixture both read) goes through a guard script that records the
+  running test; a test without the `browser` mark that started one fails in its teardown.
+- `slow` is added to the tests in SLOW_TESTS (measured: over ~3 s here without a browser). A run
+  that includes unmarked tests over SLOW_LIMIT_S lists them at the end.
+"""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+
+import pytest
 
 # Two cores shared by Chromium, workers and NumPy: one BLAS thread is faster for these small
 # matrices and keeps timings of concurrent browser tests sane.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+BROWSER_FIXTURES = {"chromium_browser", "browser_page"}
+
+# Tests that start Chromium without the shared fixture (a child process or the product's own
+# launch): "file.py" for a whole module, "file.py::test_name" for one test (every parameter),
+# "file.py::test_name[param]" for one parameter.
+BROWSER_TESTS = {
+    "test_setup.py::test_chromium_runs",
+    "test_cli.py::test_demo_chats_with_the_real_model[browser]",
+    "test_cli.py::test_the_browser_backend_runs_a_published_bf16_folder",
+    "test_gguf_cli.py::test_the_browser_backend_pairs_the_smollm2_draft_too",
+    "test_gguf_cli.py::test_a_gguf_draft_runs_on_the_browser_backend",
+    "test_gguf_cli.py::test_generate_chat_on_the_gguf_answers_in_the_browser",
+    "test_page_demo.py::test_demo_runs_the_browser_engine",
+}
+
+# Tests over ~3 s here that start no browser (training, big NumPy models, Node runs of big
+# models, many Monte Carlo samples), same keys as BROWSER_TESTS.
+SLOW_TESTS = set()
+
+SLOW_LIMIT_S = 3.0
+
+
+# ----------------------------------------------------------------------------- the Chromium guard
+def _install_chromium_guard():
+    """Point EXACTSPEC_CHROMIUM at a script that logs the running test, then runs the real one."""
+    real = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
+    real = real if os.path.isabs(real) else shutil.which(real) or real
+    if not os.path.isfile(real):
+        return None  # no browser here: browser tests fail on their own, saying so
+    folder = tempfile.mkdtemp(prefix="exactspec-chromium-guard-")
+    log = os.path.join(folder, "launches.log")
+    script = os.path.join(folder, "chromium")
+    with open(script, "w") as f:
+        f.write("#!/bin/sh\n"
+                "# tests/conftest.py: records which test started Chromium, then runs it\n"
+                f'printf "%s\\t%s\\n" "$EXACTSPEC_TEST_BROWSER" "$EXACTSPEC_TEST_NODEID" >> "{log}"\n'
+                f'exec "{real}" "$@"\n')
+    os.chmod(script, 0o755)
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["EXACTSPEC_CHROMIUM"] = script
+    return log
+
+
+GUARD_LOG = _install_chromium_guard()
+
+
+def _guard_launches() -> list:
+    """Lines the guard wrote since the last call (each: mark flag, test id)."""
+    if not GUARD_LOG or not os.path.exists(GUARD_LOG):
+        return []
+    with open(GUARD_LOG) as f:
+        lines = f.read().splitlines()
+    os.remove(GUARD_LOG)
+    return lines
+
+
+# ----------------------------------------------------------------------------- marking
+def _listed(item, table) -> bool:
+    module = item.path.name
+    return bool({module, f"{module}::{getattr(item, 'originalname', item.name)}", f"{module}::{item.name}"} & set(table))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if BROWSER_FIXTURES & set(item.fixturenames) or _listed(item, BROWSER_TESTS):
+            item.add_marker(pytest.mark.browser)
+        if _listed(item, SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    os.environ["EXACTSPEC_TEST_NODEID"] = item.nodeid
+    os.environ["EXACTSPEC_TEST_BROWSER"] = "1" if item.get_closest_marker("browser") else "0"
+    _guard_launches()  # a launch between tests (session teardown) belongs to no test
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    unmarked = [line for line in _guard_launches() if line.startswith("0\t")]
+    if unmarked:
+        pytest.fail(f"{item.nodeid} started Chromium but has no `browser` mark: add it to "
+                    "BROWSER_TESTS in tests/conftest.py (or use browser_fixture's chromium_browser)",
+                    pytrace=False)
+
+
+# ----------------------------------------------------------------------------- slow report
+def pytest_terminal_summary(terminalreporter, config):
+    """List unmarked tests over SLOW_LIMIT_S (only when the run includes unmarked tests)."""
+    over = []
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        if report.when != "call" or report.duration <= SLOW_LIMIT_S:
+            continue
+        if {"slow", "browser"} & set(report.keywords):
+            continue
+        over.append((report.duration, report.nodeid))
+    if over:
+        terminalreporter.write_sep("-", f"over {SLOW_LIMIT_S:g} s without a `slow` mark (SLOW_TESTS in tests/conftest.py)")
+        for duration, nodeid in sorted(over, reverse=True):
+            terminalreporter.write_line(f"{duration:6.1f}s {nodeid}")
