@@ -108,6 +108,17 @@ def test_round_equals_composition_of_separate_calls():
     assert n_rounds >= 60 and kinds["draft_invalid"] >= 1 and kinds["accepted"] >= 5
 
 
+def test_threaded_round_equals_one_thread_composition():
+    """roundNow on cpu_mt.wasm with 2 threads (the champion's pool; the draft runs on the calling
+    thread) gives the one-thread composition's records bit for bit."""
+    runs = runs_of(21)
+    for r in runs:
+        r["rounds"] = r["rounds"][:12]
+    out = run({"runs": runs, "fused_wasm": str(WASM.parent / "cpu_mt.wasm"), "fused_threads": 2})
+    for r, run_out in enumerate(out["runs"]):
+        assert run_out["fused"] == run_out["composed"], f"run {r}"
+
+
 def test_a_wrong_composition_is_caught():
     """The comparison is sharp: a composition whose repetition-penalty context misses the latest
     next token differs from roundNow (a sampled run: the penalised token's probability moves every

@@ -8,7 +8,7 @@ import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, he
 import { sha256Hex } from "../sha256.mjs";
 import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
 import { isGgufUrl } from "../gguf/gguf_reader.mjs";
-import { cpuImports } from "../champion_wasm/cpu_module.mjs";
+import { cpuImports, isThreadedModule } from "../champion_wasm/cpu_module.mjs";
 import { wasmStatusCode } from "../wasm_status.mjs";
 
 // tensor kinds of draft_set_tensor (wasm/draft.c)
@@ -132,11 +132,20 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
     configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => JSON.parse(new TextDecoder().decode(b))),
     weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
   ]);
-  const { exports, memory } = shared ?? await WebAssembly.instantiate(wasm, cpuImports()).then(({ instance }) => instance);
+  const { exports, memory } = shared ?? await instantiateAlone(wasm);
   const draft = new Draft(exports, typeof config === "string" ? JSON.parse(config) : config, file, memory ?? exports.memory);
   draft.identity = await sha256Hex(file);   // = LlamaReference.identity (sha256 of model.safetensors)
   draft.artifactBytes = file.byteLength;
   return draft;
+}
+
+/** A CPU module instance of its own -> {exports, memory}; the threaded build (cpu_mt.wasm) gets the
+ *  shared memory it imports (its helper threads stay the champion's, unused by the draft). */
+async function instantiateAlone(wasm) {
+  const module = await WebAssembly.compile(wasm);
+  const memory = isThreadedModule(module) ? new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true }) : null;
+  const instance = await WebAssembly.instantiate(module, cpuImports(memory));
+  return { exports: instance.exports, memory: memory ?? instance.exports.memory };
 }
 
 export class Draft {

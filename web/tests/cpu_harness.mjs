@@ -4,9 +4,11 @@
 //
 //   node web/tests/cpu_harness.mjs cases.json out.json
 //
-// cases.json: {wasm, champion_dir, draft_dir, max_block, runs: [{policy, draft_policy, greedy, seed,
+// cases.json: {wasm, fused_wasm, fused_threads, champion_dir, draft_dir, max_block, runs: [{policy, draft_policy, greedy, seed,
 //   prompt, stops, max_new, rounds: [{kind: "draft" | "lookup" | "baseline", k, lookup, nan_draft}],
 //   mutate: "" | "context_without_next"}], statuses: bool}
+// fused_wasm / fused_threads: the module and thread count of the instance that runs roundNow
+// (default: wasm, 1); the composition always runs on `wasm`, one thread.
 // statuses: the raw statuses both halves' exports return for the same failures (fresh instances),
 // each with the code the one JS table (web/wasm_status.mjs) gives it.
 // -> {runs: [{fused: [record...], composed: [record...], timing: [[kind, draft_us, verify_us]...]}]}:
@@ -23,8 +25,8 @@ import { validatedConfigFromJson } from "../formats/model_config.mjs";
 
 const AT = RECORD.at;
 
-function loadChampion(wasm, dir, maxBlock, draftDir = null) {
-  return createWasmChampion({
+function loadChampion(wasm, dir, maxBlock, draftDir = null, threads = 1) {
+  return createWasmChampion({ threads,
     wasmBytes: readFileSync(wasm), configJson: validatedConfigFromJson(readFileSync(path.join(dir, "config.json"))),
     weightsBytes: new Uint8Array(readFileSync(path.join(dir, "model.q8.safetensors"))), maxBlock,
     draft: draftDir ? draftSource(draftDir) : null,
@@ -89,7 +91,8 @@ function advance(state, r, record) {
 }
 
 async function runOne(cases, run) {
-  const fused = await loadChampion(cases.wasm, cases.champion_dir, cases.max_block, cases.draft_dir);
+  const fused = await loadChampion(cases.fused_wasm ?? cases.wasm, cases.champion_dir, cases.max_block, cases.draft_dir,
+    cases.fused_threads ?? 1);
   const champion = await loadChampion(cases.wasm, cases.champion_dir, cases.max_block);
   const draft = await createDraft({ wasmBytes: readFileSync(cases.wasm), ...draftSource(cases.draft_dir) });
   prefill(fused, fused.draft, run.prompt);
