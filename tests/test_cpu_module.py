@@ -129,6 +129,22 @@ def test_a_wrong_composition_is_caught():
     assert differ[0] == 0 and differ[1] > 0, differ
 
 
+def test_bad_calls_and_failing_rounds():
+    """Bad calls throw coded errors; a draft that fails (here: told to skip uncached positions) gives
+    a draft_failed record with no champion step and lastFailure() names the code; NaN champion rows
+    give the decision error; a fine round after them clears lastFailure."""
+    got = dict((what, result) for what, result in run({"failures": True})["failures"])
+    for what in ("round before begin", "begin bad policy", "begin bad context id", "k beyond maxBlock - 1",
+                 "remaining below k", "champStart beyond the cache", "lookup id out of range"):
+        assert got[what] == "E_BAD_ARGUMENT", (what, got[what])
+    assert got["begin"] == "" and got["two pending tokens"] == "E_CACHE_STATE" and got["after destroy"] == "E_TERMINATED"
+    assert got["draft skips uncached positions"] == {"status": 2, "n_proposed": 0, "decision_error": 0, "next_token": -1,
+                                                     "failure": "E_BAD_ARGUMENT"}
+    assert got["champion rows NaN"] == {"status": 0, "n_proposed": 2, "decision_error": 1, "next_token": -1, "failure": ""}
+    fine = got["a fine round"]
+    assert fine["status"] == 0 and fine["decision_error"] == 0 and fine["next_token"] >= 0 and fine["failure"] == ""
+
+
 def test_round_fills_timing_words():
     """draft_us and verify_us come from the module's imported clock (performance.now()): the draft's
     part only in draft rounds, the champion's in every round."""

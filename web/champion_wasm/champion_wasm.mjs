@@ -372,7 +372,7 @@ export class WasmChampion {
     return this._session.roundNow(args);
   }
 
-  /** {code, message} of the last round whose record says draft_failed, else null. */
+  /** {code, message} when the last roundNow's record says draft_failed, else null. */
   lastFailure() { return this._session ? this._session.lastFailure() : null; }
 
   /** Fault injection: the next roundNow's champion rows 0..nRows-1 are NaN after its forward. */

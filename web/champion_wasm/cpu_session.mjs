@@ -115,6 +115,7 @@ export class CpuSession {
       draftPtr = this._draftFeed;
       this._ints(draftPtr, draftFeed);
     }
+    this._failure = null;
     const call = () => wasm.cpu_round(k, (roundId ?? 0) >>> 0, Math.min(remaining ?? 0x7fffffff, 0x7fffffff), given,
       this._champFeed, 1, champStart, draftPtr, nDraft, draftStart, this._record);
     const status = draftPtr && this.draft ? this.draft.withArmedFault(call) : call();
@@ -128,7 +129,7 @@ export class CpuSession {
     return record;
   }
 
-  /** {code, message} of the last round whose record says draft_failed, else null. */
+  /** {code, message} when the last round's record says draft_failed, else null. */
   lastFailure() { return this._failure; }
 
   /** Fault injection (tests): the next round's champion rows 0..nRows-1 are NaN after its forward. */

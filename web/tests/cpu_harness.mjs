@@ -10,7 +10,8 @@
 // fused_wasm / fused_threads: the module and thread count of the instance that runs roundNow
 // (default: wasm, 1); the composition always runs on `wasm`, one thread.
 // statuses: the raw statuses both halves' exports return for the same failures (fresh instances),
-// each with the code the one JS table (web/wasm_status.mjs) gives it.
+// each with the code the one JS table (web/wasm_status.mjs) gives it. failures: bad calls and
+// failing rounds -> [what, thrown code | {status, n_proposed, decision_error, next_token, failure}].
 // -> {runs: [{fused: [record...], composed: [record...], timing: [[kind, draft_us, verify_us]...]}]}:
 // records as int arrays, the timing words (draft_us, verify_us) zeroed in both (timing: roundNow's). mutate makes the composition deliberately wrong (its context
 // misses the latest next token), which the comparison must catch.
@@ -146,9 +147,42 @@ async function statuses(wasm) {
   }));
 }
 
+/** The round's failures, in order on one instance: [what, thrown code | record summary]. */
+async function failures(cases) {
+  const champion = await loadChampion(cases.wasm, cases.champion_dir, cases.max_block, cases.draft_dir);
+  const out = [];
+  const attempt = (what, fn) => {
+    try {
+      const rec = fn();
+      out.push([what, rec ? { status: rec[AT.status], n_proposed: rec[AT.n_proposed], decision_error: rec[AT.decision_error],
+        next_token: rec[AT.next_token], failure: champion.lastFailure()?.code ?? "" } : ""]);
+    } catch (err) {
+      out.push([what, err.code ?? `uncoded: ${err.message}`]);
+    }
+  };
+  const round = (extra) => champion.roundNow({ k: 2, roundId: 0, remaining: 10, proposals: null, champFeed: Int32Array.of(5),
+    champStart: 0, draftFeed: Int32Array.of(5), draftStart: 0, ...extra });
+  attempt("round before begin", () => round({}));
+  attempt("begin bad policy", () => champion.beginNow({ policy: { top_p: 0 } }));
+  attempt("begin bad context id", () => champion.beginNow({ policy: {}, contextIds: [champion.vocabSize] }));
+  attempt("begin", () => champion.beginNow({ policy: {}, draftPolicy: {}, seed: [1, 2], contextIds: [5], stopTokenIds: [1] }));
+  attempt("k beyond maxBlock - 1", () => round({ k: champion.maxBlock }));
+  attempt("remaining below k", () => round({ remaining: 1 }));
+  attempt("two pending tokens", () => round({ champFeed: Int32Array.of(5, 6) }));
+  attempt("champStart beyond the cache", () => round({ champStart: 3 }));
+  attempt("lookup id out of range", () => round({ proposals: Int32Array.of(champion.vocabSize) }));
+  attempt("draft skips uncached positions", () => round({ draftStart: 7 }));    // the draft fails, the champion does not run
+  attempt("champion rows NaN", () => { champion.injectRoundNaN(3); return round({}); });
+  attempt("a fine round", () => round({}));
+  champion.destroy();
+  attempt("after destroy", () => round({}));
+  return out;
+}
+
 const [, , cin, cout] = process.argv;
 const cases = JSON.parse(readFileSync(cin, "utf8"));
 const out = { runs: [], wasm_status: WASM_STATUS };
 if (cases.statuses) out.statuses = await statuses(cases.wasm);
+if (cases.failures) out.failures = await failures(cases);
 for (const run of cases.runs ?? []) out.runs.push(await runOne(cases, run));
 (await import("node:fs")).writeFileSync(cout, JSON.stringify(out));
