@@ -1,4 +1,4 @@
-"""Time the WASM-SIMD champion (web/build/champion.wasm) in Node (V8, as Chromium): ms per
+"""Time the WASM-SIMD champion (web/build/cpu.wasm) in Node (V8, as Chromium): ms per
 forward for blocks of 1..9 and decide(); the verification ratio V(k+1)/V(1) for k = 4. Runs the
 shipped champion and a synthetic real-size shape (random q8 weights, SmolLM-360M widths with
 fewer layers: a 32-layer model held as f32 would need ~1.5 GB of WASM memory). Prints a table and
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "py"))
 from exactspec.host.safe_files import write_file  # noqa: E402
 HARNESS = ROOT / "web" / "tests" / "champion_harness.mjs"
-WASM = ROOT / "web" / "build" / "champion.wasm"
-WASM_THREADS = ROOT / "web" / "build" / "champion_mt.wasm"       # --threads > 1
+WASM = ROOT / "web" / "build" / "cpu.wasm"                       # the CPU module (docs/champion_wasm.md)
+WASM_THREADS = ROOT / "web" / "build" / "cpu_mt.wasm"            # --threads > 1
 OUT = ROOT / "build" / "bench" / "wasm_champion.json"
 K = 4
 

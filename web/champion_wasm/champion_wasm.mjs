@@ -109,10 +109,12 @@ function checkedPolicy(policy, V) {
  * (configJson: its config as the model check mapped and validated it), identity the file's sha256.
  * A tensor map may hold any linear as float32 `<name>` instead of `<name>.q8` + `<name>.scale`
  * (weight storage f32 then: "int8" is refused).
- * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (champion.wasm)
- * or 2..16 (champion_mt.wasm, by default wasmUrl with champion.wasm -> champion_mt.wasm; needs
- * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results are bitwise the same for
- * any thread count. weightStorage: how the q8 linears are held in WASM memory, "int8" or "f32"
+ * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (cpu.wasm)
+ * or 2..16 (cpu_mt.wasm, by default wasmUrl with cpu.wasm -> cpu_mt.wasm, champion.wasm ->
+ * champion_mt.wasm; needs SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results
+ * are bitwise the same for any thread count. draft: createDraft's arguments (modelUrl, or
+ * configJson + weightsBytes): the draft loaded into this same instance (champion.draft), which
+ * beginNow / roundNow need for draft rounds (cpu_session.mjs). weightStorage: how the q8 linears are held in WASM memory, "int8" or "f32"
  * (widened at load), or "auto": f32 while the widened copy stays within F32_WEIGHTS_LIMIT, int8
  * beyond (what lets a 1.5B champion fit). Bitwise the same results either way.
  */

@@ -1,7 +1,7 @@
 // draft_worker.mjs — module worker around the WASM draft (web/draft/draft.mjs), speaking the
 // envelope protocol of py/exactspec/core/protocol.json: {kind, request_id, seq, epoch, payload}.
 //
-//   new Worker(new URL("draft_worker.mjs?wasm=/web/build/draft.wasm&model=/web/models/draft/",
+//   new Worker(new URL("draft_worker.mjs?wasm=/web/build/cpu.wasm&model=/web/models/draft/",
 //              import.meta.url), {type: "module"})
 //
 // In:  "propose" {round_id, k, feed, start_pos, policy, seed: [lo, hi], stop_token_ids, context_ids}
@@ -120,7 +120,7 @@ export function createHandler(draftPromise, post) {
  * ones fail with E_DRAFT_LOST (E_TIMEOUT for the timeout), and the owner makes a new client.
  */
 export class DraftWorkerClient {
-  static async create({ wasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
+  static async create({ wasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
     modelUrl = new URL("../models/draft/", import.meta.url).href, configJson = null, workerUrl,
     callTimeoutMs = 60000 } = {}) {
     const url = new URL(workerUrl ?? import.meta.url);
