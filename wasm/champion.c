@@ -10,17 +10,19 @@
  * way, so the same bits; JS chooses (champion_build_config's weights_int8).
  *
  * Build: wasm/build.sh (clang 14, --target=wasm32 -msimd128 -ffreestanding -nostdlib
- * -ffp-contract=off). The maths shared with draft.c (RNG, portable log/exp, processors,
- * sampler, arena) is in common.h. JS (web/champion_wasm/champion_wasm.mjs) parses config.json and
+ * -ffp-contract=off), linked with draft.c, cpu.c and common.c into one module (web/build/cpu.wasm).
+ * The maths shared with draft.c (RNG, portable log/exp, processors, sampler, arena) is in
+ * common.c. JS (web/champion_wasm/champion_wasm.mjs) parses config.json and
  * model.q8.safetensors and writes each tensor where champion_tensor_ptr says.
  *
- * One model per instance. Calls from JS, in order:
+ * One champion per instance. Calls from JS, in order:
  *   champion_alloc(bytes) -> ptr                  bump allocation (argument buffers)
  *   champion_build_config(...)                    hyper-parameters; allocates weights, state, KV
  *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (int8 q8 or f32 values)
  *   champion_check()                              marks the model built
  *   champion_forward / champion_logits / champion_set_policy / champion_set_masks / champion_decide
- * Errors are small integer codes (ERR_* in common.h); JS maps them to E_* codes.
+ * Errors are the status codes of protocol.json's wasm_status (wasm_status.h); JS maps them through
+ * web/wasm_status.mjs, the same table as the draft's.
  *
  * Batch invariance: every output element of every stage is computed by the same sequence of
  * float operations whatever the block size n, the position of the row inside the block, the

@@ -3,19 +3,21 @@
  * docs/rng.md, so a proposal drawn here equals the NumPy reference's for the same address.
  *
  * Build: wasm/build.sh (clang 14, --target=wasm32 -msimd128 -ffreestanding -nostdlib
- * -ffp-contract=off). No libc, no libm: exp, sin/cos, frexp and the portable log are written
- * from IEEE basic operations in common.h (shared with champion.c), as are the RNG, the sampler
+ * -ffp-contract=off), linked with champion.c, cpu.c and common.c into one module
+ * (web/build/cpu.wasm). No libc, no libm: exp, sin/cos, frexp and the portable log are written
+ * from IEEE basic operations in common.c (shared with champion.c), as are the RNG, the sampler
  * and processors-v1. JS (web/draft/draft.mjs) parses the safetensors header,
  * copies the file into this module's memory and tells the C side where each tensor lies.
  *
- * One model per instance. Calls from JS, in order:
+ * One draft per instance. Calls from JS, in order:
  *   draft_alloc(bytes) -> ptr            bump allocation (the weights file, argument buffers)
  *   draft_build_config(...)              hyper-parameters; allocates the run state + KV cache
  *   draft_set_tensor(kind, layer, ptr)   one call per tensor (f32, HF (out, in) layout)
  *   draft_set_restriction(...)           optional: a restricted vocabulary (docs/draft_wasm.md)
  *   draft_check()                        0 when every tensor is present
  *   draft_forward / draft_set_policy / draft_set_context / draft_process / draft_propose
- * Errors are returned as small integer codes (ERR_* in common.h); JS maps them to E_* codes.
+ * Errors are the status codes of protocol.json's wasm_status (wasm_status.h); JS maps them through
+ * web/wasm_status.mjs, the same table as the champion's.
  */
 #include "common.h"
 #include "cpu.h"
