@@ -15,7 +15,8 @@ from browser_fixture import browser_page, chromium_browser, http_server  # noqa:
 from exactspec.host.browser_run import BrowserRuntime
 from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf_model import GGUFModel
-from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
+from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from synthetic_models import write_tiny_model
 
 QUESTION = "What is the capital of France?"
 N_TOKENS = 16

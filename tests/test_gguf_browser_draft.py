@@ -1,6 +1,6 @@
 """A GGUF file as the browser engine's DRAFT (issue 17), in headless Chromium (WASM champion, Pyodide
 orchestrator): a tiny random llama GGUF carrying the real SmolLM2 GGUF's tokenizer, made here
-(gguf_builders.write_tiny_draft_gguf), drafts for the SmolLM2 GGUF champion and the greedy answer is
+(synthetic_models.write_tiny_draft_gguf), drafts for the SmolLM2 GGUF champion and the greedy answer is
 champion alone's; a draft whose tokenizer differs is refused with the CLI's code and field, beside a
 GGUF champion and beside a folder champion; a hostile draft file is refused as the CLI refuses it.
 Node, no browser: the draft's logits on a tiny GGUF are the NumPy reference's on the same file."""
@@ -20,7 +20,8 @@ from exactspec.host.browser_run import BrowserRuntime
 from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf_model import GGUFModel, load_reference
 from exactspec.formats.manifest import sha256_file
-from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_draft_gguf, write_tiny_model
+from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from synthetic_models import write_tiny_draft_gguf, write_tiny_model
 from tolerances import max_error, within
 
 QUESTION = "What is the capital of France?"

@@ -15,7 +15,8 @@ from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf import GGUFFile, TENSOR_TYPES
 from exactspec.reference.gguf_dequant import dequantize
 from exactspec.formats.gguf_model import GGUFModel
-from gguf_builders import gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record, write_tiny_model
+from gguf_builders import gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record
+from synthetic_models import write_tiny_model
 from node_harness import run_harness
 
 HARNESS = Path(__file__).resolve().parent.parent / "web" / "tests" / "gguf_harness.mjs"

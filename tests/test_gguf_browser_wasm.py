@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType as Q
 
 from exactspec.formats.chat import encode_chat_prompt
 from exactspec.formats.gguf_model import GGUFModel, load_reference
-from gguf_builders import REPO, smollm2_path as fetched_smollm2, write_tiny_model
+from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from synthetic_models import write_tiny_model
 from node_harness import run_harness
 from tolerances import max_error, within
 

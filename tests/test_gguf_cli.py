@@ -208,7 +208,7 @@ def test_a_gguf_draft_runs_on_the_browser_backend(gguf_path, alone, tmp_path):
     """`--backend browser --draft FILE.gguf` (once refused in one line): a tiny random GGUF draft
     carrying the champion's tokenizer proposes, and the greedy answer is the reference champion
     alone's."""
-    from gguf_builders import write_tiny_draft_gguf
+    from synthetic_models import write_tiny_draft_gguf
     draft = str(tmp_path / "tiny-draft.gguf")
     write_tiny_draft_gguf(gguf_path, draft)
     out = chat_json(gguf_path, "--backend", "browser", "--champion-backend", "wasm", "--temperature", "0",

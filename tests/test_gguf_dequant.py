@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q, GGML_QUANT_SIZES, GGUFReader, quants
 from exactspec.formats import gguf as gguf_module
 from exactspec.formats.gguf import GGUFFile, TENSOR_TYPES
 from exactspec.reference.gguf_dequant import dequantize
-from gguf_builders import write_tiny_model
+from synthetic_models import write_tiny_model
 
 TYPES = [name for name, _, _ in TENSOR_TYPES.values()]
 

@@ -1,8 +1,9 @@
 """Hostile and broken GGUF files are refused before any data is read: one E_MODEL_LOAD naming file and field.
 
 Container fields are written by hand (gguf_builders.raw_gguf), model and tokenizer fields with
-gguf's GGUFWriter on a tiny model; every refusal must be `E_MODEL_LOAD: <file>: <field>: ...`
-with the code once, and a file that claims gigabytes must be refused in a few KB of memory.
+gguf's GGUFWriter on a tiny model (synthetic_models.write_tiny_model); every refusal must be
+`E_MODEL_LOAD: <file>: <field>: ...` with the code once, and a file that claims gigabytes must be
+refused in a few KB of memory.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf import GGUFFile
 from exactspec.formats.gguf_model import GGUFModel, load_reference
 from exactspec.formats.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config
-from gguf_builders import (gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record,
-                           write_tiny_model)
+from gguf_builders import gstr, kv, kv_str, kv_u32, one_tensor_gguf, raw_gguf, tensor_record
+from synthetic_models import write_tiny_model
 
 
 def refused(path, opener=GGUFFile, *fields) -> str:

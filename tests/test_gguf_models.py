@@ -27,7 +27,8 @@ from exactspec.formats.gguf_tokenizer import load_tokenizer, tokenizer_config
 from exactspec.reference.models import default_models_dir
 from exactspec.reference.reference_llama import LlamaReference
 from exactspec.formats.tokenizer import Tokenizer
-from gguf_builders import REPO, write_tiny_model
+from gguf_builders import REPO
+from synthetic_models import write_tiny_model
 from test_tokenizer_families import HOSTILE
 from tolerances import TOLERANCES
 

@@ -2,15 +2,13 @@
 
 (a) each kernel vs its NumPy twin (py/exactspec/twins/gpu_twins.py) on awkward shapes; (b) batch
 invariance: a position's logits are bit-identical decoded alone or inside any block; (c) whole
-champion vs LlamaReference.from_dir(dir, weights="q8") on a random tiny HF Llama (GQA, tied)
-built here, and on the trained champion in web/models/champion/ when it is present.
+champion vs LlamaReference.from_dir(dir, weights="q8") on a random tiny HF Llama (GQA, tied,
+synthetic_models.tiny_llama), and on the trained champion in web/models/champion/ when it is present.
 Also the CPU-only test of the q8 loading option of LlamaReference.
 """
 from __future__ import annotations
 
 import base64
-import json
-import os
 import shutil
 from pathlib import Path
 
@@ -19,12 +17,13 @@ import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
 from tolerances import TOLERANCES, max_error, within
+import synthetic_models
 
 from exactspec.twins import gpu_twins
 from exactspec.core.errors import ExactSpecError
 from exactspec.reference.reference_llama import LlamaReference
 
-TEST_MODELS = REPO_ROOT / "build" / "test_models"   # gitignored, served by the test server
+TEST_MODELS = synthetic_models.TEST_MODELS   # gitignored, served by the test server
 TRAINED_CHAMPION = REPO_ROOT / "web" / "models" / "champion"
 
 
@@ -37,51 +36,9 @@ def unb64(s: str, dtype, count: int) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=dtype)[:count]
 
 
-def quantize_rows(w: np.ndarray):
-    """Symmetric per-output-row int8 (the exporter's rule, in float32): w ~= q * scale[:, None]."""
-    w = np.asarray(w, dtype=np.float32)
-    scale = (np.maximum(np.abs(w).max(axis=1), np.float32(1e-12)) / np.float32(127.0)).astype(np.float32)
-    q = np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
-
-
-def write_q8(model_dir: Path) -> None:
-    """model.safetensors (f32) -> model.q8.safetensors per docs/browser_contract.md."""
-    from safetensors.numpy import load_file, save_file
-    out = {}
-    for name, w in load_file(str(model_dir / "model.safetensors")).items():
-        if w.ndim == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight"):
-            out[name + ".q8"], out[name + ".scale"] = quantize_rows(w)
-        elif name != "lm_head.weight":
-            out[name] = w.astype(np.float32)
-    save_file(out, str(model_dir / "model.q8.safetensors"))
-
-
-def build_tiny_llama(model_dir: Path, seed: int = 0) -> Path:
-    """A random HF Llama: GQA (4 heads / 2 kv), tied embeddings, V = 1000 (not a multiple of
-    the workgroup size), H = 96, rope_theta 500, non-unit norm weights."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    cfg = LlamaConfig(vocab_size=1000, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-                      max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True, initializer_range=0.08)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-    model.save_pretrained(str(model_dir), safe_serialization=True)
-    write_q8(model_dir)
-    return model_dir
-
-
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    return build_tiny_llama(TEST_MODELS / "tiny_llama")
+    return synthetic_models.tiny_llama()
 
 
 @pytest.fixture(scope="module")

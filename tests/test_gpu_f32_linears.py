@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser, http_server  # noqa: F401
-from test_gpu_champion import (TEST_MODELS, build_tiny_llama, forward_blocks, gpu_page, load_champion,  # noqa: F401
-                               quantize_rows, split, unb64, url_of)
-from test_gpu_real_sizes import build_family
+from test_gpu_champion import (TEST_MODELS, forward_blocks, gpu_page, load_champion,  # noqa: F401
+                               split, unb64, url_of)
+import synthetic_models
+from synthetic_models import quantize_rows
 from tolerances import flip_margin, max_error, within
 
 from exactspec.reference.reference_llama import LlamaReference
@@ -145,8 +146,8 @@ def assert_blocks_bitwise(page, vocab, seed, name):
 def f32_models() -> dict:
     """HF folders whose model.safetensors (float32, HF names: every linear F32) is the tensor map:
     a tied GQA Llama, and Qwen2 with q/k/v biases and an untied f32 head."""
-    return {"tiny_llama_tied": build_tiny_llama(TEST_MODELS / "f32_tiny_llama", seed=3),
-            "qwen2_bias_untied": build_family("qwen2_bias_untied")}
+    return {"tiny_llama_tied": synthetic_models.tiny_llama(seed=3),
+            "qwen2_bias_untied": synthetic_models.family("qwen2_bias_untied")}
 
 
 @pytest.mark.parametrize("name", ["tiny_llama_tied", "qwen2_bias_untied"])

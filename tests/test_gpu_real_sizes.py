@@ -1,7 +1,7 @@
 """WebGPU champion at real-model features and sizes (web/gpu/champion*.mjs) in headless Chromium.
 
-Mid-size random checkpoints built here with transformers (`from_config`, `save_pretrained`), one
-per family feature: Qwen2 (q/k/v biases, untied f32 head), Llama with llama3 RoPE (tied q8
+Mid-size random checkpoints (synthetic_models.FAMILIES, made by transformers), one per family
+feature: Qwen2 (q/k/v biases, untied f32 head), Llama with llama3 RoPE (tied q8
 embedding), Llama with linear RoPE (untied q8 head, GQA 14/2). Each is converted to
 model.q8.safetensors and compared with transformers itself run in float64 on the dequantised
 weights; tensors are forced into several row pieces (a lowered split threshold) and checked bit for
@@ -11,7 +11,6 @@ tensors split at the adapter's actual binding limit, what is refused and why) ne
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,29 +18,16 @@ import pytest
 
 from browser_fixture import chromium_browser, http_server  # noqa: F401
 from exactspec.twins import gpu_twins
-from test_gpu_champion import (TEST_MODELS, b64, forward_blocks, gpu_page, quantize_rows, run_kernel, split,  # noqa: F401
+from test_gpu_champion import (b64, forward_blocks, gpu_page, run_kernel, split,  # noqa: F401
                                unb64, url_of)
+import synthetic_models
+from synthetic_models import FAMILIES, quantize_rows
 from tolerances import TOLERANCES, max_error, within
 
 TINY_SPLIT = 16384                 # bytes per binding that force every big tensor into pieces
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def write_q8_forms(model_dir: Path, embed_q8: bool, head_q8: bool) -> None:
-    """model.safetensors -> model.q8.safetensors: layer linears int8 per row; the embedding and an
-    untied lm_head as int8 + scale when asked, else float32; 1-D tensors (norms, biases) float32."""
-    from safetensors.numpy import load_file, save_file
-    out = {}
-    for name, w in load_file(str(model_dir / "model.safetensors")).items():
-        q8 = w.ndim == 2 and (name not in ("model.embed_tokens.weight", "lm_head.weight")
-                              or (embed_q8 and name == "model.embed_tokens.weight") or (head_q8 and name == "lm_head.weight"))
-        if q8:
-            out[name + ".q8"], out[name + ".scale"] = quantize_rows(w)
-        else:
-            out[name] = w.astype(np.float32)
-    save_file(out, str(model_dir / "model.q8.safetensors"))
-
-
 def dequantised_state(model_dir: Path) -> dict:
     """The q8 file as float32 tensors under HF names (W = q8 * scale[:, None] in float32)."""
     from safetensors.numpy import load_file
@@ -53,46 +39,6 @@ def dequantised_state(model_dir: Path) -> dict:
         elif not (name.endswith(".scale") and name[:-6] + ".q8" in raw):
             out[name] = t
     return out
-
-
-FAMILIES = {
-    # Qwen2: q/k/v biases, untied float32 head, GQA 6/2
-    "qwen2_bias_untied": dict(kind="qwen2", embed_q8=False, head_q8=False, cfg=dict(
-        vocab_size=3001, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-    # Llama 3.x RoPE (llama3 scaling), tied int8 embedding, GQA 8/2, head_dim 16
-    "llama3_rope_tied_q8": dict(kind="llama", embed_q8=True, head_q8=False, cfg=dict(
-        vocab_size=2500, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                             high_freq_factor=4.0, original_max_position_embeddings=64))),
-    # linear RoPE, untied int8 head, GQA 14/2 (Qwen2.5-0.5B's ratio), head_dim 8
-    "linear_rope_untied_q8": dict(kind="llama", embed_q8=False, head_q8=True, cfg=dict(
-        vocab_size=2048, hidden_size=112, intermediate_size=160, num_hidden_layers=2, num_attention_heads=14,
-        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
-}
-
-
-def build_family(name: str) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-    spec = FAMILIES[name]
-    model_dir = TEST_MODELS / name
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if spec["kind"] == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    torch.manual_seed(len(name))
-    model = model_cls(config_cls(initializer_range=0.08, **spec["cfg"])).float().eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif pname.endswith(".bias"):
-                p.copy_(0.5 * torch.randn_like(p))
-    model.save_pretrained(str(model_dir), safe_serialization=True)
-    write_q8_forms(model_dir, spec["embed_q8"], spec["head_q8"])
-    return model_dir
 
 
 def hf_float64_logits(model_dir: Path, ids) -> np.ndarray:
@@ -111,7 +57,7 @@ def hf_float64_logits(model_dir: Path, ids) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def families() -> dict:
-    return {name: build_family(name) for name in FAMILIES}
+    return {name: synthetic_models.family(name) for name in FAMILIES}
 
 
 def load(page, model_dir: Path, max_context=0, **options):

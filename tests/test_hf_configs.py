@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from exactspec.formats.config import rope_inv_freq, validate_config
-from hf_synth import synth_models
+from synthetic_models import synth_models
 
 RELATIVE_F32 = 2.0 ** -22      # two float32 ulps: transformers' float32 formula vs ours in float64
 

@@ -31,7 +31,7 @@ from exactspec.reference.models import default_models_dir
 from exactspec.reference.reference_llama import LlamaReference
 from exactspec.formats.safetensors import (load_safetensors, read_header, safetensors_layout, serialize_safetensors,
                                    write_safetensors)
-from hf_synth import ROOT, synth_models_dirs  # noqa: F401  (a fixture)
+from synthetic_models import REPO_ROOT as ROOT, synth_models_dirs  # noqa: F401  (a fixture)
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 from export_hf import quantize_rows  # noqa: E402  (the torch quantiser the shipped files came from)

@@ -19,7 +19,7 @@ from exactspec.host.cli import main as cli_main
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
 from exactspec.reference.processors import SamplingPolicy
 from exactspec.reference.reference_llama import LlamaReference
-from hf_synth import CHAMPIONS, DRAFTS, synth_models_dirs  # noqa: F401  (a fixture)
+from synthetic_models import HUB_CHAMPIONS, HUB_DRAFTS, synth_models_dirs  # noqa: F401  (a fixture)
 from tolerances import TOLERANCES, flip_margin, max_error
 
 TOL = "hf_reference_vs_transformers_f32"
@@ -41,7 +41,7 @@ def _hf_logits(model, ids) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].double().numpy()
 
 
-@pytest.mark.parametrize("shape", CHAMPIONS)
+@pytest.mark.parametrize("shape", HUB_CHAMPIONS)
 def test_logits_and_greedy_match_transformers(shape, synth_models_dirs):
     folder = synth_models_dirs[shape]
     ref, hf = LlamaReference.from_dir(folder), _transformers(folder)
@@ -69,7 +69,7 @@ def test_logits_and_greedy_match_transformers(shape, synth_models_dirs):
 @pytest.mark.parametrize("shape", ["smollm2-mid", "qwen2.5-mid-untied", "llama3.2-mid", "tinyllama-mid"])
 def test_greedy_speculative_equals_champion_alone(shape, synth_models_dirs):
     champion = LlamaReference.from_dir(synth_models_dirs[shape])
-    draft = LlamaReference.from_dir(synth_models_dirs[DRAFTS[shape]])
+    draft = LlamaReference.from_dir(synth_models_dirs[HUB_DRAFTS[shape]])
     orch = Orchestrator(RunnerChampion(champion), RunnerDraft(draft))
     ids = _prompt(champion.vocab_size, seed=2)[:24]
     kw = dict(max_new_tokens=20, policy=SamplingPolicy(temperature=0))

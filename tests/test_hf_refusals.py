@@ -16,7 +16,7 @@ from exactspec.core.errors import E_MODEL_LOAD, ExactSpecError
 from exactspec.reference.models import stop_ids_from
 from exactspec.reference.reference_llama import LlamaReference
 from exactspec.formats.safetensors import load_safetensors, write_safetensors
-from hf_synth import synth_models_dirs  # noqa: F401  (a fixture)
+from synthetic_models import synth_models_dirs  # noqa: F401  (a fixture)
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

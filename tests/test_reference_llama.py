@@ -18,6 +18,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from transformers.models.llama import modeling_llama
 
+import synthetic_models
 from exactspec.core.errors import E_BAD_ARGUMENT, E_CONTEXT_OVERFLOW, E_MODEL_LOAD, ExactSpecError
 from exactspec.reference.reference_llama import REFERENCE_TOLERANCES, LlamaReference
 
@@ -101,22 +102,7 @@ def hf_logits(model, ids, float64: bool) -> np.ndarray:
 # Random checkpoints
 # ---------------------------------------------------------------------------------------------
 
-def make_model(cfg_kwargs: dict, seed: int, max_pos: int = 64):
-    """A LlamaForCausalLM with deliberately large random weights (peaked, non-uniform logits)."""
-    config = transformers.LlamaConfig(max_position_embeddings=max_pos, attn_implementation="eager",
-                                      **cfg_kwargs)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name or p.ndim == 1:   # embeddings and any biases
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:  # linear (out, in): std 1.5/sqrt(in) keeps activations O(1) but lively
-                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5))
-    return model
+make_model = synthetic_models.lively_llama   # peaked, non-uniform logits
 
 
 def save_model(model, directory: Path) -> Path:

@@ -265,7 +265,8 @@ def test_the_wasm_champion_decides_the_same_first_tokens(kept, answers):
     float64 margins of the tolerance table is allowed, as in test_wasm_champion.py), so its first
     tokens pass the same chi-square."""
     from test_gpu_accept import js_policy
-    from test_wasm_champion import b64, make_vocab_model, run_node
+    from synthetic_models import vocab_q8
+    from test_wasm_champion import b64, run_node
     V = kept.model.vocab_size
     p_draft = kept.row((), DRAFT_POLICY).astype(np.float32).reshape(1, V)
     set_of_proposal, sets, jobs = {}, [], []
@@ -278,7 +279,7 @@ def test_the_wasm_champion_decides_the_same_first_tokens(kept, answers):
         jobs.append({"set": set_of_proposal[proposal], "proposals": [proposal], "policy": js_policy(TARGET_POLICY),
                      "contextIds": list(kept.prompt_ids), "seed": [seed & 0xFFFFFFFF, seed >> 32], "roundId": 0,
                      "stopTokenIds": [], "remaining": N_TOKENS, "greedy": False})
-    results = run_node(make_vocab_model(V), {"decide": {"sets": sets, "jobs": jobs}})["decide"]["results"]
+    results = run_node(vocab_q8(V), {"decide": {"sets": sets, "jobs": jobs}})["decide"]["results"]
     assert not any(r.get("error_code") for r in results), results[0]
     first = [(job["proposals"][0] if r["n_accepted"] else r["next_token"],) for r, job in zip(results, jobs)]
     n_diff = sum(f != answer[:1] for f, answer in zip(first, answers))

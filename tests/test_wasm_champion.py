@@ -8,15 +8,12 @@
   rounds: decisions equal, except inside the float64 margins of the tolerance table;
 - coded errors for bad calls and bad files.
 
-Models: a random HF Llama (test_gpu_champion.build_tiny_llama), a NumPy-made one with awkward
+Models (tests/synthetic_models.py): a random HF Llama (tiny_llama), a NumPy-made one with awkward
 sizes (V = 301, one KV head, 3 layers) and the shipped web/models/champion/ when present.
 """
 from __future__ import annotations
 
 import base64
-import json
-import os
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -27,7 +24,8 @@ import pytest
 from browser_fixture import REPO_ROOT
 from test_gpu_accept import (as_decision, draft_proposals, js_policy, make_round_set, reference_rows,
                              reference_scores)
-from test_gpu_champion import build_tiny_llama, quantize_rows, split
+from test_gpu_champion import split
+import synthetic_models
 from node_harness import run_harness
 from tolerances import TOLERANCES, flip_margin, max_error, within
 
@@ -41,7 +39,6 @@ from exactspec.reference.reference_llama import LlamaReference
 WASM = REPO_ROOT / "web" / "build" / "cpu.wasm"
 WASM_THREADS = REPO_ROOT / "web" / "build" / "cpu_mt.wasm"
 HARNESS = REPO_ROOT / "web" / "tests" / "champion_harness.mjs"
-TEST_MODELS = REPO_ROOT / "build" / "test_models"
 SHIPPED = REPO_ROOT / "web" / "models" / "champion"
 
 
@@ -55,51 +52,8 @@ def ensure_wasm() -> Path:
     return WASM
 
 
-def publish(tmp: Path, final: Path) -> Path:
-    """Atomic rename: a concurrent run sees nothing or the whole model (the first one wins)."""
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def ensure_tiny() -> Path:
-    final = TEST_MODELS / "champion_wasm_tiny_v1"
-    if not (final / "model.q8.safetensors").exists():
-        publish(build_tiny_llama(TEST_MODELS / f"champion_wasm_tiny_v1.tmp{os.getpid()}", seed=3), final)
-    return final
-
-
-def ensure_odd() -> Path:
-    """V = 301 (LM head rows not a multiple of 4), MQA (4 heads / 1 KV head), head_dim 16,
-    3 layers, rope_theta 5e5, eps 1e-6, non-unit norms; q8 written directly."""
-    final = TEST_MODELS / "champion_wasm_odd_v1"
-    if (final / "model.q8.safetensors").exists():
-        return final
-    from safetensors.numpy import save_file
-    V, D, F, H, KV, hd, L = 301, 64, 176, 4, 1, 16, 3
-    rs = np.random.default_rng(2024)
-    t = {"model.embed_tokens.weight": rs.normal(0, 0.6, (V, D)), "model.norm.weight": 1 + 0.3 * rs.normal(size=D)}
-    for layer in range(L):
-        p = f"model.layers.{layer}."
-        t[p + "input_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
-        t[p + "post_attention_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
-        for name, shape in [("self_attn.q_proj", (H * hd, D)), ("self_attn.k_proj", (KV * hd, D)),
-                            ("self_attn.v_proj", (KV * hd, D)), ("self_attn.o_proj", (D, H * hd)),
-                            ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)), ("mlp.down_proj", (D, F))]:
-            q, s = quantize_rows(rs.normal(0, 0.25, shape))
-            t[p + name + ".weight.q8"], t[p + name + ".weight.scale"] = q, s
-    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
-              "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": hd,
-              "max_position_embeddings": 80, "rope_theta": 500000.0, "rms_norm_eps": 1e-6,
-              "tie_word_embeddings": True, "hidden_act": "silu"}
-    tmp = TEST_MODELS / f"champion_wasm_odd_v1.tmp{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, dtype=v.dtype if v.dtype == np.int8 else np.float32) for k, v in t.items()},
-              str(tmp / "model.q8.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(config))
-    return publish(tmp, final)
+    return synthetic_models.tiny_llama(seed=3)
 
 
 def model_dirs():
@@ -110,7 +64,7 @@ def model_dirs():
 
 
 def resolve(which: str) -> Path:
-    return {"tiny": ensure_tiny, "odd": ensure_odd}.get(which, lambda: SHIPPED)()
+    return {"tiny": ensure_tiny, "odd": synthetic_models.odd_q8}.get(which, lambda: SHIPPED)()
 
 
 _refs: dict = {}
@@ -367,7 +321,7 @@ def test_decide_matches_decide_round(V, n_sets, rounds_per_set):
     sets, jobs, refs = build_rounds(gen, V, n_sets, rounds_per_set)
     model_dir = {37: None, 1000: ensure_tiny(), 4096: SHIPPED}[V]
     if model_dir is None or not (model_dir / "config.json").exists():
-        model_dir = make_vocab_model(V)
+        model_dir = synthetic_models.vocab_q8(V)
     out = run_node(model_dir, {"decide": {"sets": sets, "jobs": jobs}})
     n_diff, kinds, a_err, score_err, n_a, n_score = check_rounds(out["decide"]["results"], refs, f"V={V}")
     total = len(jobs)
@@ -378,31 +332,6 @@ def test_decide_matches_decide_round(V, n_sets, rounds_per_set):
     if V < 100:                                                          # every outcome occurs
         assert {"token", "stop", "length", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"} <= set(kinds), kinds
     assert n_diff <= max(1, total // 2000)
-
-
-def make_vocab_model(V: int) -> Path:
-    """A 1-layer model of vocabulary V (decide only needs V; its logits are set directly)."""
-    final = TEST_MODELS / f"champion_wasm_v{V}_v1"
-    if (final / "model.q8.safetensors").exists():
-        return final
-    from safetensors.numpy import save_file
-    D, F = 8, 8
-    rs = np.random.default_rng(V)
-    t = {"model.embed_tokens.weight": rs.normal(size=(V, D)).astype(np.float32),
-         "model.norm.weight": np.ones(D, np.float32)}
-    p = "model.layers.0."
-    t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = np.ones(D, np.float32)
-    for name, shape in [("self_attn.q_proj", (D, D)), ("self_attn.k_proj", (D, D)), ("self_attn.v_proj", (D, D)),
-                        ("self_attn.o_proj", (D, D)), ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)),
-                        ("mlp.down_proj", (D, F))]:
-        t[p + name + ".weight.q8"], t[p + name + ".weight.scale"] = quantize_rows(rs.normal(size=shape))
-    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "max_position_embeddings": 16, "tie_word_embeddings": True}
-    tmp = TEST_MODELS / f"champion_wasm_v{V}_v1.tmp{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(t, str(tmp / "model.q8.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(config))
-    return publish(tmp, final)
 
 
 @pytest.mark.parametrize("which", model_dirs())
@@ -454,7 +383,7 @@ def test_decide_on_forward_rows(which):
 
 # ----------------------------------------------------------------------------- errors
 def test_bad_calls_and_files_are_coded():
-    model_dir = ensure_odd()
+    model_dir = synthetic_models.odd_q8()
     ok_decide = {"nRows": 1, "proposals": [], "policy": {}, "seed": [1, 2], "roundId": 0}
     errors = [
         {"op": "forward", "ids": list(range(5)), "start": 0},             # block > maxBlock 4

@@ -8,7 +8,7 @@
 - propose vs RunnerDraft(LlamaReference).propose with an RngDecider of the same seed;
 - the module worker: envelopes, stale epochs dropped and counted, p_draft transferred.
 
-Models: a small random Llama made here with transformers (build/test_models/, gitignored) and
+Models: tests/synthetic_models.py's draft_tiny_llama (transformers) and untied_mha (NumPy), and
 the shipped draft web/models/draft/ when it is present. The pure-wasm cases run under Node
 (web/tests/draft_harness.mjs); the worker and the timing run in Chromium.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 from browser_fixture import REPO_ROOT, browser_page, chromium_browser, http_server  # noqa: F401
 from node_harness import run_harness
 from tolerances import TOLERANCES, max_error, within
+import synthetic_models
 
 sys.path.insert(0, str(REPO_ROOT / "py"))
 from exactspec.core import rng  # noqa: E402
@@ -40,7 +40,6 @@ from exactspec.reference.reference_llama import LlamaReference  # noqa: E402
 
 WASM = REPO_ROOT / "web" / "build" / "cpu.wasm"      # the CPU module: the draft is one of its halves
 HARNESS = REPO_ROOT / "web" / "tests" / "draft_harness.mjs"
-TINY = REPO_ROOT / "build" / "test_models" / "tiny_llama_v1"
 SHIPPED = REPO_ROOT / "web" / "models" / "draft"
 
 
@@ -52,73 +51,6 @@ def ensure_wasm() -> Path:
     if not WASM.exists() or WASM.stat().st_mtime < newest:
         subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh")], check=True, cwd=REPO_ROOT)
     return WASM
-
-
-def ensure_tiny_model() -> Path:
-    """A random Llama with awkward sizes (V = 301, GQA 4:2, rope_theta 5e5, non-unit norms)."""
-    if (TINY / "model.safetensors").exists():
-        return TINY
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=301, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      max_position_embeddings=96, rope_theta=500000.0, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True, initializer_range=0.3, bos_token_id=0,
-                      eos_token_id=1, pad_token_id=None)
-    model = LlamaForCausalLM(cfg).float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    tmp = TINY.with_name(TINY.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp, safe_serialization=True)
-    publish(tmp, TINY)
-    return TINY
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """Atomic rename: a concurrent run sees nothing or the whole model (the first one wins)."""
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if not (final / "model.safetensors").exists():
-            raise
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-UNTIED = REPO_ROOT / "build" / "test_models" / "untied_mha_v1"
-
-
-def ensure_untied_model() -> Path:
-    """Untied LM head, MHA with num_key_value_heads / head_dim / rope_theta / rms_norm_eps left
-    to their defaults, one layer, V = 67: the config paths the tiny model does not take."""
-    if (UNTIED / "model.safetensors").exists():
-        return UNTIED
-    from safetensors.numpy import save_file
-
-    V, D, F, H = 67, 32, 48, 2
-    rs = np.random.default_rng(77)
-    t = {"model.embed_tokens.weight": rs.normal(0, 0.5, (V, D)), "model.norm.weight": 1 + 0.2 * rs.normal(size=D),
-         "lm_head.weight": rs.normal(0, 0.5, (V, D))}
-    p = "model.layers.0."
-    t.update({p + "input_layernorm.weight": 1 + 0.2 * rs.normal(size=D),
-              p + "post_attention_layernorm.weight": 1 + 0.2 * rs.normal(size=D)})
-    for name, shape in [("self_attn.q_proj", (D, D)), ("self_attn.k_proj", (D, D)), ("self_attn.v_proj", (D, D)),
-                        ("self_attn.o_proj", (D, D)), ("mlp.gate_proj", (F, D)), ("mlp.up_proj", (F, D)),
-                        ("mlp.down_proj", (D, F))]:
-        t[p + name + ".weight"] = rs.normal(0, 0.4, shape)
-    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
-              "num_hidden_layers": 1, "num_attention_heads": H, "max_position_embeddings": 40,
-              "tie_word_embeddings": False, "hidden_act": "silu"}
-    tmp = UNTIED.with_name(UNTIED.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}, str(tmp / "model.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(config))
-    publish(tmp, UNTIED)
-    return UNTIED
 
 
 def model_dirs() -> list:
@@ -133,7 +65,7 @@ _refs: dict = {}
 
 def reference(which: str):
     if which not in _refs:
-        d = {"tiny": ensure_tiny_model, "untied": ensure_untied_model}.get(which, lambda: SHIPPED)()
+        d = {"tiny": synthetic_models.draft_tiny_llama, "untied": synthetic_models.untied_mha}.get(which, lambda: SHIPPED)()
         _refs[which] = (d, LlamaReference.from_dir(d))
     return _refs[which]
 
@@ -167,7 +99,7 @@ def test_portable_log_bitwise_exp_sincos_accurate():
                   1.0 - 2.0 ** -24, 2.0 ** -24, 1.7976931348623157e308]),
     ])
     angles = np.concatenate([rs.uniform(-10, 10, 2000), rs.uniform(0, 600, 2000), np.arange(0, 600, 0.5)])
-    out = run_node(ensure_tiny_model(), {"plog": b64(x, "<f8"), "sincos": b64(angles, "<f8")})
+    out = run_node(synthetic_models.draft_tiny_llama(), {"plog": b64(x, "<f8"), "sincos": b64(angles, "<f8")})
     got_log = unb64(out["plog"], "<f8")
     want_log = rng.portable_log_np(x)
     assert np.array_equal(got_log.view(np.uint64), want_log.view(np.uint64)), "portable log not bit-identical"
@@ -211,7 +143,7 @@ def test_gumbel_max_sampler_token_for_token():
         cases.append({"weights": b64([0.1, 0.2, 0.3, 0.4], "<f8"), "seed": [42, 0], "domain": 1, "round": 0,
                       "position": pos})
         want.append(tok)
-    out = run_node(ensure_tiny_model(), {"sample": cases})
+    out = run_node(synthetic_models.draft_tiny_llama(), {"sample": cases})
     assert out["sample"] == want
     assert out["sample_plain"] == want          # the pruned and the plain loop agree
 

@@ -1,6 +1,6 @@
 """The WASM champion on Hugging Face families (issue 10): Llama (tied, and llama3 RoPE scaling),
 Qwen2 (q/k/v biases, tied and untied head), TinyLlama, each converted by `exactspec convert`
-from a transformers-made bf16 folder (tests/hf_synth.py). In Node: logits against the CPython
+from a transformers-made bf16 folder (tests/synthetic_models.py). In Node: logits against the CPython
 reference on the same q8 artifact within TOLERANCES["wasm_champion_logits"] (blocks with a
 rollback), greedy argmax equal wherever the reference's top-2 margin exceeds that tolerance, and
 int8-held weights bitwise equal to f32-held ones (their remainder path: widths not multiples of
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_synth import CHAMPIONS, synth_models_dirs  # noqa: F401 (session fixture)
+from synthetic_models import HUB_CHAMPIONS, synth_models_dirs  # noqa: F401 (session fixture)
 from test_gpu_champion import split
 from test_wasm_champion import WASM, as_blocks, forward_rows, run_node
 from tolerances import TOLERANCES, max_error, within
@@ -18,7 +18,7 @@ from tolerances import TOLERANCES, max_error, within
 from exactspec.reference.convert import convert
 from exactspec.reference.reference_llama import LlamaReference
 
-CASES = [(shape, False) for shape in CHAMPIONS] + [("qwen2.5-mid", True)]
+CASES = [(shape, False) for shape in HUB_CHAMPIONS] + [("qwen2.5-mid", True)]
 
 
 @pytest.fixture(scope="module")
