@@ -12,7 +12,7 @@ registers the fixture once per importing module. They are shut down at the end o
 Facts this relies on (see shared STACK_NOTES):
 - Debian's ``/usr/bin/chromium`` driven by Python Playwright via ``executable_path``; no
   browser download is possible here.
-- WebGPU comes from SwiftShader with the flags in ``CHROMIUM_ARGS``; ``navigator.gpu`` exists
+- WebGPU comes from SwiftShader with the flags in ``CHROMIUM_ARGS`` (exactspec.host.browser_run's, the CLI's); ``navigator.gpu`` exists
   only in a secure context: ``http://127.0.0.1`` is one, ``about:blank`` opened by Playwright
   is NOT. Use ``http_server`` for anything that touches WebGPU, workers or WASM threads.
 - The server sends COOP/COEP, so pages are ``crossOriginIsolated`` (SharedArrayBuffer,
@@ -22,7 +22,6 @@ Facts this relies on (see shared STACK_NOTES):
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import sys
 import threading
@@ -30,21 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from exactspec.host.browser_run import CHROMIUM, CHROMIUM_ARGS  # the product's own launch, one copy  # noqa: F401
 from exactspec.host.server import StaticServer  # the same server `exactspec serve` runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--enable-unsafe-webgpu",
-    "--enable-features=Vulkan",
-    "--use-angle=swiftshader",
-    "--use-webgpu-adapter=swiftshader",
-]
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -74,6 +74,10 @@ BAD_CONFIGS: list[tuple[str, dict, str]] = [
     ("attention_bias true", changed(attention_bias=True), "E_MODEL_LOAD"),
     ("mlp_bias string", changed(mlp_bias="no"), "E_MODEL_LOAD"),
     ("tie_word_embeddings 1", changed(tie_word_embeddings=1), "E_MODEL_LOAD"),
+    # int8 weights packed 4 per word: the q8 artifact and both browser kernels need multiples of 4
+    ("hidden not a multiple of 4", changed(hidden_size=254), "E_MODEL_LOAD"),
+    ("intermediate not a multiple of 4", changed(intermediate_size=766), "E_MODEL_LOAD"),
+    ("head_dim even, not a multiple of 4", changed(head_dim=66), "E_MODEL_LOAD"),
 ]
 
 _DEEP = 100_000
@@ -106,6 +110,7 @@ GOOD_CONFIGS: list[tuple[str, dict]] = [
     ("rope_scaling default", changed(rope_scaling={"type": "default"})),
     ("integer rope_theta", changed(rope_theta=500000)),
     ("heads x head_dim != hidden", changed(num_attention_heads=8, num_key_value_heads=8, head_dim=16)),
+    ("pretraining_tp 2 (ignored, as transformers 5 does)", changed(pretraining_tp=2)),
     ("Llama-3.1-405B sizes", changed(vocab_size=128256, hidden_size=16384, intermediate_size=53248,
                                      num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8,
                                      head_dim=128, max_position_embeddings=131072, rope_theta=500000.0)),

@@ -4,6 +4,7 @@ served by `exactspec serve --allow-origin` (CORS and CORP only when asked)."""
 import functools
 import http.server
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -51,6 +52,11 @@ def test_npm_pack_lists_what_a_site_needs():
             "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/core/protocol.json",
             *(f"py/exactspec/{f}" for f in py_files), *(f"shaders/{p.name}" for p in (REPO_ROOT / "shaders").glob("*.wgsl"))}
     assert need - listed == set()
+    relative = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(\s*|^import\s+)["'](\.\.?/[^"']+)["']""", re.M)
+    unpacked = sorted({f"{path} -> {target}" for path in listed if path.endswith(".mjs")
+                       for target in relative.findall((REPO_ROOT / path).read_text())
+                       if os.path.normpath(os.path.join(os.path.dirname(path), target)) not in listed})
+    assert unpacked == [], unpacked                                # every module a packed one imports is packed
     assert not [p for p in listed if p.startswith(("web/tests/", "tests/", "node_modules/")) or p == "web/models/champion/model.safetensors"]
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from exactspec.pyodide import browser_backend
+from exactspec.pyodide import browser_backend, model_check
 from exactspec.core.acceptance import RoundDecision
 from exactspec.core.backends import FusedRunnerChampion, RunnerDraft
 from exactspec.core.errors import (ALL_CODES, CODE_TABLE, E_BAD_ARGUMENT, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
@@ -279,7 +279,7 @@ class Blob:
 def _check(mutate=None, manifest=True, roles=("champion", "draft"), stage2=True):
     files = {}
     for role in roles:
-        for name in browser_backend.MODEL_FILES:
+        for name in model_check.MODEL_FILES:
             files[f"{role}/{name}"] = open(os.path.join(MODELS, role, name), "rb").read()
     if mutate:
         mutate(files)
@@ -289,12 +289,24 @@ def _check(mutate=None, manifest=True, roles=("champion", "draft"), stage2=True)
         served = {}
         for role in roles:
             served[role] = {n: [hashlib.sha256(files[f"{role}/{n}"]).hexdigest(), len(files[f"{role}/{n}"])]
-                            for n in browser_backend.MODEL_FILES}
-            run_file = browser_backend.DEFAULT_RUN_WEIGHTS[role]
+                            for n in model_check.MODEL_FILES}
+            run_file = model_check.DEFAULT_RUN_WEIGHTS[role]
             data = open(os.path.join(MODELS, role, run_file), "rb").read()
             served[role][run_file] = [hashlib.sha256(data).hexdigest(), len(data)]
         spec["served"] = served
-    return json.loads(browser_backend.check_models(json.dumps(spec), lambda key: Blob(files[key])))
+    return json.loads(model_check.check_models(json.dumps(spec), lambda key: Blob(files[key])))
+
+
+def test_stage_one_hands_the_loaders_the_validated_configs():
+    """The check's first stage returns each role's validate_config result as a plain object: the only
+    config the champion and draft loaders get (web/formats/model_config.mjs maps it, no JS re-parses)."""
+    import dataclasses
+
+    from exactspec.formats.config import validate_config
+    out = _check(stage2=False)
+    for role in ("champion", "draft"):
+        want = validate_config(json.load(open(os.path.join(MODELS, role, "config.json"))), source=f"{role}/config.json")
+        assert out["validated_configs"][role] == dataclasses.asdict(want)
 
 
 def _edit_json(key, fn):

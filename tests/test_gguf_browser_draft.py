@@ -104,7 +104,8 @@ def test_a_hostile_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2_pa
 DRAFT_JS = """
 import { readFileSync } from "node:fs";
 import { createDraft } from "%s";
-const [path, config] = [process.argv[2], JSON.parse(process.argv[3])];
+import { validateConfig } from "%s";
+const [path, config] = [process.argv[2], validateConfig(JSON.parse(process.argv[3]))];   // as the model check hands it over
 const fetchFn = async (url) => new Response(readFileSync(new URL(url)));
 const draft = await createDraft({ wasmBytes: readFileSync("%s"), modelUrl: "file://" + path, configJson: config, fetchFn });
 const logits = draft.forward(JSON.parse(process.argv[4]), 0);
@@ -126,7 +127,8 @@ def test_the_wasm_draft_on_a_gguf_gives_the_references_logits(tmp_path, arch):
         config = model.config
     ids = [5, 17, 3, 99, 250, 7]
     script = tmp_path / "draft.mjs"
-    script.write_text(DRAFT_JS % (Path(REPO, "web", "draft", "draft.mjs").as_uri(), Path(REPO, "web", "build", "draft.wasm")))
+    script.write_text(DRAFT_JS % (Path(REPO, "web", "draft", "draft.mjs").as_uri(), Path(REPO, "web", "model_checks.mjs").as_uri(),
+                                  Path(REPO, "web", "build", "draft.wasm")))
     r = subprocess.run(["node", str(script), path, json.dumps(config), json.dumps(ids)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr

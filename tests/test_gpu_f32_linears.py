@@ -90,8 +90,16 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def validated(config: dict) -> dict:
+    """A config.json object as the engine's model check hands it to the loaders: validate_config's fields."""
+    import dataclasses
+
+    from exactspec.formats.config import validate_config
+    return dataclasses.asdict(validate_config(config))
+
+
 def load_tensors(page, weights: Path, config: dict, identity=None, label=None, **options):
-    return page.evaluate(LOAD_JS, [url_of(weights.parent) + weights.name, config,
+    return page.evaluate(LOAD_JS, [url_of(weights.parent) + weights.name, validated(config),
                                    sha256_of(weights) if identity is None else identity,
                                    weights.name if label is None else label, options])
 
@@ -267,16 +275,16 @@ SMOLLM2_135M = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, 
 def plan_js(page, config, forms, max_context, binding, budget=0):
     """planChampion in the page: {pieces (row counts per piece), bytes} or {error}."""
     return page.evaluate("""async ([c, f, x, b, m]) => {
-      const { parseConfig, resolveMaxContext } = await import('/web/gpu/champion_config.mjs');
+      const { gpuHyperParameters, resolveMaxContext } = await import('/web/formats/model_config.mjs');
       const { planChampion } = await import('/web/gpu/champion_plan.mjs');
       try {
-        const hp = parseConfig(c);
+        const hp = gpuHyperParameters(c);
         const p = planChampion(hp, f, { maxBlock: 9, maxContext: resolveMaxContext(hp, x), limit: b, budgetBytes: m });
         return { pieces: Object.fromEntries(Object.entries(p.pieces).map(([k, v]) => [k, v && v.length])),
                  layerPieces: p.layerPieces.map((l) => Object.fromEntries(Object.entries(l).map(([k, v]) => [k, v.length]))),
                  bytes: p.bytes };
       } catch (e) { return { error: e.message }; }
-    }""", [config, forms, max_context, binding, budget])
+    }""", [validated(config), forms, max_context, binding, budget])
 
 
 def test_f32_plan_at_smollm2_shape(gpu_page):
@@ -392,6 +400,6 @@ def test_smollm2_gguf_tensor_map_lazy_and_eager_give_the_same_bits(gpu_page):
       let differ = 0;
       for (let i = 0; i < logits.true.length; i++) differ += logits.true[i] !== logits.false[i];
       return { differ, count: logits.true.length, identity };
-    }""", [url, config, [1, 504, 3575, 282, 4649, 314, 7042, 30, 198]])
+    }""", [url, validated(config), [1, 504, 3575, 282, 4649, 314, 7042, 30, 198]])
     assert result["identity"] == sha256_of(gguf)
     assert result["count"] == 9 * 49152 and result["differ"] == 0, result

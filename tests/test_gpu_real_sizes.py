@@ -183,9 +183,10 @@ def test_refusals_name_the_field_or_what_fits(gpu_page):
     def refusal(config, forms=None, max_context=0, binding=0, budget=0):
         try:
             gpu_page.evaluate("""async ([c, f, x, b, m]) => {
-              const { parseConfig, resolveMaxContext } = await import('/web/gpu/champion_config.mjs');
+              const { gpuHyperParameters, resolveMaxContext } = await import('/web/formats/model_config.mjs');
+              const { validateConfig } = await import('/web/model_checks.mjs');   // the validator's port
               const { planChampion } = await import('/web/gpu/champion_plan.mjs');
-              const hp = parseConfig(c);
+              const hp = gpuHyperParameters(validateConfig(c));
               planChampion(hp, f, { maxBlock: 9, maxContext: resolveMaxContext(hp, x), limit: b, budgetBytes: m });
             }""", [config, forms or {"embed": "q8", "head": "q8"}, max_context, binding or (1 << 30), budget])
         except Exception as err:
@@ -195,7 +196,7 @@ def test_refusals_name_the_field_or_what_fits(gpu_page):
     for bad, field in ((dict(use_sliding_window=True), "use_sliding_window"),
                        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type"),
                        (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}), "low_freq_factor"),
-                       (dict(mlp_bias=True), "mlp_bias"), (dict(model_type="mistral"), "model_type"),
+                       (dict(model_type="llama", mlp_bias=True), "mlp_bias"), (dict(model_type="mistral"), "model_type"),
                        (dict(hidden_act="gelu"), "hidden_act"), (dict(num_key_value_heads=5), "num_attention_heads"),
                        (dict(layer_types=["sliding_attention"] * 28), "layer_types")):
         message = refusal({**qwen, **bad})

@@ -22,12 +22,13 @@ from exactspec.core.errors import ExactSpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PICK_AND_CONVERT = """async () => {
-  const { resolveModels } = await import("/web/exactspec.mjs");
+  const { loadModelFiles, resolveModels } = await import("/web/exactspec.mjs");
   const t0 = performance.now();
   const progress = [];
   try {
+    const table = await loadModelFiles(new URL("/py/exactspec/", location.href).href);
     const models = await resolveModels({ champion: document.getElementById("pick").files, draft: null }, {},
-                                       (p) => { if (p.stage === "convert" && p.loaded > 0) progress.push(p.loaded); });
+                                       (p) => { if (p.stage === "convert" && p.loaded > 0) progress.push(p.loaded); }, table);
     return { ok: true, bytes: models.files["champion/model.q8.safetensors"].size, progress: progress.length, ms: performance.now() - t0 };
   } catch (err) {
     return { ok: false, code: err.code, message: err.message, progress: progress.length, ms: performance.now() - t0 };

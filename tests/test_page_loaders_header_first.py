@@ -21,6 +21,7 @@ NODE_LOADERS = r"""
 import { readFileSync } from "node:fs";
 import { createWasmChampion } from "%(root)s/web/champion_wasm/champion_wasm.mjs";
 import { createDraft } from "%(root)s/web/draft/draft.mjs";
+import { validatedConfigFromJson } from "%(root)s/web/formats/model_config.mjs";
 const [trailing, chunk] = process.argv.slice(1).map(Number);
 const root = "%(root)s";
 // A Response whose body is `bytes` then `extra` zero bytes, generated only as pulled.
@@ -57,7 +58,7 @@ for (const [role, { file, wasm, load }] of Object.entries(roles)) {
     let result;
     try {
       const model = await load({ wasmBytes: readFileSync(`${root}/web/build/${wasm}`),
-        configJson: readFileSync(`${root}/web/models/${role}/config.json`, "utf8"), modelUrl: `mem://${role}/`,
+        configJson: validatedConfigFromJson(readFileSync(`${root}/web/models/${role}/config.json`)), modelUrl: `mem://${role}/`,
         fetchFn: async () => body.response });
       result = { ok: true, bytes: model.artifactBytes };
     } catch (err) {

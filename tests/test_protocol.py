@@ -189,13 +189,21 @@ def test_checked_request_fills_defaults_and_takes_js_numbers():
     assert out["config"]["temperature"] == 1.0 and out["config"]["max_new_tokens"] == 64
 
 
-def test_the_module_names_every_option_of_the_table():
-    script = ("import { GENERATION_OPTIONS, REQUEST_FIELDS } from './web/exactspec.mjs';\n"
-              "console.log(JSON.stringify([GENERATION_OPTIONS, REQUEST_FIELDS]));\n")
+SCHEMA_JS = "JSON.parse(readFileSync('./py/exactspec/core/protocol.json', 'utf8'))"
+
+
+def test_the_module_takes_its_options_from_the_table():
+    """generate()'s options are protocol.json's (no JS copy): the same names as Python's, and an
+    option added to the table is sorted into config with no JS change."""
+    script = ("import { readFileSync } from 'node:fs';\nimport { optionNames, requestPayload } from './web/exactspec.mjs';\n"
+              f"const schema = {SCHEMA_JS};\n"
+              "const grown = { ...schema, generate_config: { ...schema.generate_config, new_option: { type: 'integer', default: 0 } } };\n"
+              "console.log(JSON.stringify([optionNames(schema), requestPayload('hi', { new_option: 3, chat: true }, grown)]));\n")
     r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
-    options, fields = json.loads(r.stdout)
-    assert options == list(CONFIG_OPTIONS) and fields == list(REQUEST_FIELDS)
+    names, grown = json.loads(r.stdout)
+    assert names == {"config": list(CONFIG_OPTIONS), "fields": list(REQUEST_FIELDS)}
+    assert grown == {"prompt": "hi", "chat": True, "config": {"new_option": 3}}
 
 
 def test_message_roles_are_the_ones_chat_templates_get():
@@ -206,9 +214,10 @@ def test_message_roles_are_the_ones_chat_templates_get():
 
 def test_the_module_sends_a_conversation_as_messages():
     """generate([{role, content}, ...]) is a conversation; an array of numbers stays token ids."""
-    script = ("import { requestPayload } from './web/exactspec.mjs';\n"
-              "console.log(JSON.stringify([requestPayload([{role: 'user', content: 'hi'}], {k: 2}),"
-              " requestPayload([0, 1]), requestPayload('hi', {chat: true})]));\n")
+    script = ("import { readFileSync } from 'node:fs';\nimport { requestPayload } from './web/exactspec.mjs';\n"
+              f"const schema = {SCHEMA_JS};\n"
+              "console.log(JSON.stringify([requestPayload([{role: 'user', content: 'hi'}], {k: 2}, schema),"
+              " requestPayload([0, 1], {}, schema), requestPayload('hi', {chat: true}, schema)]));\n")
     r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [{"messages": [{"role": "user", "content": "hi"}], "config": {"k": 2}},

@@ -39,7 +39,7 @@ CONFIGS = {
                         num_key_value_heads=1, head_dim=16, vocab_size=130, rope_theta=10000.0,
                         tie_word_embeddings=True, rms_norm_eps=1e-5),
     "odd_heads": dict(hidden_size=40, intermediate_size=56, num_hidden_layers=1, num_attention_heads=5,
-                      num_key_value_heads=5, head_dim=6, vocab_size=67, rope_theta=1000.0,
+                      num_key_value_heads=5, head_dim=12, vocab_size=67, rope_theta=1000.0,
                       tie_word_embeddings=False),
 }
 

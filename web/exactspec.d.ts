@@ -116,17 +116,21 @@ export interface ExactSpecEngine {
 }
 
 export function createEngine(options?: EngineOptions): Promise<ExactSpecEngine>;
-export function folderFiles(role: "champion" | "draft", files: FileList | File[], converted?: Blob | null): Record<string, File | Blob>;
+/** py/exactspec/formats/model_files.json (the one table of a model folder's files), from the Python package's folder URL. */
+export function loadModelFiles(pyUrl: string): Promise<ModelFileTable>;
+export interface ModelFileTable { required: string[]; optional: string[]; run_artifact: { champion: string; draft: string } }
+export function folderFiles(role: "champion" | "draft", files: FileList | File[], table: ModelFileTable, converted?: Blob | null): Record<string, File | Blob>;
 /** By file names: a champion folder holding a Hugging Face checkpoint but no model.q8.safetensors, or a sharded draft folder. */
 export function needsConversion(role: "champion" | "draft", files: FileList | File[]): boolean;
 /** A draft folder that is sharded or whose model.safetensors is not all F32 (its header is read). */
 export function draftNeedsConversion(files: FileList | File[]): Promise<boolean>;
 /** Convert such a folder to its role's run artifact in a worker (as `exactspec convert [--role draft]` does). */
-export function convertFolder(role: "champion" | "draft", files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
+export function convertFolder(role: "champion" | "draft", files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string; runArtifact?: string }): Promise<Blob>;
 /** convertFolder("champion", ...): model.q8.safetensors. */
 export function convertChampion(files: FileList | File[], options?: { onProgress?: (p: LoadProgress) => void; workerUrl?: string }): Promise<Blob>;
-export function requestPayload(prompt: string | number[] | ChatMessage[], options?: GenerateOptions): object;
+/** generate()'s option names from protocol.json (`schema`: the parsed py/exactspec/core/protocol.json):
+ *  `config`, its generate_config options; `fields`, the request's flags (chat, raw_text). */
+export function optionNames(schema: object): { config: string[]; fields: string[] };
+/** generate()'s arguments as a generate request, sorted by protocol.json (`schema`). */
+export function requestPayload(prompt: string | number[] | ChatMessage[], options: GenerateOptions | undefined, schema: object): object;
 export function codedError(code: ErrorCode, message: string): CodedError;
-export const GENERATION_OPTIONS: string[];
-export const REQUEST_FIELDS: string[];
-export const FOLDER_FILES: { champion: string[]; draft: string[] };

@@ -13,15 +13,23 @@ import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./model_checks.mj
 
 export { codedError };
 
-/** Options of generate() that go to the orchestrator as they are (see docs/browser.md). */
-export const GENERATION_OPTIONS = ["speculate", "k", "scheduler", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
-  "max_new_tokens", "stop_strings", "stop_token_ids", "suppress_token_ids", "allowed_token_ids"];
 
-/** The model files a folder must hold (at its top level) for a role, and the weights it runs. */
-export const FOLDER_FILES = {
-  champion: ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.q8.safetensors"],
-  draft: ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"],
-};
+const modelFileTables = new Map();   // URL -> promise of the table
+
+/** py/exactspec/formats/model_files.json, the one table of a model folder's files (Python's too):
+ *  {required, optional, run_artifact: {champion, draft}}; `pyUrl` the folder of the Python package
+ *  (engineAssets(...).py). Fetched once per URL. */
+export function loadModelFiles(pyUrl) {
+  const url = new URL("formats/model_files.json", pyUrl).href;
+  if (!modelFileTables.has(url)) {
+    modelFileTables.set(url, fetch(url).then(async (res) => {
+      if (!res.ok) throw codedError("E_MODEL_LOAD", `${url}: HTTP ${res.status}`);
+      return res.json();
+    }));
+    modelFileTables.get(url).catch(() => modelFileTables.delete(url));   // a failed fetch is retried next time
+  }
+  return modelFileTables.get(url);
+}
 
 /** The top-level files of a picked folder (FileList of <input webkitdirectory>, or File[]) by name. */
 function filesByName(fileList) {
@@ -33,9 +41,6 @@ function filesByName(fileList) {
   }
   return byName;
 }
-
-/** The weights file each role runs (what a conversion writes). */
-const RUN_ARTIFACT = { champion: "model.q8.safetensors", draft: "model.safetensors" };
 
 /** By file names: a champion folder without model.q8.safetensors but with a Hugging Face
  *  checkpoint (model.safetensors or sharded with model.safetensors.index.json), or a draft folder
@@ -62,11 +67,11 @@ export async function draftNeedsConversion(fileList) {
 
 /** Convert a picked Hugging Face folder to the run artifact of `role` in a worker
  *  (web/convert/convert_worker.mjs, byte-identical to `exactspec convert [--role draft]`), with
- *  {stage: "convert"} progress; -> Blob. */
-export function convertFolder(role, fileList, { onProgress = null, workerUrl } = {}) {
+ *  {stage: "convert"} progress (named `runArtifact`, the file it writes); -> Blob. */
+export function convertFolder(role, fileList, { onProgress = null, workerUrl, runArtifact = "run artifact" } = {}) {
   const files = Object.fromEntries(filesByName(fileList));
   const worker = startModuleWorker(workerUrl ?? new URL("./convert/convert_worker.mjs", import.meta.url).href);
-  const name = `${role}/${RUN_ARTIFACT[role]} (converting here)`;
+  const name = `${role}/${runArtifact} (converting here)`;
   return new Promise((resolve, reject) => {
     worker.onmessage = ({ data }) => {
       if (data.type === "progress") {
@@ -87,16 +92,18 @@ export function convertFolder(role, fileList, { onProgress = null, workerUrl } =
 /** Convert a Hugging Face champion folder to model.q8.safetensors (convertFolder("champion", ...)). */
 export const convertChampion = (fileList, options = {}) => convertFolder("champion", fileList, options);
 
-/** A picked folder as {"role/name": File} for the top-level files `role` needs; throws
- *  E_MODEL_LOAD naming a missing one. Nothing is read or uploaded here: the engine's worker reads
- *  the files at load. `converted`: the role's run artifact made by convertFolder (it stands for
- *  the folder's own model.q8.safetensors / model.safetensors). */
-export function folderFiles(role, fileList, converted = null) {
+/** A picked folder as {"role/name": File} for the top-level files `role` needs (`table`:
+ *  loadModelFiles', its required files and the role's run artifact); throws E_MODEL_LOAD naming a
+ *  missing one. Nothing is read or uploaded here: the engine's worker reads the files at load.
+ *  `converted`: the role's run artifact made by convertFolder (it stands for the folder's own
+ *  model.q8.safetensors / model.safetensors). */
+export function folderFiles(role, fileList, table, converted = null) {
   const byName = filesByName(fileList);
-  if (converted) byName.set(RUN_ARTIFACT[role], converted);
-  const missing = FOLDER_FILES[role].filter((n) => !byName.has(n));
+  const runArtifact = table.run_artifact[role];
+  if (converted) byName.set(runArtifact, converted);
+  const missing = [...table.required, runArtifact].filter((n) => !byName.has(n));
   if (missing.length) {
-    const more = role === "champion" && missing.includes("model.q8.safetensors")
+    const more = role === "champion" && missing.includes(runArtifact)
       ? " (a champion folder must hold the q8 artifact that `exactspec convert` writes, or a Hugging Face model.safetensors to convert)" : "";
     throw codedError("E_MODEL_LOAD", `${role} folder lacks ${missing.join(", ")}${more}`);
   }
@@ -111,12 +118,14 @@ const isGgufFile = (value) => typeof Blob !== "undefined" && value instanceof Bl
 /** models for Engine.load from {champion, draft} where each is a URL string, a picked .gguf File or
  *  a picked folder (FileList / File[]); folders become virtual URLs answered from the files in the worker; a
  *  champion folder with only a Hugging Face checkpoint is converted to q8 here first, a draft
- *  folder that is sharded or not all F32 (bf16/f16) to the all-F32 model.safetensors. */
-export async function resolveModels({ champion, draft, manifest }, defaults, onProgress = null) {
+ *  folder that is sharded or not all F32 (bf16/f16) to the all-F32 model.safetensors. `table`:
+ *  loadModelFiles' (a picked folder is checked against it). */
+export async function resolveModels({ champion, draft, manifest }, defaults, onProgress, table) {
   const picked = (v) => v && typeof v !== "string" && !isGgufFile(v);
+  const convert = (role, files) => convertFolder(role, files, { onProgress, runArtifact: table.run_artifact[role] });
   const converted = {
-    champion: picked(champion) && needsConversion("champion", champion) ? await convertFolder("champion", champion, { onProgress }) : null,
-    draft: picked(draft) && await draftNeedsConversion(draft) ? await convertFolder("draft", draft, { onProgress }) : null,
+    champion: picked(champion) && needsConversion("champion", champion) ? await convert("champion", champion) : null,
+    draft: picked(draft) && await draftNeedsConversion(draft) ? await convert("draft", draft) : null,
   };
   const models = {}, files = {};
   for (const [role, value] of [["champion", champion ?? defaults.champion], ["draft", draft === undefined ? defaults.draft : draft]]) {
@@ -127,7 +136,7 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
       models[role] = localModelUrl(role) + encodeURIComponent(value.name);
       continue;
     }
-    Object.assign(files, folderFiles(role, value, converted[role]));
+    Object.assign(files, folderFiles(role, value, table, converted[role]));
     models[role] = localModelUrl(role);
   }
   if (Object.keys(files).length) {
@@ -137,23 +146,30 @@ export async function resolveModels({ champion, draft, manifest }, defaults, onP
   return models;
 }
 
-/** Fields of a generate request besides the prompt and config (types: protocol.json). */
-export const REQUEST_FIELDS = ["chat", "raw_text"];
+/** generate()'s option names, from protocol.json (the one table, `schema`): `config`, the
+ *  generation options (generate_config) that go to the orchestrator as they are; `fields`, the
+ *  request's flags besides its prompt (generate_request's entries that are not a prompt). */
+export function optionNames(schema) {
+  const keys = (table, keep = () => true) => Object.entries(table).filter(([k, rule]) => !k.startsWith("_") && keep(rule)).map(([k]) => k);
+  return { config: keys(schema.generate_config), fields: keys(schema.generate_request, (rule) => !("prompt" in rule)) };
+}
 
-/** {prompt | prompt_ids | messages, chat?, raw_text?, config} from generate()'s arguments; unknown
- *  options are refused here, every type by the engine (protocol.json's table, the same rules as
- *  Python). A prompt that is an array of objects is a conversation ([{role, content}, ...], in the
- *  model's chat template), any other array token ids; anything else must be a string. */
-export function requestPayload(prompt, options = {}) {
+/** {prompt | prompt_ids | messages, chat?, raw_text?, config} from generate()'s arguments, sorted
+ *  by protocol.json (`schema`, loadSchema's); unknown options are refused here, every type by the
+ *  engine (the same table and rules as Python). A prompt that is an array of objects is a
+ *  conversation ([{role, content}, ...], in the model's chat template), any other array token ids;
+ *  anything else must be a string. */
+export function requestPayload(prompt, options, schema) {
+  const { config: configNames, fields: fieldNames } = optionNames(schema);
   const rest = { ...(options ?? {}) };
   delete rest.silenceTimeoutMs;                   // the engine's, not the request's
-  const unknown = Object.keys(rest).filter((k) => !GENERATION_OPTIONS.includes(k) && !REQUEST_FIELDS.includes(k));
+  const unknown = Object.keys(rest).filter((k) => !configNames.includes(k) && !fieldNames.includes(k));
   if (unknown.length) {
-    throw codedError("E_BAD_ARGUMENT", `unknown option ${unknown[0]} (known: ${[...REQUEST_FIELDS, ...GENERATION_OPTIONS].join(", ")})`);
+    throw codedError("E_BAD_ARGUMENT", `unknown option ${unknown[0]} (known: ${[...fieldNames, ...configNames].join(", ")})`);
   }
   const defined = (entries) => Object.fromEntries(entries.filter(([, v]) => v !== undefined));
-  const config = defined(Object.entries(rest).filter(([k]) => GENERATION_OPTIONS.includes(k)));
-  const fields = defined(REQUEST_FIELDS.map((k) => [k, rest[k]]));
+  const config = defined(Object.entries(rest).filter(([k]) => configNames.includes(k)));
+  const fields = defined(fieldNames.map((k) => [k, rest[k]]));
   const isConversation = Array.isArray(prompt) && prompt[0] !== null && typeof prompt[0] === "object";
   const promptField = isConversation ? "messages" : Array.isArray(prompt) ? "prompt_ids" : "prompt";
   return { [promptField]: prompt, ...fields, config };
@@ -171,7 +187,7 @@ class ExactSpecEngine {
    *  E_TIMEOUT when the worker fell silent for silenceTimeoutMs (the engine is then ended). */
   generate(prompt, options = {}, onEvent = null) {
     let payload;
-    try { payload = requestPayload(prompt, options); } catch (err) { return Promise.reject(err); }
+    try { payload = requestPayload(prompt, options, this.engine.schema); } catch (err) { return Promise.reject(err); }
     const silence = options?.silenceTimeoutMs;
     return this.engine.generate(payload, onEvent, silence === undefined ? {} : { silenceTimeoutMs: silence });
   }
@@ -184,7 +200,8 @@ class ExactSpecEngine {
 
   /** Load another pair in place (same options as createEngine's models and onProgress). */
   async load(models, options = {}) {
-    return this.engine.load(await resolveModels(models, this.defaults, options.onProgress), options);
+    const table = await loadModelFiles(this.urls.py);
+    return this.engine.load(await resolveModels(models, this.defaults, options.onProgress, table), options);
   }
 
   /** Free everything; later calls are refused E_TERMINATED. */
@@ -201,10 +218,11 @@ export async function createEngine(options = {}) {
     draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
-  const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress);
+  const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress, await loadModelFiles(urls.py));
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, draftPlacement, whenBusy,
     onProgress, draftInBackground, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
+  wrapped.urls = urls;
   return wrapped;
 }

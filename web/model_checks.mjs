@@ -264,6 +264,9 @@ export function validateConfig(cfg, source = "config.json") {
   const context = intField(cfg, "max_position_embeddings", source);
   if (heads % kvHeads !== 0) refuse(source, `num_key_value_heads ${kvHeads} does not divide num_attention_heads ${heads}`);
   if (headDim % 2 !== 0) refuse(source, `head_dim ${headDim} must be even for RoPE`);
+  for (const [key, value] of [["hidden_size", hidden], ["intermediate_size", intermediate], ["head_dim", headDim]]) {
+    if (value % 4 !== 0) refuse(source, `${key} ${value} must be a multiple of 4 (int8 weights are packed 4 per word)`);
+  }
   const eps = floatField(get(cfg, "rms_norm_eps") ?? 1e-6, "rms_norm_eps", source);
   if (!(eps > 0 && eps < 1)) refuse(source, `rms_norm_eps ${eps} must be > 0 and < 1`);
   const layerTypes = get(cfg, "layer_types");

@@ -15,7 +15,8 @@
 // With a draft loaded into the same instance (createWasmChampion({..., draft})), a whole round is one
 // call: champion.beginNow({...}) once a request, then champion.roundNow({...}) -> the whole record
 // (web/champion_wasm/cpu_session.mjs).
-import { parseConfig } from "../draft/draft.mjs";
+import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
+import { checkedPolicy } from "../sampling_policy.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
@@ -74,39 +75,15 @@ async function fetchBytes(fetchFn, url) {
   return new Uint8Array(await response.arrayBuffer());
 }
 
-/** The config checks of the draft's parseConfig, plus what this kernel needs (a tied LM head). */
-export function parseChampionConfig(config) {
-  let c;
-  try {
-    c = parseConfig(config);
-  } catch (err) {
-    throw asCoded(err, "E_MODEL_LOAD");
-  }
-  return c;
-}
-
-/** policy -> checked fields (the refusals of web/gpu/accept.mjs and SamplingPolicy.validate). */
-function checkedPolicy(policy, V) {
-  const p = { temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0,
-              suppress_token_ids: [], allowed_token_ids: null, ...(policy || {}) };
-  const rules = [
-    ["temperature", Number.isFinite(p.temperature) && p.temperature >= 0],
-    ["top_k", Number.isInteger(p.top_k) && p.top_k >= 0],
-    ["top_p", p.top_p > 0 && p.top_p <= 1],
-    ["repetition_penalty", Number.isFinite(p.repetition_penalty) && p.repetition_penalty > 0],
-  ];
-  for (const [field, ok] of rules) if (!ok) throw badArgument(`${field}: ${p[field]}`);
-  for (const id of p.suppress_token_ids) if (!isUint(id, V)) throw badArgument(`suppress_token_ids: ${id}`);
-  if (p.allowed_token_ids !== null) for (const id of p.allowed_token_ids) if (!isUint(id, V)) throw badArgument(`grammar: ${id}`);
-  return p;
-}
-
 /**
- * createWasmChampion({wasmUrl, modelUrl}) in the browser, or
+ * createWasmChampion({wasmUrl, modelUrl, configJson}) in the browser, or
  * createWasmChampion({wasmBytes, configJson, weightsBytes}) anywhere (Node tests), or
  * createWasmChampion({wasmUrl | wasmBytes, configJson, tensors, identity}) for a tensor map whose
  * identity the caller computed, or createWasmChampion({wasmUrl, ggufUrl, configJson}): a GGUF file
  * (configJson: its config as the model check mapped and validated it), identity the file's sha256.
+ * configJson: the validated config (an object, web/formats/model_config.mjs), as the engine's model
+ * check hands it over; absent (a model folder only), its config.json is read through the
+ * validator's JS port (callers outside the engine).
  * A tensor map may hold any linear as float32 `<name>` instead of `<name>.q8` + `<name>.scale`
  * (weight storage f32 then: "int8" is refused).
  * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (cpu.wasm)
@@ -135,14 +112,12 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
   const [wasm, configRaw, file] = await Promise.all([
     wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
-    configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => {
-      try { return JSON.parse(new TextDecoder().decode(b)); } catch (err) { throw codedError("E_MODEL_LOAD", `config.json: ${err.message}`); }
-    }),
+    configJson ?? readValidatedConfig(base + "config.json", fetchFn),
     tensors ?? (ggufUrl ? fetchGgufFile(fetchFn, ggufUrl) : null)
       ?? weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
   ]);
   const config = typeof configRaw === "string" ? JSON.parse(configRaw) : configRaw;
-  const c = parseChampionConfig(config);
+  const c = wasmKernelConfig(config);   // the validated config onto the C side's arguments
   let artifactBytes;
   if (tensors) {
     artifactBytes = [...tensors.values()].reduce((n, t) => n + t.bytes.byteLength, 0);

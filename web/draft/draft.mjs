@@ -2,7 +2,8 @@
 // model.safetensors (f32) into the module's memory and exposes forward / propose with the
 // semantics of exactspec.core.backends.RunnerDraft.propose (docs/browser_contract.md, docs/draft_wasm.md).
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
-import { ropeInvFreq, ropeOf } from "../gpu/champion_config.mjs";
+import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
+import { checkedPolicy } from "../sampling_policy.mjs";
 import { fetchSafetensors } from "../gpu/safetensors.mjs";
 import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../model_checks.mjs";
 import { sha256Hex } from "../sha256.mjs";
@@ -37,45 +38,6 @@ export class DraftError extends Error {
 function loadError(message) { return new DraftError("E_MODEL_LOAD", message); }
 function badArgument(message) { return new DraftError("E_BAD_ARGUMENT", message); }
 
-// config.json -> the hyper-parameters the C side needs (the checks of reference_llama._parse_config)
-export function parseConfig(config) {
-  const get = (key, fallback) => (config[key] === undefined || config[key] === null ? fallback : config[key]);
-  const modelType = get("model_type", "llama");
-  if (modelType !== "llama" && modelType !== "qwen2") throw loadError(`model_type ${config.model_type} is not llama or qwen2`);
-  if (get("hidden_act", "silu") !== "silu") throw loadError(`hidden_act ${config.hidden_act} is not silu`);
-  if (config.attention_bias || config.mlp_bias) throw loadError("bias terms are not supported");
-  if (modelType === "qwen2" && config.use_sliding_window) throw loadError("use_sliding_window=true is not supported");
-  for (const key of ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "max_position_embeddings"]) {
-    if (!Number.isInteger(config[key]) || config[key] <= 0) throw loadError(`config field ${key} missing or invalid`);
-  }
-  const rope = ropeOf(config);   // RoPE: rope_theta + rope_scaling, or rope_parameters; refusals by field
-  const numHeads = config.num_attention_heads;
-  const c = {
-    vocab_size: config.vocab_size,
-    hidden_size: config.hidden_size,
-    intermediate_size: config.intermediate_size,
-    num_layers: config.num_hidden_layers,
-    num_heads: numHeads,
-    num_kv_heads: get("num_key_value_heads", numHeads),
-    head_dim: get("head_dim", Math.floor(config.hidden_size / numHeads)),
-    rms_norm_eps: get("rms_norm_eps", 1e-6),
-    max_context: config.max_position_embeddings,
-    rope_theta: Number(rope.theta),
-    tie_word_embeddings: Boolean(get("tie_word_embeddings", false)),
-    qkv_bias: modelType === "qwen2",
-    rope_type: rope.type,
-  };
-  // scaled RoPE: the inverse frequencies exactly as exactspec.formats.config.rope_inv_freq (transformers'
-  // formulas) computes them; null for the default (the kernels build it from rope_theta)
-  c.rope_inv_freq = rope.type === "default" ? null : Array.from(ropeInvFreq({ headDim: c.head_dim, rope }));
-  if (c.num_heads % c.num_kv_heads !== 0) throw loadError("num_attention_heads is not a multiple of num_key_value_heads");
-  for (const key of ["head_dim", "hidden_size", "intermediate_size"]) {
-    if (c[key] % 4 !== 0) throw loadError(`${key} ${c[key]} must be a multiple of 4 for the SIMD kernels`);
-  }
-  return c;
-}
-
 // safetensors bytes -> {headerBytes (8 + n), tensors: {name: {dtype, shape, begin, end}}}, the
 // header checked as the CLI checks it (web/model_checks.mjs): bounds, dtypes, byte sizes against
 // shapes, offsets tiling the data exactly (no gaps, overlaps or trailing bytes)
@@ -97,23 +59,14 @@ async function fetchBytes(fetchFn, url) {
   return new Uint8Array(await response.arrayBuffer());
 }
 
-function policyNumbers(policy) {
-  const p = policy || {};
-  return {
-    temperature: p.temperature ?? 1.0,
-    top_k: p.top_k ?? 0,
-    top_p: p.top_p ?? 1.0,
-    repetition_penalty: p.repetition_penalty ?? 1.0,
-    suppress: p.suppress_token_ids ?? [],
-    allowed: p.allowed_token_ids ?? null,
-  };
-}
-
 /**
- * createDraft({wasmUrl, modelUrl}) in the browser, or
+ * createDraft({wasmUrl, modelUrl, configJson}) in the browser, or
  * createDraft({wasmBytes, configJson, weightsBytes}) anywhere (Node tests).
- * A modelUrl ending in .gguf is one GGUF file (configJson: the config the model check derived from
- * it): its tensors as F32 (web/gguf/gguf_draft.mjs), its sha256 the draft's identity.
+ * configJson: the validated config (an object, web/formats/model_config.mjs): the engine passes
+ * the one its model check got from Pyodide; absent, the folder's config.json is read through the
+ * validator's JS port (callers outside the engine).
+ * A modelUrl ending in .gguf is one GGUF file (configJson required: the config the model check
+ * derived from it): its tensors as F32 (web/gguf/gguf_draft.mjs), its sha256 the draft's identity.
  * The module is the CPU module (web/build/cpu.wasm); `instance: {exports, memory}` loads the draft
  * into an instance that already holds the champion (one memory, one arena: cpu_session.mjs).
  */
@@ -129,7 +82,7 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   const [wasm, config, file] = await Promise.all([
     shared ? null : wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
-    configJson ?? fetchBytes(fetchFn, base + "config.json").then((b) => JSON.parse(new TextDecoder().decode(b))),
+    configJson ?? readValidatedConfig(base + "config.json", fetchFn),
     weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
   ]);
   const { exports, memory } = shared ?? await instantiateAlone(wasm);
@@ -153,7 +106,7 @@ export class Draft {
     this.wasm = exports;
     this.memory = memory;                 // the CPU module's (shared with the champion when loaded into its instance)
     this.config = config;
-    const c = parseConfig(config);
+    const c = wasmKernelConfig(config);   // the validated config onto the C side's arguments
     this.hp = c;
     this.vocabSize = c.vocab_size;
     this.maxContext = c.max_context;
@@ -281,21 +234,12 @@ export class Draft {
 
   /** policy + context (+ stop ids) into the C side; throws E_BAD_ARGUMENT on a bad policy */
   _setPolicy(policy, contextIds, stopTokenIds) {
-    const p = policyNumbers(policy);
-    const V = this.vocabSize;
-    if (!(p.temperature >= 0 && Number.isFinite(p.temperature))) throw badArgument(`temperature: ${p.temperature}`);
-    if (!Number.isInteger(p.top_k) || p.top_k < 0) throw badArgument(`top_k: ${p.top_k}`);
-    if (!(p.top_p > 0 && p.top_p <= 1)) throw badArgument(`top_p: ${p.top_p}`);
-    if (!(p.repetition_penalty > 0 && Number.isFinite(p.repetition_penalty))) {
-      throw badArgument(`repetition_penalty: ${p.repetition_penalty}`);
-    }
+    const p = checkedPolicy(policy, this.vocabSize);
     check(this.wasm.draft_set_policy(p.temperature, p.top_k, p.top_p, p.repetition_penalty), "policy");
-    for (const id of [...p.suppress, ...(p.allowed ?? [])]) {
-      if (!Number.isInteger(Number(id)) || id < 0 || id >= V) throw badArgument(`token id ${id} not in [0, ${V})`);
-    }
-    this._ensureIds(Math.max(p.suppress.length, p.allowed ? p.allowed.length : 0, contextIds.length, stopTokenIds.length));
-    const nS = this._writeIds(this._ids, p.suppress);
-    const nA = p.allowed === null ? -1 : this._writeIds(this._ids2, p.allowed);
+    const suppress = p.suppress_token_ids, allowed = p.allowed_token_ids;
+    this._ensureIds(Math.max(suppress.length, allowed ? allowed.length : 0, contextIds.length, stopTokenIds.length));
+    const nS = this._writeIds(this._ids, suppress);
+    const nA = allowed === null ? -1 : this._writeIds(this._ids2, allowed);
     check(this.wasm.draft_set_masks(this._ids, nS, this._ids2, nA), "masks");
     check(this.wasm.draft_set_context(this._ids, this._writeIds(this._ids, contextIds)), "context_ids");
     check(this.wasm.draft_set_stops(this._ids, this._writeIds(this._ids, stopTokenIds)), "stop_token_ids");

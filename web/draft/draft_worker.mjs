@@ -126,7 +126,8 @@ export class DraftWorkerClient {
     const url = new URL(workerUrl ?? import.meta.url);
     url.searchParams.set("wasm", wasmUrl);
     url.searchParams.set("model", modelUrl);
-    if (configJson) url.searchParams.set("config", JSON.stringify(configJson));   // a GGUF draft's (a few hundred bytes)
+    // the validated config from the engine's model check (a few hundred bytes): no second fetch of config.json
+    if (configJson) url.searchParams.set("config", JSON.stringify(configJson));
     const worker = new Worker(url, { type: "module" });
     let ready;
     try {

@@ -4,11 +4,12 @@
 // laid out as the all-F32 model.safetensors the draft runs (web/draft/draft.mjs).
 //
 //   const { weightsBytes, identity, artifactBytes } = await ggufDraftWeights(fetchFn, url, config);
-// config: the HF config dict the model check derived from the file's metadata (check_gguf, the
-// champion's path), passed in: the draft has no Python of its own.
+// config: the validated config the model check derived from the file's metadata (check_gguf, then
+// validate_config in Pyodide, web/formats/model_config.mjs), passed in: the draft has no Python of its own.
 import { fetchGgufFile, ggufTensorMap } from "./gguf_tensors.mjs";
 import { ggufLabel } from "./gguf_reader.mjs";
 import { codedError } from "../protocol.mjs";
+import { validatedConfig } from "../formats/model_config.mjs";
 
 /** A safetensors file (header JSON space-padded to 8 bytes) of F32 tensors, written one at a time
  *  from `tensors` (Map name -> {dtype: "F32", shape, bytes}; a lazy map holds one float32 tensor). */
@@ -33,7 +34,7 @@ export function f32Safetensors(tensors) {
 /** See the header comment. */
 export async function ggufDraftWeights(fetchFn, url, config) {
   if (!config) throw codedError("E_BAD_ARGUMENT", `${ggufLabel(url)}: config: a GGUF draft needs the config the model check derived from it`);
-  const parsed = typeof config === "string" ? JSON.parse(config) : config;
+  const parsed = validatedConfig(typeof config === "string" ? JSON.parse(config) : config);
   const { bytes, identity } = await fetchGgufFile(fetchFn, url, ggufLabel(url));
   const tensors = ggufTensorMap(bytes, parsed, ggufLabel(url), { lazy: true });
   return { weightsBytes: f32Safetensors(tensors), identity, artifactBytes: bytes.byteLength };

@@ -8,6 +8,7 @@
 // One decide() = one submission: processors_rows (one workgroup per row) + accept_decide (one
 // workgroup), then 8 u32 words are copied back. Semantics: exactspec.core.acceptance.decide_round with
 // exactspec.reference.processors.process_logits (processors-v1) and the RNG contract of docs/rng.md.
+import { checkedPolicy } from "../sampling_policy.mjs";
 
 const MAX_BLOCK_LIMIT = 32;                    // stop_mask is one u32 word
 const NONE = 0xffffffff;
@@ -76,23 +77,6 @@ function layoutOf(device, kinds) {
       buffer: { type: type === "uniform" ? "uniform" : type === "ro" ? "read-only-storage" : "storage" },
     })),
   });
-}
-
-// policy -> checked numbers (same refusals as SamplingPolicy.validate, field name first).
-function checkPolicy(policy, V) {
-  const p = { temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0,
-              suppress_token_ids: [], allowed_token_ids: null, ...(policy || {}) };
-  if (!(Number.isFinite(p.temperature) && p.temperature >= 0)) throw badArgument(`temperature: ${p.temperature}`);
-  if (!(Number.isInteger(p.top_k) && p.top_k >= 0)) throw badArgument(`top_k: ${p.top_k}`);
-  if (!(p.top_p > 0 && p.top_p <= 1)) throw badArgument(`top_p: ${p.top_p}`);
-  if (!(Number.isFinite(p.repetition_penalty) && p.repetition_penalty > 0)) {
-    throw badArgument(`repetition_penalty: ${p.repetition_penalty}`);
-  }
-  for (const id of p.suppress_token_ids) if (!isUint(id, V)) throw badArgument(`suppress_token_ids: ${id}`);
-  if (p.allowed_token_ids !== null) for (const id of p.allowed_token_ids) {
-    if (!isUint(id, V)) throw badArgument(`grammar: ${id}`);
-  }
-  return p;
 }
 
 // Each invocation holds PER = ceil(V / WG) floats in a private array; shader compilers cap a
@@ -172,7 +156,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
 
   // Writes the Meta uniform, bitmaps and proposals for nRows rows.
   function upload({ nRows, proposals, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
-    const pol = checkPolicy(policy, V);
+    const pol = checkedPolicy(policy, V);
     const props = Int32Array.from(proposals || []);
     if (!(Number.isInteger(nRows) && nRows >= 1 && nRows <= maxBlock)) throw badArgument(`nRows: ${nRows}`);
     if (props.length > nRows) throw badArgument(`proposals: ${props.length} > nRows ${nRows}`);

@@ -1,14 +1,12 @@
 // Champion Llama forward on WebGPU: q8 or f32 linears, KV cache on the GPU, batch-invariant blocks.
 import {
-  bindGroups, createPipelines, fetchText, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
+  bindGroups, createPipelines, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "./safetensors.mjs";
-import { parseConfig, resolveMaxContext, ropeTable } from "./champion_config.mjs";
+import { gpuHyperParameters, readValidatedConfig, resolveMaxContext, ropeTable } from "../formats/model_config.mjs";
 import { bindingLimit, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { modelLoadError } from "../model_checks.mjs";
-
-export { parseConfig } from "./champion_config.mjs";
 
 export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
@@ -153,10 +151,11 @@ function uploadLayer(device, tensors, hp, i, forms, pieces, where) {
   };
 }
 
-/** What both entry points check before any weight is touched: the config's hyper-parameters, the
- *  resolved maxContext, maxBlock, and the plan options at this device's binding limit. */
+/** What both entry points check before any weight is touched: the validated config's
+ *  hyper-parameters, the resolved maxContext, maxBlock, and the plan options at this device's
+ *  binding limit. */
 function loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes }) {
-  const hp = parseConfig(config);
+  const hp = gpuHyperParameters(config);
   maxContext = resolveMaxContext(hp, maxContext);
   if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
   const planOptions = { maxBlock, maxContext, limit: bindingLimit(device.limits),
@@ -172,16 +171,17 @@ function pipelinesFor(device, shaderUrl, pipelinesPromise) {
   return ready;
 }
 
-/** Load config.json + model.q8.safetensors from modelUrl and build every buffer and pipeline.
- *  maxContext: KV positions (default min(max_position_embeddings, 4096)); maxBindingBytes: a
+/** Load model.q8.safetensors from modelUrl and build every buffer and pipeline. config: the
+ *  validated config (web/formats/model_config.mjs: the engine's model check hands over Pyodide's;
+ *  absent, the folder's config.json is read through the validator's JS port). maxContext: KV positions (default min(max_position_embeddings, 4096)); maxBindingBytes: a
  *  smaller split threshold for the weights than the device's (tests); memoryBudgetBytes: refuse a
  *  plan above it (E_OUT_OF_MEMORY saying which maxContext would fit). */
-export async function createChampion({ device, modelUrl, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null,
+export async function createChampion({ device, modelUrl, config = null, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null,
                                        maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
   const t0 = performance.now();
   const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
-  const config = JSON.parse(await fetchText(new URL("config.json", base)));
+  config ??= await readValidatedConfig(new URL("config.json", base).href, fetch);
   const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes });
   // refuse before the download what cannot fit even in the smallest forms (every weight q8)
   planChampion(setup.hp, { embed: "q8", head: setup.hp.tied ? "tied" : "q8" }, setup.planOptions);
@@ -198,7 +198,7 @@ export async function createChampion({ device, modelUrl, maxBlock = 9, maxContex
 }
 
 /** The same champion from a tensor map that did not come from model.q8.safetensors (a GGUF file's
- *  weights, dequantised exactly to F32): `config` a config.json object (validated), `tensors` a
+ *  weights, dequantised exactly to F32): `config` the validated config, `tensors` a
  *  Map(name -> {dtype, shape, bytes}) as parseSafetensors gives, any linear, the embedding and the
  *  head either F32 `<name>` or `<name>.q8` + `<name>.scale`; `identity` the sha256 hex of the file
  *  the weights came from; `label` names it in refusals; `artifactBytes` its size (default: the
@@ -245,7 +245,7 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
     }
     if (invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${invalid.message}`);
   }
-  const loadMs = {   // fetch: config + weights; hash: parse + sha256; pipelines: wait after that
+  const loadMs = {   // fetch: the weights (and config.json when no config was given); hash: parse + sha256; pipelines: wait after that
     fetch: t1 - t0, hash: t2 - t1, pipelines: t3 - t2, upload: performance.now() - t3, total: performance.now() - t0,
   };
   const metaWords = new ArrayBuffer(steps.length * META_STRIDE);
@@ -310,7 +310,6 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
       }
       return ms;
     },
-    reset() { length = 0; },
     /** Free every buffer this champion made (weights, activations, KV cache, metas). */
     destroy() {
       const owned = new Set([...Object.values(bufs).flat(), metas, ...steps.flatMap((s) => s.tensorsOf)]);
@@ -331,7 +330,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   const kvBytes = maxContext * kvHeads * hd * 4;
   const bufs = {
     finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], where).bytes, "norm"),
-    ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp, maxContext), "rope"),
+    ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp.config, maxContext), "rope"),
     ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
     x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
     xn: storageBuffer(device, B * H * 4, null, "xn"),                   // (B, H) normed

@@ -30,7 +30,7 @@ export function linearShapes(hp) {
 
 const LINEAR_NAMES = { qkv: "self_attn.q|k|v_proj", o: "self_attn.o_proj", gateUp: "mlp.gate|up_proj", down: "mlp.down_proj" };
 
-/** The whole plan for hyper-parameters `hp` (champion_config.parseConfig) and the stored forms
+/** The whole plan for hyper-parameters `hp` (web/formats/model_config.mjs gpuHyperParameters) and the stored forms
  *  of the weights: `forms.embed` "f32" | "q8"; `forms.head` "tied" | "f32" | "q8"; `forms.layers`
  *  (optional, default every linear "q8") one {qkv, o, gateUp, down} of "q8" | "f32" per layer.
  *  Refuses (E_OUT_OF_MEMORY, saying what would fit) a row wider than a binding, a per-layer KV

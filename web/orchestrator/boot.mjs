@@ -5,7 +5,7 @@ import { sha256Hex } from "../sha256.mjs";
 import { FORGET, IMPORTS, sourcesKey, writeSources } from "./py_sources.mjs";
 import { installWheels } from "./wheels.mjs";
 
-export async function fetchOk(url, as = "text") {
+async function fetchOk(url, as = "text") {
   const r = await fetch(url);
   if (!r.ok) throw new Error(`E_MODEL_LOAD: ${url}: HTTP ${r.status}`);
   return as === "bytes" ? new Uint8Array(await r.arrayBuffer()) : as === "json" ? r.json() : r.text();

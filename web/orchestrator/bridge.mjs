@@ -44,7 +44,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   let epoch = 0;
   const placement = chooseDraftPlacement(draftPlacement, choice.kind);
   const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
-    configJson: draftConfig });     // draftConfig: a GGUF draft's, from the model check (null: the folder's config.json)
+    configJson: draftConfig });     // draftConfig: the validated config from the model check (web/formats/model_config.mjs)
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.

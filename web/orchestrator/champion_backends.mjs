@@ -1,8 +1,9 @@
 // The two champion backends behind one interface, and the choice between them.
 //   webgpu: WGSL kernels (web/gpu/champion.mjs + accept.mjs) on a device whose buffers are counted
 //   wasm:   WASM-SIMD forward + float64 decisions in C (web/champion_wasm/champion_wasm.mjs)
-// Both run the same q8 artifact, or a GGUF file (championConfig: its config as the model check
-// mapped it; the file dequantised to float32 linears, web/gguf/), and give decide() results of one shape:
+// Both run the same q8 artifact, or a GGUF file (the file dequantised to float32 linears, web/gguf/),
+// sized by championConfig, the validated config the model check handed over (web/formats/model_config.mjs),
+// and give decide() results of one shape:
 //   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
 //               forward(ids Int32Array, startPos), decide(args) -> {n_accepted, next_token, ...},
 //               wasm only: forwardNow / decideNow, the same synchronously,
@@ -12,7 +13,7 @@
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
 import { compileChampionPipelines, createChampion, createChampionFromTensors } from "../gpu/champion.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
-import { ggufLabel } from "../gguf/gguf_reader.mjs";
+import { ggufLabel, isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
 import { codedError } from "../protocol.mjs";
 
@@ -71,13 +72,14 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
   accounting.refuseAfter = refuseAllocAfter;
   let champion = null, acceptor = null;
   try {
-    if (championConfig) {              // a GGUF file: its tensor map, float32 linears
+    if (isGgufUrl(championUrl)) {      // a GGUF file: its tensor map, float32 linears
       const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
       const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl));
       champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: ggufLabel(championUrl),
         artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
     } else {
-      champion = await createChampion({ device, modelUrl: championUrl, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+      champion = await createChampion({ device, modelUrl: championUrl, config: championConfig, maxBlock, maxContext,
+        pipelinesPromise: prepared?.pipelines });
     }
     acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock });
   } catch (err) {
@@ -119,7 +121,7 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     throw codedError("E_MODEL_LOAD", `the WASM champion module did not load: ${err.message ?? err}`);
   }
   const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads,
-    ...(championConfig ? { ggufUrl: championUrl, configJson: championConfig } : { modelUrl: championUrl }) });
+    configJson: championConfig, ...(isGgufUrl(championUrl) ? { ggufUrl: championUrl } : { modelUrl: championUrl }) });
   let nanRows = 0;
   const backend = {
     kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,

@@ -1,16 +1,15 @@
 // Load-time model checks, in the orchestrator worker: fetch each model's small files, hash them
-// with WebCrypto, and run exactspec.pyodide.browser_backend.check_models in Pyodide (the same config
+// with WebCrypto, and run exactspec.pyodide.model_check.check_models in Pyodide (the same config
 // validator, manifest fields and pair check as under CPython). Stage 1 runs before any weights
-// are fetched; stage 2 (verifyRunArtifacts) after the champion and draft loaded, with the
-// sha256 of the very bytes they run.
+// are fetched, and its validated configs are what the champion and draft loaders receive (no
+// second fetch or parse of config.json); stage 2 (verifyRunArtifacts) after the champion and draft
+// loaded, with the sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { declaredSize, ggufLabel, isGgufUrl, readGgufHeader } from "../gguf/gguf_reader.mjs";
 
 export { isGgufUrl };
 
-const MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
-const CHAT_TEMPLATE_FILE = "chat_template.jinja";   // optional: transformers' own file, wins over tokenizer_config's
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
 
 /** The file's bytes; null for an optional file the server (or the picked folder) answers 404 to. */
@@ -42,21 +41,33 @@ function folderName(url) {
   return decodeURIComponent(path.slice(path.lastIndexOf("/") + 1));
 }
 
+/** py/exactspec/formats/model_files.json, the one table of a folder's files, from Python:
+ *  {required, optional, run_artifact: {role: file}}. */
+function modelFiles(pyodide) {
+  const fn = pyodide.pyimport("exactspec.pyodide.model_check").model_files;
+  try {
+    return JSON.parse(fn());
+  } finally {
+    fn.destroy();
+  }
+}
+
+/** -> {ok: summary, validated_configs: {role: LlamaConfig fields}} */
 function runPy(pyodide, specJson, blobs) {
-  const check = pyodide.pyimport("exactspec.pyodide.browser_backend").check_models;
+  const check = pyodide.pyimport("exactspec.pyodide.model_check").check_models;
   try {
     const out = JSON.parse(check(specJson, (key) => blobs.get(key)));
     if (out.error) throw codedError(out.error.code, out.error.message);
-    return out.ok;
+    return out;
   } finally {
     check.destroy();
   }
 }
 
 /** A GGUF model (champion or draft): only the bytes before its data section are read here (the
- *  body is cancelled there), and exactspec.pyodide.browser_backend.check_gguf turns them into the config and the four model
+ *  body is cancelled there), and exactspec.pyodide.model_check.check_gguf turns them into the config and the four model
  *  files the file implies, in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the CLI's code).
- *  -> {name (the run artifact's name), files: name -> text, config, summary} */
+ *  -> {name (the run artifact's name), files: name -> text (config.json among them), summary} */
 async function readGguf(pyodide, url) {
   const label = ggufLabel(url);
   let res;
@@ -69,7 +80,7 @@ async function readGguf(pyodide, url) {
   const size = declaredSize(res);
   if (size === null) throw codedError("E_MODEL_LOAD", `${label}: the server did not declare the file's size (Content-Length)`);
   const { prefix } = await readGgufHeader(res, size, label);
-  const check = pyodide.pyimport("exactspec.pyodide.browser_backend").check_gguf;
+  const check = pyodide.pyimport("exactspec.pyodide.model_check").check_gguf;
   let out;
   try {
     out = JSON.parse(check(prefix, size, label));
@@ -81,10 +92,12 @@ async function readGguf(pyodide, url) {
 }
 
 /** -> {tokenizer_json, tokenizer_config_json, generation_config_json, chat_template_jinja (text or
- *  null), summary, ms, verifyRunArtifacts(info)}
- *  (+ champion_config / draft_config for a GGUF champion / draft: the config its metadata implies) */
+ *  null), champion_config, draft_config (validate_config's result for each role, a folder's or
+ *  the one a GGUF file's metadata implies; null without a draft), summary, ms, verifyRunArtifacts(info)} */
 export async function checkModels(pyodide, models) {
   const t0 = performance.now();
+  const table = modelFiles(pyodide);
+  const [chatTemplateFile] = table.optional;   // transformers' own file, wins over tokenizer_config's
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
   // a GGUF side: its implied files stand for a folder's; no manifest lists it
   const gguf = {};                      // role -> readGguf's
@@ -103,16 +116,17 @@ export async function checkModels(pyodide, models) {
         return;
       }
       const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
-      await Promise.all([...MODEL_FILES, CHAT_TEMPLATE_FILE].map(async (name) => {
-        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE, name === CHAT_TEMPLATE_FILE);
+      await Promise.all([...table.required, chatTemplateFile].map(async (name) => {
+        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE, name === chatTemplateFile);
         if (!bytes) return;
         blobs.set(`${role}/${name}`, bytes);
         served[role][name] = [await sha256Hex(bytes), bytes.byteLength];
       }));
     }),
   ]);
-  const optional = Object.fromEntries(roles.map((r) => [r, blobs.has(`${r}/${CHAT_TEMPLATE_FILE}`) ? [CHAT_TEMPLATE_FILE] : []]));
-  let summary = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);     // stage 1: configs
+  const optional = Object.fromEntries(roles.map((r) => [r, blobs.has(`${r}/${chatTemplateFile}`) ? [chatTemplateFile] : []]));
+  const stage1 = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);   // stage 1: configs
+  let summary = stage1.ok;
   const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
   const withGguf = (s) => ({ ...s, ...(gguf.champion ? { gguf: gguf.champion.summary.gguf } : {}),
     ...(gguf.draft ? { gguf_draft: gguf.draft.summary.gguf } : {}) });
@@ -124,9 +138,9 @@ export async function checkModels(pyodide, models) {
     tokenizer_config_json: text("tokenizer_config.json"),
     generation_config_json: text("generation_config.json"),
     // checked as UTF-8 in stage 1; null when the champion has none
-    chat_template_jinja: blobs.has(`champion/${CHAT_TEMPLATE_FILE}`) ? text(CHAT_TEMPLATE_FILE) : null,
-    champion_config: gguf.champion?.config ?? null,
-    draft_config: gguf.draft?.config ?? null,
+    chat_template_jinja: blobs.has(`champion/${chatTemplateFile}`) ? text(chatTemplateFile) : null,
+    champion_config: stage1.validated_configs.champion,
+    draft_config: stage1.validated_configs.draft ?? null,
     ms,
     get summary() { return summary; },
     /** Stage 2, given the bridge's info: the run artifacts' sha256 and bytes, as loaded. */
@@ -134,10 +148,10 @@ export async function checkModels(pyodide, models) {
       const run = { champion: info.champion, draft: info.draft };
       const present = roles.filter((r) => run[r]);          // a draft that failed to load is not checked
       const runFile = (role) => manifest?.models?.[entries[role]]?.run_artifact?.file ?? runWeights[role]
-        ?? (role === "champion" ? "model.q8.safetensors" : "model.safetensors");
+        ?? table.run_artifact[role];
       for (const role of present) served[role][runFile(role)] = [run[role].identity, run[role].artifact_bytes];
       summary = runPy(pyodide, JSON.stringify({ roles: present, optional, manifest, entries, served,
-        run_weights: runWeights, gguf_pair: Object.keys(gguf).length > 0 }), blobs);
+        run_weights: runWeights, gguf_pair: Object.keys(gguf).length > 0 }), blobs).ok;
       summary = withGguf(summary);
       return summary;
     },

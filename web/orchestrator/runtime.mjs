@@ -5,7 +5,7 @@
 // {stage: "fetch", url, name, loaded, total, done} for every artifact's bytes (the worker's fetch
 // counts them, web/fetch_progress.mjs); asset URLs come from options.assets (the page resolves
 // them from the engine module's URL), and local model folders arrive as models.files.
-import { bootPython, defaultAssets, fetchOk } from "./boot.mjs";
+import { bootPython, defaultAssets } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
@@ -197,5 +197,3 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     },
   };
 }
-
-export { fetchOk };

@@ -7,6 +7,7 @@
 //              errors: [...], load_errors: [...], timing: {...}}; float arrays travel as base64.
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { fromBase64, toBase64 } from "./draft_harness.mjs";
+import { validateConfig } from "../model_checks.mjs";
 import { roundRecordLayout } from "../protocol.mjs";
 
 const { readFileSync, existsSync } = await import("node:fs");
@@ -125,7 +126,8 @@ export async function timeDecide(champion, { m = 4, reps = 30 } = {}) {
 async function loadFromDir(fs, path, dir, wasm, opts) {
   return createWasmChampion({
     wasmBytes: fs.readFileSync(wasm),
-    configJson: opts.config ?? JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")),
+    // the config as the engine's model check hands it over: validated (a patched one may be refused here)
+    configJson: validateConfig(opts.config ?? JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8"))),
     weightsBytes: opts.weights ?? new Uint8Array(fs.readFileSync(path.join(dir, "model.q8.safetensors"))),
     maxBlock: opts.maxBlock ?? 9, maxContext: opts.maxContext ?? 0, threads: opts.threads ?? 1,
     weightStorage: opts.weightStorage ?? "auto",

@@ -7,6 +7,7 @@
 // cases.json: {wasm, model_dir, forward: [...], process: [...], sample: [...], propose: [...],
 //              timing: {...}}; float arrays travel as base64 (little-endian f32 / f64).
 import { createDraft } from "../draft/draft.mjs";
+import { validatedConfigFromJson } from "../formats/model_config.mjs";
 
 export function toBase64(typed) {
   const bytes = new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength);
@@ -113,7 +114,7 @@ if (isNodeMain) {
   const cases = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
   const draft = await createDraft({
     wasmBytes: fs.readFileSync(cases.wasm),
-    configJson: JSON.parse(fs.readFileSync(path.join(cases.model_dir, "config.json"), "utf8")),
+    configJson: validatedConfigFromJson(fs.readFileSync(path.join(cases.model_dir, "config.json"))),
     weightsBytes: new Uint8Array(fs.readFileSync(path.join(cases.model_dir, "model.safetensors"))),
   });
   const out = runCases(draft, cases);

@@ -13,6 +13,7 @@ import { parseGgufHeader, readGgufHeader } from "../gguf/gguf_reader.mjs";
 import { ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { validateConfig } from "../model_checks.mjs";
 import { runForward } from "./champion_harness.mjs";
 
 /** integerLinears: every linear's values rounded to integers in [-127, 127] (x 100 first), held as
@@ -39,7 +40,7 @@ async function runChampion({ wasm, path, config, forward = [], greedy = null, in
   const bytes = new Uint8Array(readFileSync(path));
   let tensors = ggufTensorMap(bytes, config, path);
   if (form) tensors = integerLinears(tensors, form);
-  const champion = await createWasmChampion({ wasmBytes: readFileSync(wasm), configJson: config,
+  const champion = await createWasmChampion({ wasmBytes: readFileSync(wasm), configJson: validateConfig(config),
     tensors, identity: await sha256Hex(bytes), weightStorage: "f32" });
   const out = { identity: champion.identity, forward: await runForward(champion, forward) };
   if (greedy) {

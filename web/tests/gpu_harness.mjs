@@ -88,13 +88,15 @@ async function loadChampion(modelUrl, maxBlock, maxContext, options = {}) {
            identity: champion.identity, phases: champion.loadMs, pieces: champion.pieces, memoryPlan: champion.memoryPlan };
 }
 
-/** The adapter's limits that decide splitting, and the plan of a config that is never loaded
- *  (real-size shapes: no weights are fetched or allocated). */
+/** The adapter's limits that decide splitting, and the plan of a config (a config.json object,
+ *  validated here as the engine's model check would) that is never loaded (real-size shapes: no
+ *  weights are fetched or allocated). */
 async function planFor(config, forms, maxBlock, maxContext, maxBindingBytes = 0) {
   await init();
-  const { parseConfig, resolveMaxContext } = await import("../gpu/champion_config.mjs");
+  const { gpuHyperParameters, resolveMaxContext } = await import("../formats/model_config.mjs");
+  const { validateConfig } = await import("../model_checks.mjs");
   const { bindingLimit, planChampion } = await import("../gpu/champion_plan.mjs");
-  const hp = parseConfig(config);
+  const hp = gpuHyperParameters(validateConfig(config));
   const limit = bindingLimit(device.limits, maxBindingBytes);
   const plan = planChampion(hp, forms, { maxBlock, maxContext: resolveMaxContext(hp, maxContext), limit });   // the override as the device's limit
   return { limit, maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize, maxBufferSize: device.limits.maxBufferSize,
@@ -102,10 +104,11 @@ async function planFor(config, forms, maxBlock, maxContext, maxBindingBytes = 0)
            bytes: plan.bytes };
 }
 
-/** transformers-style inverse RoPE frequencies the champion computes for a config (float64 values). */
+/** transformers-style inverse RoPE frequencies the champion computes for a config.json object (float64 values). */
 async function ropeInvFreq(config) {
-  const { parseConfig, ropeInvFreq: inv } = await import("../gpu/champion_config.mjs");
-  return Array.from(inv(parseConfig(config)));
+  const { ropeInvFreq: inv } = await import("../formats/model_config.mjs");
+  const { validateConfig } = await import("../model_checks.mjs");
+  return Array.from(inv(validateConfig(config)));
 }
 
 /** Forward blocks in order ([[ids, startPos], ...]); returns base64 logits of each block. */

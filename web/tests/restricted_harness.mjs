@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { writeRunArtifact } from "../convert/q8_artifact.mjs";
 import { draftNeedsConversion } from "../exactspec.mjs";
 import { createDraft } from "../draft/draft.mjs";
+import { validatedConfigFromJson } from "../formats/model_config.mjs";
 
 async function convert({ dir, role, out }) {
   const files = {};
@@ -25,7 +26,7 @@ async function convert({ dir, role, out }) {
 async function load({ wasm, dir }) {
   await createDraft({
     wasmBytes: await readFile(wasm),
-    configJson: JSON.parse(await readFile(join(dir, "config.json"), "utf8")),
+    configJson: validatedConfigFromJson(await readFile(join(dir, "config.json"))),
     weightsBytes: new Uint8Array(await readFile(join(dir, "model.safetensors"))),
   });
 }

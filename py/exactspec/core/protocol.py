@@ -2,8 +2,9 @@
 and the types of a generate request's fields and options (the same table and sentences as
 web/protocol.mjs).
 
-An Inbox applies messages in order and drops (and counts) those from a stale epoch, a foreign
-request or a duplicate/out-of-order seq. Pure Python; the JS side reads the same protocol.json.
+An Inbox takes one request's envelopes (the orchestrator's stream, as CPython callers and the tests
+read it) and drops (and counts) those from another epoch, a foreign request or a duplicate/out-of-order
+seq. Pure Python; the JS side reads the same protocol.json.
 """
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ def validate_envelope(env) -> None:
 
 
 class Inbox:
-    """Receiver side: accepts only the current request and epoch, in seq order."""
+    """One request's receiver: accepts only its request id and current epoch, in seq order.
+    Stricter than the browser's receivers (web/engine.mjs, orchestrator/handler.mjs, the draft
+    worker), which drop and count by request and epoch alone: it also refuses a repeated or
+    out-of-order seq, which the orchestrator's own stream never sends (tests read it with this)."""
 
     def __init__(self, request_id: str, epoch: int = 0):
         self.request_id = request_id

@@ -417,6 +417,10 @@ def validate_config(cfg, *, source: str = "config.json") -> LlamaConfig:
                       field="num_key_value_heads")
     if head_dim % 2 != 0:
         raise _refuse(source, f"head_dim {head_dim} must be even for RoPE", field="head_dim")
+    for key, value in (("hidden_size", hidden), ("intermediate_size", intermediate), ("head_dim", head_dim)):
+        if value % 4 != 0:   # the q8 artifact and both browser kernels pack int8 weights 4 to a 32-bit word
+            raise _refuse(source, f"{key} {value} must be a multiple of 4 (int8 weights are packed 4 per word)",
+                          field=key)
     eps = _float_field(1e-6 if cfg.get("rms_norm_eps") is None else cfg["rms_norm_eps"], "rms_norm_eps", source)
     if not RMS_NORM_EPS_RANGE[0] < eps < RMS_NORM_EPS_RANGE[1]:
         raise _refuse(source, f"rms_norm_eps {eps!r} must be > 0 and < 1", field="rms_norm_eps")

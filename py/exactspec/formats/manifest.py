@@ -24,10 +24,13 @@ from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, Exa
 from .tokenizer import Tokenizer
 
 MANIFEST_VERSION = 1
-FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
-CHAT_TEMPLATE_FILE = "chat_template.jinja"          # transformers' own file; wins over tokenizer_config's
-WEIGHTS_FILE = "model.safetensors"
-Q8_WEIGHTS_FILE = "model.q8.safetensors"
+with open(os.path.join(os.path.dirname(__file__), "model_files.json"), encoding="utf-8") as _f:
+    MODEL_FILE_TABLE = json.load(_f)     # the one table of a folder's files, JS reads it too
+FILES = tuple(MODEL_FILE_TABLE["required"])
+(CHAT_TEMPLATE_FILE,) = MODEL_FILE_TABLE["optional"]   # transformers' own file; wins over tokenizer_config's
+RUN_ARTIFACT = dict(MODEL_FILE_TABLE["run_artifact"])  # role -> the weights file it runs
+WEIGHTS_FILE = RUN_ARTIFACT["draft"]                    # model.safetensors (all F32 for a draft)
+Q8_WEIGHTS_FILE = RUN_ARTIFACT["champion"]              # model.q8.safetensors
 SHARDED_WEIGHTS_FILE = "model.safetensors.index.json"   # a sharded checkpoint, run as published
 MAX_MODEL_JSON_BYTES = 256 << 20     # tokenizer.json of a real model is a few MB
 

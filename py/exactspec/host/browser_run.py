@@ -11,6 +11,8 @@ from ..core.errors import ALL_CODES, E_DEVICE_LOST, E_MODEL_LOAD, ExactSpecError
 from .server import REPO_ROOT, StaticServer
 
 CHROMIUM = os.environ.get("EXACTSPEC_CHROMIUM", "/usr/bin/chromium")
+# Every headless launch (the CLI, the evaluation, tools/bench/peer.py, tests/browser_fixture.py):
+# WebGPU from SwiftShader, nothing fetched in the background.
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--no-first-run", "--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-angle=swiftshader",
