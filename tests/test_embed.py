@@ -46,7 +46,7 @@ def test_npm_pack_lists_what_a_site_needs():
     pkg = json.loads((REPO_ROOT / "package.json").read_text())
     assert pkg["exports"]["."]["default"] == "./web/exactspec.mjs" and pkg["exports"]["."]["types"] == "./web/exactspec.d.ts"
     py_files = json.loads((REPO_ROOT / "web/orchestrator/py_files.json").read_text())
-    need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
+    need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/orchestrator/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
             "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/champion.wasm", "web/build/draft.wasm",
             "web/models/manifest.json", "web/models/champion/model.q8.safetensors", "web/models/draft/model.safetensors",
             "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/core/protocol.json",

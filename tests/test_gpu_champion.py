@@ -382,7 +382,7 @@ def test_champion_load_errors_are_coded(gpu_page, tiny_model):
 
 def test_safetensors_reader_refuses_corruption(gpu_page, tiny_model):
     res = gpu_page.evaluate("""async (u) => {
-      const { parseSafetensors } = await import('/web/gpu/safetensors.mjs');
+      const { parseSafetensors } = await import('/web/formats/safetensors.mjs');
       const buf = await (await fetch(u)).arrayBuffer();
       const ok = parseSafetensors(buf, 'ok').tensors.size;
       const tries = {

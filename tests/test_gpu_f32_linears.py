@@ -33,7 +33,7 @@ LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.we
 LOAD_JS = """async ([url, config, identity, label, options]) => {
   const { requestDevice } = await import('/web/gpu/device.mjs');
   const { compileChampionPipelines, createChampionFromTensors } = await import('/web/gpu/champion.mjs');
-  const { parseSafetensors } = await import('/web/gpu/safetensors.mjs');
+  const { parseSafetensors } = await import('/web/formats/safetensors.mjs');
   const t = (window.f32t ??= {});
   if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
   t.champion?.destroy();

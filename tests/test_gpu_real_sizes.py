@@ -184,7 +184,7 @@ def test_refusals_name_the_field_or_what_fits(gpu_page):
         try:
             gpu_page.evaluate("""async ([c, f, x, b, m]) => {
               const { gpuHyperParameters, resolveMaxContext } = await import('/web/formats/model_config.mjs');
-              const { validateConfig } = await import('/web/model_checks.mjs');   // the validator's port
+              const { validateConfig } = await import('/web/formats/model_checks.mjs');   // the validator's port
               const { planChampion } = await import('/web/gpu/champion_plan.mjs');
               const hp = gpuHyperParameters(validateConfig(c));
               planChampion(hp, f, { maxBlock: 9, maxContext: resolveMaxContext(hp, x), limit: b, budgetBytes: m });

@@ -3,7 +3,7 @@ folder of tests/hostile_folders.py goes through the CLI (a subprocess) and throu
 folder picker (headless Chromium: the folder set on an <input webkitdirectory>, then the module's
 resolveModels, which converts a Hugging Face champion in its worker). Refusals that need no
 weight byte come before any conversion progress, in milliseconds. The JS config validator
-(web/model_checks.mjs) and the Python one agree on every config case of tests/config_cases.py."""
+(web/formats/model_checks.mjs) and the Python one agree on every config case of tests/config_cases.py."""
 from __future__ import annotations
 
 import json
@@ -119,7 +119,7 @@ def test_js_and_python_config_validators_agree(tmp_path):
                 b'\xef\xbb\xbf' + json.dumps(GOOD_CONFIGS[0][1]).encode(), b'[]', b'{"hidden_size": 1e400}'])
     path = tmp_path / "cases.json"
     path.write_text(json.dumps([raw.decode("latin1") for raw in cases]))
-    module = "file://" + os.path.join(ROOT, "web", "model_checks.mjs")
+    module = "file://" + os.path.join(ROOT, "web", "formats", "model_checks.mjs")
     r = subprocess.run(["node", "--input-type=module", "-e", NODE_CONFIGS % {"module": module}, str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

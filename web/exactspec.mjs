@@ -6,10 +6,10 @@
 //                                        (ev) => ev.kind === "tokens" && show(ev.payload));
 //   engine.cancel();  await engine.terminate();
 // Types: exactspec.d.ts. Full reference: docs/browser.md ("The embeddable module").
-import { Engine, engineAssets, startModuleWorker } from "./engine.mjs";
+import { Engine, engineAssets, startModuleWorker } from "./orchestrator/engine.mjs";
 import { codedError } from "./protocol.mjs";
 import { localModelUrl } from "./fetch_progress.mjs";
-import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./model_checks.mjs";
+import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./formats/model_checks.mjs";
 
 export { codedError };
 

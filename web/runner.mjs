@@ -1,7 +1,7 @@
 // runner.mjs — headless entry of web/runner.html: window.exactspecRunner and window.runnerReady
 // (a file, not an inline script, so the server's Content-Security-Policy can be script-src 'self').
 // `exactspec generate --backend browser` and the browser tests (incl. the fault matrix) drive it.
-import { Engine } from "./engine.mjs";
+import { Engine } from "./orchestrator/engine.mjs";
 
 let engine = null;
 const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });

@@ -2,7 +2,7 @@
 // at a time, each answered with its per-round record (proposed, accepted, draft/verify ms, sources),
 // page-clock times and a memory sample after it. wllama comes from peer.mjs (window.peerBench).
 // window.evalBench; window.evalReady once loaded.
-import { Engine } from "/web/engine.mjs";
+import { Engine } from "/web/orchestrator/engine.mjs";
 
 const engines = new Map();   // name -> Engine
 const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });

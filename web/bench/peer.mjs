@@ -3,7 +3,7 @@
 // request at a time from Python. Every time is taken here, in the page, with one clock:
 // first_token_ms = request start -> first token event; total_ms = request start -> done.
 // window.peerBench; window.peerReady once loaded.
-import { Engine } from "/web/engine.mjs";
+import { Engine } from "/web/orchestrator/engine.mjs";
 
 const WLLAMA = "/node_modules/@wllama/wllama/esm/";
 let wllama = null;

@@ -17,7 +17,7 @@
 // (web/champion_wasm/cpu_session.mjs).
 import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
 import { checkedPolicy } from "../sampling_policy.mjs";
-import { expectTensor, fetchSafetensors, parseSafetensors } from "../gpu/safetensors.mjs";
+import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";

@@ -11,14 +11,14 @@
 // Peak working memory: one block of rows (CHUNK_VALUES values as float32 plus their source bytes
 // and int8 copy) and the per-row scales of one tensor; never a tensor, never the model.
 // Before a weight byte is read, the folder passes the checks of `exactspec convert`
-// (web/model_checks.mjs: config, index, headers against file sizes, shapes against the config);
+// (web/formats/model_checks.mjs: config, index, headers against file sizes, shapes against the config);
 // a row holding inf or NaN is refused while converting, named, as the CLI refuses it.
 
 import {
   HEAD_IDS, IGNORED_SUFFIXES, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, RESTRICTED_TENSORS, WEIGHTS_FILE,
   checkRestrictedValues, checkTensorsAgainstConfig, modelLoadError, parseJsonBounded, readBlobSafetensorsHeader, readSmallBlob,
   shardFiles, validateConfig,
-} from "../model_checks.mjs";
+} from "../formats/model_checks.mjs";
 import { codedError } from "../protocol.mjs";
 
 export const CHUNK_VALUES = 1 << 20;
@@ -35,7 +35,7 @@ function filesMap(files) {
 }
 
 /** The checkpoint of a folder given as {name -> File} (or a Map), checked as `exactspec convert`
- *  checks it before a weight byte is read (web/model_checks.mjs): config.json validated first;
+ *  checks it before a weight byte is read (web/formats/model_checks.mjs): config.json validated first;
  *  then model.safetensors if present (transformers' first choice), else the shards of
  *  model.safetensors.index.json, each shard holding exactly the tensors the index maps to it;
  *  every header against its file's size; a tensor in two files refused; names, dtypes and shapes

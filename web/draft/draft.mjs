@@ -4,8 +4,8 @@
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
 import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
 import { checkedPolicy } from "../sampling_policy.mjs";
-import { fetchSafetensors } from "../gpu/safetensors.mjs";
-import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../model_checks.mjs";
+import { fetchSafetensors } from "../formats/safetensors.mjs";
+import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../formats/model_checks.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
 import { isGgufUrl } from "../gguf/gguf_reader.mjs";
@@ -39,7 +39,7 @@ function loadError(message) { return new DraftError("E_MODEL_LOAD", message); }
 function badArgument(message) { return new DraftError("E_BAD_ARGUMENT", message); }
 
 // safetensors bytes -> {headerBytes (8 + n), tensors: {name: {dtype, shape, begin, end}}}, the
-// header checked as the CLI checks it (web/model_checks.mjs): bounds, dtypes, byte sizes against
+// header checked as the CLI checks it (web/formats/model_checks.mjs): bounds, dtypes, byte sizes against
 // shapes, offsets tiling the data exactly (no gaps, overlaps or trailing bytes)
 export function parseSafetensorsHeader(bytes) {
   try {
@@ -119,7 +119,7 @@ export class Draft {
     this._u8().set(file, base);
     const dataStart = base + headerBytes;
 
-    // restricted vocabulary (optional, web/model_checks.mjs): shapes now, values once in memory
+    // restricted vocabulary (optional, web/formats/model_checks.mjs): shapes now, values once in memory
     const fault = (problem) => { throw loadError(`model.safetensors: ${problem}`); };
     const present = new Map(Object.entries(tensors));
     const restricted = restrictedShapes(present, c, fault);

@@ -4,12 +4,12 @@
 // Pyodide (exactspec.pyodide.browser_backend.check_models, stage 1, before any weight loads) and
 // hands its result, a plain object of LlamaConfig's fields, to the champion and draft loaders.
 // Callers outside the engine (Node harnesses, tools) get the same object from readValidatedConfig,
-// which runs web/model_checks.mjs's validateConfig, the line-by-line port of that validator that
+// which runs web/formats/model_checks.mjs's validateConfig, the line-by-line port of that validator that
 // tests keep equal to it. A loader given anything else (a raw config.json) refuses with E_INTERNAL:
 // it never guesses defaults or re-checks fields.
-import { parseJsonBounded, validateConfig } from "../model_checks.mjs";
+import { parseJsonBounded, validateConfig } from "./model_checks.mjs";
 import { codedError } from "../protocol.mjs";
-import { fetchModelFile } from "../gpu/safetensors.mjs";
+import { fetchModelFile } from "./safetensors.mjs";
 
 export const DEFAULT_MAX_CONTEXT = 4096;   // KV positions when the caller asks for none (capped by the config)
 

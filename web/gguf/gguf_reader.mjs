@@ -8,7 +8,7 @@
 //                                      as far as the tensor table (the body is cancelled after)
 // `bytes` may be a prefix of the file: a parse that needs more throws NeedMoreBytes (readGgufHeader
 // then reads on); refusals are judged against fileSize, the whole file's.
-import { modelLoadError } from "../model_checks.mjs";
+import { modelLoadError } from "../formats/model_checks.mjs";
 import { LOCAL_SCHEME } from "../fetch_progress.mjs";
 
 export const LIMITS = {

@@ -8,7 +8,7 @@
 //   const tensors = ggufTensorMap(bytes, config, label);               // config: gguf_model's, validated
 import { dequantize } from "./gguf_dequant.mjs";
 import { parseGgufHeader, refuse, pyRepr } from "./gguf_reader.mjs";
-import { fetchModelFile } from "../gpu/safetensors.mjs";
+import { fetchModelFile } from "../formats/safetensors.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
 const GLOBAL_NAMES = { "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",

@@ -2,11 +2,11 @@
 import {
   bindGroups, createPipelines, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
-import { expectTensor, fetchSafetensors, parseSafetensors } from "./safetensors.mjs";
+import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
 import { gpuHyperParameters, readValidatedConfig, resolveMaxContext, ropeTable } from "../formats/model_config.mjs";
 import { bindingLimit, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
 import { sha256Hex } from "../sha256.mjs";
-import { modelLoadError } from "../model_checks.mjs";
+import { modelLoadError } from "../formats/model_checks.mjs";
 
 export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",

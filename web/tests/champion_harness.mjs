@@ -7,7 +7,7 @@
 //              errors: [...], load_errors: [...], timing: {...}}; float arrays travel as base64.
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { fromBase64, toBase64 } from "./draft_harness.mjs";
-import { validateConfig } from "../model_checks.mjs";
+import { validateConfig } from "../formats/model_checks.mjs";
 import { roundRecordLayout } from "../protocol.mjs";
 
 const { readFileSync, existsSync } = await import("node:fs");

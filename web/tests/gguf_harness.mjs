@@ -13,7 +13,7 @@ import { parseGgufHeader, readGgufHeader } from "../gguf/gguf_reader.mjs";
 import { ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { createWasmChampion } from "../champion_wasm/champion_wasm.mjs";
 import { sha256Hex } from "../sha256.mjs";
-import { validateConfig } from "../model_checks.mjs";
+import { validateConfig } from "../formats/model_checks.mjs";
 import { runForward } from "./champion_harness.mjs";
 
 /** integerLinears: every linear's values rounded to integers in [-127, 127] (x 100 first), held as

@@ -94,7 +94,7 @@ async function loadChampion(modelUrl, maxBlock, maxContext, options = {}) {
 async function planFor(config, forms, maxBlock, maxContext, maxBindingBytes = 0) {
   await init();
   const { gpuHyperParameters, resolveMaxContext } = await import("../formats/model_config.mjs");
-  const { validateConfig } = await import("../model_checks.mjs");
+  const { validateConfig } = await import("../formats/model_checks.mjs");
   const { bindingLimit, planChampion } = await import("../gpu/champion_plan.mjs");
   const hp = gpuHyperParameters(validateConfig(config));
   const limit = bindingLimit(device.limits, maxBindingBytes);
@@ -107,7 +107,7 @@ async function planFor(config, forms, maxBlock, maxContext, maxBindingBytes = 0)
 /** transformers-style inverse RoPE frequencies the champion computes for a config.json object (float64 values). */
 async function ropeInvFreq(config) {
   const { ropeInvFreq: inv } = await import("../formats/model_config.mjs");
-  const { validateConfig } = await import("../model_checks.mjs");
+  const { validateConfig } = await import("../formats/model_checks.mjs");
   return Array.from(inv(validateConfig(config)));
 }
 

@@ -1,6 +1,6 @@
 // restricted_harness.mjs — the page's code on restricted-vocabulary drafts, in Node, for
 // tests/test_restricted_vocab.py: the folder checks + conversion the page runs on a picked
-// folder (web/convert/q8_artifact.mjs over web/model_checks.mjs) and the WASM draft's loader
+// folder (web/convert/q8_artifact.mjs over web/formats/model_checks.mjs) and the WASM draft's loader
 // (web/draft/draft.mjs). Files are opened as Blobs, as a picked folder's File objects are.
 //
 //   node web/tests/restricted_harness.mjs cases.json out.json

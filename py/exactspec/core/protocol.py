@@ -49,7 +49,7 @@ def validate_envelope(env) -> None:
 
 class Inbox:
     """One request's receiver: accepts only its request id and current epoch, in seq order.
-    Stricter than the browser's receivers (web/engine.mjs, orchestrator/handler.mjs, the draft
+    Stricter than the browser's receivers (web/orchestrator/engine.mjs, orchestrator/handler.mjs, the draft
     worker), which drop and count by request and epoch alone: it also refuses a repeated or
     out-of-order seq, which the orchestrator's own stream never sends (tests read it with this)."""
 

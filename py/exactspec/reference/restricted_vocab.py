@@ -8,7 +8,7 @@
 Either needs an untied LM head. Drafts only: a champion's checks never list them, so a champion
 file carrying one is refused as an unexpected tensor. Exactness is untouched: the proposal
 distribution is exactly 0 outside head_ids and speculative sampling only needs its true values.
-The twin of this file in the page is web/model_checks.mjs (restrictedShapes,
+The twin of this file in the page is web/formats/model_checks.mjs (restrictedShapes,
 checkRestrictedValues): same checks, same messages. docs/draft_wasm.md describes the format.
 """
 from __future__ import annotations

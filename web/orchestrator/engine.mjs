@@ -1,4 +1,4 @@
-// Main-thread engine API (embeddable): one orchestrator worker, one request at a time.
+// The engine behind web/exactspec.mjs (internal: the one public entry is exactspec.mjs; the page's runner, the bench pages and tests use this directly): one orchestrator worker, one request at a time, on the main thread.
 //   const engine = await Engine.create({ champion: "models/champion/", draft: "models/draft/" });
 //   const result = await engine.generate({ prompt: "…", config: { speculate: "draft", k: 4 } }, onEvent);
 //   engine.cancel();          // the running request ends "cancelled" at its next round boundary
@@ -17,18 +17,18 @@
 // Epochs: every request runs under the engine's epoch at its start; cancel() moves the epoch on.
 // Envelopes from the worker for anything but the running request in its own epoch (late events
 // of a finished request, junk) are dropped and counted: result.stats.stale_dropped.engine.
-// Every worker and asset URL derives from baseUrl (default: this module's folder, web/), so the
-// engine runs from any path or origin; the public wrapper is web/exactspec.mjs.
-import { codedError, errorPayload, loadSchema, shown } from "./protocol.mjs";
+// Every worker and asset URL derives from baseUrl (default: web/, the folder above this module's),
+// so the engine runs from any path or origin.
+import { codedError, errorPayload, loadSchema, shown } from "../protocol.mjs";
 
 /** How long a running request may hear nothing from the orchestrator worker (a backstop: every
  *  round and every refusal speaks well before this). */
 export const DEFAULT_SILENCE_TIMEOUT_MS = 300000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
-/** The URLs the engine needs, from its base (the folder holding engine.mjs). A package installed
- *  under node_modules/exactspec/ finds Pyodide beside it (node_modules/pyodide/). */
-export function engineAssets(baseUrl = new URL("./", import.meta.url).href, overrides = {}) {
+/** The URLs the engine needs, from its base (web/, the folder holding exactspec.mjs). A package
+ *  installed under node_modules/exactspec/ finds Pyodide beside it (node_modules/pyodide/). */
+export function engineAssets(baseUrl = new URL("../", import.meta.url).href, overrides = {}) {
   const base = new URL(baseUrl.endsWith("/") ? baseUrl : baseUrl + "/", globalThis.location?.href).href;
   const installed = /\/node_modules\/exactspec\/web\/$/.test(new URL(base).pathname);
   return {

@@ -1,7 +1,7 @@
 // safetensors readers for the engine's loaders: a whole file in memory (parseSafetensors, views,
 // no copies) and a fetched one read header first (readSafetensorsResponse). The header rules are
-// the CLI's, in one place: web/model_checks.mjs (safetensors.header_length, parse_header_json).
-import { checkSafetensorsHeader, DTYPE_BYTES, headerLength, modelLoadError } from "../model_checks.mjs";
+// the CLI's, in one place: web/formats/model_checks.mjs (safetensors.header_length, parse_header_json).
+import { checkSafetensorsHeader, DTYPE_BYTES, headerLength, modelLoadError } from "./model_checks.mjs";
 
 const fail = (label, problem) => { throw modelLoadError(`safetensors file ${label}: ${problem}`); };
 
