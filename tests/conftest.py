@@ -36,11 +36,52 @@ BROWSER_TESTS = {
     "test_gguf_cli.py::test_a_gguf_draft_runs_on_the_browser_backend",
     "test_gguf_cli.py::test_generate_chat_on_the_gguf_answers_in_the_browser",
     "test_page_demo.py::test_demo_runs_the_browser_engine",
+    "test_browser_e2e.py::test_cli_browser_backend_json",
+    "test_eval_bench.py",                     # `exactspec bench` runs the evaluation in Chromium
+    "test_peer_wllama.py::test_peer_on_the_real_gguf_gives_wllamas_greedy_tokens",   # wllama in Chromium
 }
 
 # Tests over ~3 s here that start no browser (training, big NumPy models, Node runs of big
 # models, many Monte Carlo samples), same keys as BROWSER_TESTS.
-SLOW_TESTS = set()
+SLOW_TESTS = {
+    # the real SmolLM2-135M model and the trained pair, on the reference or in Node
+    "test_gguf_smollm2.py",
+    "test_smollm2_distribution.py",
+    "test_real_pair.py",
+    "test_smollm2_draft.py::test_greedy_speculation_equals_champion_alone",
+    "test_gguf_browser_wasm.py::test_smollm2_greedy_chat_equals_reference",
+    "test_gguf_cli.py::test_a_gguf_draft_runs_on_the_reference",
+    "test_gguf_cli.py::test_generate_chat_on_the_gguf_answers",
+    "test_gguf_cli.py::test_the_draft_the_manifest_binds_is_picked_and_exact",
+    "test_gguf_cli.py::test_the_shipped_manifest_pairs_the_smollm2_draft",
+    "test_gguf_cli.py::test_without_a_bound_draft_the_default_is_alone_and_draft_is_refused",
+    "test_gguf_cli.py::test_a_mismatched_draft_is_refused_naming_the_field",
+    "test_cli.py::test_demo_chats_with_the_real_model",
+    "test_cli.py::test_demo_says_which_champion_artifact_ran",
+    "test_cli.py::test_demo_without_the_real_model_says_so_in_one_line_and_runs_the_toy_pair",
+    "test_cli.py::test_browser_ready_converts_a_published_folder_once_keyed_by_its_content",
+    # Monte Carlo: thousands of sampled answers per test
+    "test_statistical.py",
+    "test_restricted_vocab.py::test_sampled_speculation_follows_the_champion",
+    # exhaustive enumeration and every-code-point sweeps
+    "test_exact_enumeration.py::test_round_edge_cases_first_rejection_closed_form[3-6]",
+    "test_tokenizer.py::test_single_word_boundaries_match_tokenizers_for_every_code_point",
+    "test_tokenizer_families.py::test_regex_translation_covers_every_code_point_like_oniguruma",
+    # Node runs of the shipped or mid-size models, thousands of decide rounds
+    "test_wasm_real_models.py",
+    "test_wasm_champion.py::test_decide_matches_decide_round",
+    "test_wasm_champion.py::test_threads_bitwise_equal_one_thread",
+    "test_wasm_champion.py::test_decide_on_forward_rows[shipped]",
+    "test_wasm_champion.py::test_int8_weight_storage_bitwise_equal_f32[shipped]",
+    "test_wasm_draft.py::test_propose_matches_runner_draft[shipped-draft-T1]",
+    "test_wasm_draft.py::test_propose_matches_runner_draft[shipped-draft-mixed]",
+    "test_restricted_vocab.py::test_wasm_forward_is_bitwise_the_expanded_drafts_and_matches_the_reference",
+    # mid-size hub-shaped checkpoints converted end to end
+    "test_hf_convert.py::test_sharded_source_converts_to_the_same_bytes",
+    # whole rounds of the CPU module in Node, one thread and several
+    "test_cpu_module.py::test_threaded_round_equals_one_thread_composition",
+    "test_cpu_module.py::test_round_equals_composition_of_separate_calls",
+}
 
 SLOW_LIMIT_S = 3.0
 

@@ -393,10 +393,16 @@ HUB_DRAFTS = {"smollm2-mid": "smollm2-draft", "qwen2.5-mid": "qwen2.5-draft", "q
 
 
 @pytest.fixture(scope="session")
-def synth_models_dirs(tmp_path_factory):
+def synth_models_dirs() -> dict:
     """{shape: folder} for the mid-size shapes of every family and their drafts, written by
     tools/synth_models.py through transformers (bf16 on disk, initializer_range 0.2 so that
-    attention, RoPE and biases visibly shape the logits), once per session."""
-    out = tmp_path_factory.mktemp("synth_models")
-    return {shape: synth_models.make_model(shape, str(out), seed=0, init_std=HUB_INIT_STD)
-            for shape in (*HUB_CHAMPIONS, *sorted(set(HUB_DRAFTS.values())))}
+    attention, RoPE and biases visibly shape the logits), built once into build/test_models/.
+    The folders are shared: a test that changes one copies it first."""
+    shapes = (*HUB_CHAMPIONS, *sorted(set(HUB_DRAFTS.values())))
+
+    def build(d):
+        for shape in shapes:
+            synth_models.make_model(shape, str(d), seed=0, init_std=HUB_INIT_STD)
+        (d / "complete").write_text("")
+    root = cached("hub_shapes_v1", "complete", build)
+    return {shape: str(root / shape) for shape in shapes}
