@@ -1,6 +1,7 @@
 // accept_decide.wgsl: the decision of one speculative round (exactspec.core.acceptance.decide_round)
 // on rows already processed by processors_rows.wgsl. One workgroup of WG invocations.
-// Needs accept_common.wgsl, threefry_addr.wgsl, sample_gumbel.wgsl.
+// Needs round_record.wgsl (the REC_* word offsets, generated from protocol.json), accept_common.wgsl,
+// threefry_addr.wgsl, sample_gumbel.wgsl.
 //
 // Invocation 0 walks the proposals (scalar work: one Threefry per position) and writes the plan;
 // then, if a token must be sampled, all invocations run one Gumbel-max over V:
@@ -11,16 +12,12 @@
 @group(0) @binding(1) var<storage, read> rowinfo: array<u32>;        // (maxBlock, 4) from processors_rows
 @group(0) @binding(2) var<storage, read> p_draft: array<f32>;        // (maxBlock, V) processed draft rows, m used
 @group(0) @binding(3) var<storage, read> proposals: array<u32>;      // (maxBlock,)
-@group(0) @binding(4) var<storage, read_write> result: array<u32>;   // (8,) the decision words below
+@group(0) @binding(4) var<storage, read_write> result: array<u32>;   // (REC_DECISION_WORDS,) the round record's decision
 @group(1) @binding(0) var<uniform> params: Meta;
 
-// result: [0] n_accepted, [1] next_token (NONE), [2] rejected_at (NONE), [3] ended_by | NEAR_TOP_P_FLAG,
-//         [4] error, [5] winning Gumbel score bits (diagnostic), [6] u bits, [7] a bits (last accept test)
-const ENDED_STOP: u32 = 1u;
-const ENDED_LENGTH: u32 = 2u;
-const NEAR_TOP_P_FLAG: u32 = 0x100u;           // a row the round used was near its top-p boundary
-const ERR_TARGET_NUMERIC_OR_MASK: u32 = 1u;
-const ERR_RESIDUAL_INVARIANT: u32 = 2u;
+// result: the decision words of protocol.json's round_record, at the REC_* offsets: n_accepted, next_token
+// (NONE), rejected_at (NONE), ended_by | REC_NEAR_TOP_P_FLAG, decision_error, and the diagnostics: the
+// winning Gumbel score's bits, u and a of the last accept test.
 
 const MODE_DONE: u32 = 0u;
 const MODE_SAMPLE: u32 = 1u;                   // Gumbel-max over p_target row
@@ -43,31 +40,31 @@ fn set_plan(mode: u32, row: u32, domain: u32, position: u32) {
 }
 
 fn fail(code: u32) {
-  result[0] = 0u; result[1] = NONE; result[2] = NONE; result[3] = 0u; result[4] = code;
+  result[REC_N_ACCEPTED] = 0u; result[REC_NEXT_TOKEN] = NONE; result[REC_REJECTED_AT] = NONE; result[REC_ENDED_BY] = 0u; result[REC_DECISION_ERROR] = code;
   plan_mode = MODE_DONE;
 }
 
 // Invocation 0 only. Mirrors baseline_step / greedy_round / stochastic_round in order.
 fn plan_round() {
-  result[0] = 0u; result[1] = NONE; result[2] = NONE; result[3] = 0u; result[4] = 0u;
-  result[5] = 0u; result[6] = 0u; result[7] = 0u;
+  result[REC_N_ACCEPTED] = 0u; result[REC_NEXT_TOKEN] = NONE; result[REC_REJECTED_AT] = NONE; result[REC_ENDED_BY] = 0u; result[REC_DECISION_ERROR] = 0u;
+  result[REC_DIAG_SCORE] = 0u; result[REC_DIAG_U] = 0u; result[REC_DIAG_A] = 0u;
   set_plan(MODE_DONE, 0u, 0u, 0u);
   let m = params.m;
   let greedy = params.greedy != 0u;
   if (m == 0u) {
-    if (row_invalid(0u)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
-    if (greedy) { result[1] = rowinfo[1]; return; }
+    if (row_invalid(0u)) { fail(REC_ERR_E_TARGET_NUMERIC_OR_MASK); return; }
+    if (greedy) { result[REC_NEXT_TOKEN] = rowinfo[1]; return; }
     set_plan(MODE_SAMPLE, 0u, DOMAIN_TARGET_BASELINE, 0u);
     return;
   }
   let rk = round_key(params.seed_lo, params.seed_hi, DOMAIN_ACCEPT_UNIFORM, params.round_id);
   var n = 0u;
   for (var i = 0u; i < m; i++) {
-    if (row_invalid(i)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
+    if (row_invalid(i)) { fail(REC_ERR_E_TARGET_NUMERIC_OR_MASK); return; }
     let y = proposals[i];
     if (greedy) {
       let t = rowinfo[i * 4u + 1u];
-      if (y != t) { result[0] = n; result[1] = t; result[2] = i; return; }
+      if (y != t) { result[REC_N_ACCEPTED] = n; result[REC_NEXT_TOKEN] = t; result[REC_REJECTED_AT] = i; return; }
     } else {
       // accept y with probability min(1, p_target(y) / p_draft(y)); u in (0, 1] exact in f32
       let q = probs[i * V + y];
@@ -75,21 +72,21 @@ fn plan_round() {
       var a = 1.0;
       if (p > 0.0) { a = min(1.0, q / p); }
       let u = uniform_open_closed(draw_bits(rk, i, 0u));
-      result[6] = bitcast<u32>(u);
-      result[7] = bitcast<u32>(a);
+      result[REC_DIAG_U] = bitcast<u32>(u);
+      result[REC_DIAG_A] = bitcast<u32>(a);
       if (!(u <= a)) {
-        result[0] = n; result[2] = i;
+        result[REC_N_ACCEPTED] = n; result[REC_REJECTED_AT] = i;
         set_plan(MODE_RESIDUAL, i, DOMAIN_CORRECTION_SAMPLE, i);
         return;
       }
     }
     n += 1u;
-    if (((params.stop_mask >> i) & 1u) != 0u) { result[0] = n; result[3] = ENDED_STOP; return; }
-    if (n == params.remaining) { result[0] = n; result[3] = ENDED_LENGTH; return; }
+    if (((params.stop_mask >> i) & 1u) != 0u) { result[REC_N_ACCEPTED] = n; result[REC_ENDED_BY] = REC_ENDED_STOP; return; }
+    if (n == params.remaining) { result[REC_N_ACCEPTED] = n; result[REC_ENDED_BY] = REC_ENDED_LENGTH; return; }
   }
-  if (row_invalid(m)) { fail(ERR_TARGET_NUMERIC_OR_MASK); return; }
-  result[0] = m;
-  if (greedy) { result[1] = rowinfo[m * 4u + 1u]; return; }
+  if (row_invalid(m)) { fail(REC_ERR_E_TARGET_NUMERIC_OR_MASK); return; }
+  result[REC_N_ACCEPTED] = m;
+  if (greedy) { result[REC_NEXT_TOKEN] = rowinfo[m * 4u + 1u]; return; }
   set_plan(MODE_SAMPLE, m, DOMAIN_TARGET_EXTRA, 0u);
 }
 
@@ -98,7 +95,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
   lid = li;
   if (lid == 0u) {
     plan_round();
-    if (near_top_p != 0u && result[4] == 0u) { result[3] |= NEAR_TOP_P_FLAG; }
+    if (near_top_p != 0u && result[REC_DECISION_ERROR] == 0u) { result[REC_ENDED_BY] |= REC_NEAR_TOP_P_FLAG; }
   }
   let mode = workgroupUniformLoad(&plan_mode);
   if (mode == MODE_DONE) { return; }
@@ -128,7 +125,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     let total = wg_sum_f32(mass);
     let any_bad = wg_reduce_u32(OP_MAX, bad);
     if (any_bad != 0u || !(total > 0.0) || !is_finite_bits(bitcast<u32>(total))) {
-      if (lid == 0u) { fail(ERR_RESIDUAL_INVARIANT); }
+      if (lid == 0u) { fail(REC_ERR_E_RESIDUAL_INVARIANT); }
       return;
     }
   }
@@ -149,10 +146,10 @@ fn main(@builtin(local_invocation_index) li: u32) {
   let id = wg_reduce_u32(OP_MIN, select(NONE, best_id, best == top && top != 0u));
   if (lid == 0u) {
     if (top == 0u) {
-      fail(select(ERR_TARGET_NUMERIC_OR_MASK, ERR_RESIDUAL_INVARIANT, residual));
+      fail(select(REC_ERR_E_TARGET_NUMERIC_OR_MASK, REC_ERR_E_RESIDUAL_INVARIANT, residual));
     } else {
-      result[1] = id;
-      result[5] = bitcast<u32>(key_to_f32(top));
+      result[REC_NEXT_TOKEN] = id;
+      result[REC_DIAG_SCORE] = bitcast<u32>(key_to_f32(top));
     }
   }
 }

@@ -11,7 +11,7 @@ import pytest
 
 from exactspec.pyodide import browser_backend, model_check
 from exactspec.core.acceptance import RoundDecision
-from exactspec.core.backends import FusedRunnerChampion, RunnerDraft
+from exactspec.core.backends import RunnerChampion, RunnerDraft
 from exactspec.core.errors import (ALL_CODES, CODE_TABLE, E_BAD_ARGUMENT, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
                               E_MANIFEST_MISMATCH, E_MODEL_LOAD, E_RESIDUAL_INVARIANT, ExactSpecError, coded_error)
 from exactspec.reference.models import default_models_dir
@@ -35,16 +35,16 @@ def run(orch, prompt, cancel=None, epoch=None, **kw):
 
 
 # --- residual invariant: silent before the first token, visible after, never E_CACHE_STATE -----
-class ResidualFails(FusedRunnerChampion):
-    """The device reports E_RESIDUAL_INVARIANT at the first speculative round at or after `at`."""
+class ResidualFails(RunnerChampion):
+    """The decider reports E_RESIDUAL_INVARIANT at the first speculative round at or after `at`."""
 
     def __init__(self, runner, at):
         super().__init__(runner)
         self.at, self.fired = at, False
 
-    def verify_and_decide(self, cache, policy, p_draft_rows, seed, round_id, stop_token_ids, remaining, greedy):
-        out = super().verify_and_decide(cache, policy, p_draft_rows, seed, round_id, stop_token_ids, remaining, greedy)
-        if cache.provisional_ids and round_id >= self.at and not self.fired:
+    def decide(self, rows, p_draft_rows, proposals, decider, round_id, *rest):
+        out = super().decide(rows, p_draft_rows, proposals, decider, round_id, *rest)
+        if proposals and round_id >= self.at and not self.fired:
             self.fired = True
             return RoundDecision(0, None, None, None, ExactSpecError(E_RESIDUAL_INVARIANT, "residual mass 0"))
         return out
@@ -101,20 +101,20 @@ class CancelThenFail(InterruptedOnCall, RunnerDraft):
 
 def test_a_cancel_that_interrupts_the_draft_ends_cancelled_not_in_error():
     cancel = CancelToken()
-    orch = Orchestrator(FusedRunnerChampion(ToyRunner(40, 5)), CancelThenFail(toy_draft(ToyRunner(40, 5), 0.6, 5), cancel, 3),
+    orch = Orchestrator(RunnerChampion(ToyRunner(40, 5)), CancelThenFail(toy_draft(ToyRunner(40, 5), 0.6, 5), cancel, 3),
                         decode=toy_decode)
     res, events = run(orch, [1, 2, 3], cancel=cancel, max_new_tokens=30, policy=GREEDY, speculate="draft", k=3)
     assert res.finish_reason == "cancelled" and res.error is None
     assert 0 < len(res.token_ids) < 30 and not [e for e in events if e["kind"] == "error"]
 
 
-class CancelledChampion(InterruptedOnCall, FusedRunnerChampion):
+class CancelledChampion(InterruptedOnCall, RunnerChampion):
     def __init__(self, runner, cancel, on_call):
         super().__init__(runner, cancel, on_call, "OperationError: mapAsync aborted")
 
-    def verify_and_decide(self, *args):
+    def verify_linear(self, *args):
         self._maybe_interrupt()
-        return super().verify_and_decide(*args)
+        return super().verify_linear(*args)
 
 
 def test_a_cancel_that_interrupts_the_champion_ends_cancelled_and_a_real_failure_stays_coded():
@@ -123,8 +123,8 @@ def test_a_cancel_that_interrupts_the_champion_ends_cancelled_and_a_real_failure
                  cancel=cancel, max_new_tokens=20, policy=GREEDY, speculate="none")
     assert res.finish_reason == "cancelled" and len(res.token_ids) == 2
 
-    class Lost(FusedRunnerChampion):
-        def verify_and_decide(self, *args):
+    class Lost(RunnerChampion):
+        def verify_linear(self, *args):
             raise RuntimeError("Error: E_DEVICE_LOST: WebGPU device lost (destroyed)")
     res, _ = run(Orchestrator(Lost(ToyRunner(40, 6)), decode=toy_decode), [1, 2], max_new_tokens=5, policy=GREEDY,
                  speculate="none")
@@ -134,7 +134,7 @@ def test_a_cancel_that_interrupts_the_champion_ends_cancelled_and_a_real_failure
 def test_a_request_whose_epoch_is_already_stale_ends_cancelled_before_any_model_call():
     calls = []
 
-    class Counting(FusedRunnerChampion):
+    class Counting(RunnerChampion):
         def prefill(self, cache):
             calls.append("prefill")
             return super().prefill(cache)
@@ -147,9 +147,11 @@ def test_a_request_whose_epoch_is_already_stale_ends_cancelled_before_any_model_
 
 
 def test_an_unexpected_failure_after_the_start_is_a_coded_result_not_an_exception():
-    class Buggy(FusedRunnerChampion):
-        def verify_and_decide(self, *args):
-            return "not a decision"
+    class Buggy(RunnerChampion):
+        def begin(self, request, draft=None):
+            session = super().begin(request, draft)
+            session.round = lambda *args: "not a round outcome"
+            return session
     res, _ = run(Orchestrator(Buggy(ToyRunner(40, 1)), decode=toy_decode), [1, 2], max_new_tokens=5, policy=GREEDY,
                  speculate="none")
     assert res.finish_reason == "error" and res.error["code"] == E_INTERNAL

@@ -21,9 +21,10 @@ for name in sys.argv[2].split(","):
 '''
 REQUEST_SCRIPT = IMPORT_SCRIPT + r'''
 # a whole request under pure Python: a champion whose rows are plain lists, prompt-lookup proposals
+from exactspec.core.backends import ReferenceChampion
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
 from exactspec.core.policy import SamplingPolicy
-class ListChampion:
+class ListChampion(ReferenceChampion):
     vocab_size, max_context, identity, n_calls = 5, 100, "list-champion", 0
     def prefill(self, cache):
         cache.mark_materialized(cache.n_committed - 1)

@@ -1,24 +1,23 @@
 // accept.mjs: processors, acceptance and sampling on WebGPU (docs/browser_contract.md, docs/gpu_accept.md).
 //
 //   const acceptor = await createAcceptor({ device, vocabSize, maxBlock });
-//   await acceptor.decide({...})      -> { n_accepted, next_token, rejected_at, ended_by, error_code }
+//   await acceptor.decide({...})      -> Int32Array: the decision words of protocol.json's round_record
 //   await acceptor.processRows({...}) -> Float32Array (nRows * V) processed rows (tests only)
 //   await acceptor.drawBits(addrs)    -> Uint32Array of RNG words per address (tests only)
 //
 // One decide() = one submission: processors_rows (one workgroup per row) + accept_decide (one
-// workgroup), then 8 u32 words are copied back. Semantics: exactspec.core.acceptance.decide_round with
+// workgroup), then the record's decision words are copied back. Semantics: exactspec.core.acceptance.decide_round with
 // exactspec.reference.processors.process_logits (processors-v1) and the RNG contract of docs/rng.md.
 import { checkedPolicy } from "../sampling_policy.mjs";
 
 const MAX_BLOCK_LIMIT = 32;                    // stop_mask is one u32 word
 const NONE = 0xffffffff;
-const RESULT_WORDS = 8;
+const RESULT_WORDS = 8;                        // REC_DECISION_WORDS (shaders/round_record.wgsl, generated)
 const ROWINFO_WORDS = 4;
 const ROW_INVALID = 1;
 const ROW_NEAR_TOP_P = 2;
-const ERROR_CODES = ["", "E_TARGET_NUMERIC_OR_MASK", "E_RESIDUAL_INVARIANT"];
-const ENDED_BY = ["", "stop", "length"];
 const SHADER_FILES = {
+  record: "round_record.wgsl",
   common: "accept_common.wgsl",
   threefry: "threefry_addr.wgsl",
   gumbel: "sample_gumbel.wgsl",
@@ -113,7 +112,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
   const bitsLayout = layoutOf(device, ["ro", "rw"]);
   const [procPipeline, decidePipeline, bitsPipeline] = await Promise.all([
     compile(device, "processors_rows", head + src.common + src.processors, [procLayout, metaLayout]),
-    compile(device, "accept_decide", head + src.common + src.threefry + src.gumbel + src.decide, [decideLayout, metaLayout]),
+    compile(device, "accept_decide", head + src.record + src.common + src.threefry + src.gumbel + src.decide, [decideLayout, metaLayout]),
     compile(device, "threefry_bits", src.threefry + src.gumbel + src.bits, [bitsLayout]),
   ]);
 
@@ -224,20 +223,9 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     encoder.copyBufferToBuffer(result, 0, readback, 0, RESULT_WORDS * 4);
     device.queue.submit([encoder.finish()]);
     await readback.mapAsync(GPUMapMode.READ);
-    const w = new Uint32Array(readback.getMappedRange().slice(0));
+    const words = new Int32Array(readback.getMappedRange().slice(0));
     readback.unmap();
-    const f = new Float32Array(w.buffer);
-    const error_code = ERROR_CODES[w[4]];
-    return {
-      n_accepted: w[0],
-      next_token: w[1] === NONE ? -1 : w[1],
-      rejected_at: w[2] === NONE ? -1 : w[2],
-      ended_by: ENDED_BY[w[3] & 0xff],
-      error_code,
-      // not in the contract: winning Gumbel score; u and a of the last accept test; whether a row
-      // the round used was flagged near its top-p boundary (f32 may keep one token more or fewer)
-      diag: { score: f[5], u: f[6], a: f[7], near_top_p: (w[3] & 0x100) !== 0 },
-    };
+    return words;
   }
 
   async function processRowsNow({ logits, logitsBuffer, nRows, proposals, contextIds, policy, greedy }) {

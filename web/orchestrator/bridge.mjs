@@ -1,12 +1,13 @@
-// The JS side of the Pyodide adapter (py/exactspec/pyodide/browser_backend.py): one call per round step,
-// or one per whole speculative round when the draft runs inline (speculativeRound).
-// Owns the champion backend (WebGPU or WASM, champion_backends.mjs) and the draft: a client of the
-// draft worker, or the WASM draft in this thread (draft_inline.mjs); recovers both between requests (a lost device is rebuilt, a dead draft worker
-// respawned), arms test faults, and reports counters and memory for receipts. Values arriving
-// from Python are JS arrays (to_js); p_draft rows stay a Float32Array end to end.
+// The JS side of the Pyodide adapter (py/exactspec/pyodide/browser_backend.py): a request is
+// bridge.begin() once, then bridge.round() once per round (session.mjs: one crossing, an O(k)
+// record back), then bridge.end(). Owns the champion backend (WebGPU or WASM,
+// champion_backends.mjs) and the draft: a client of the draft worker, or the WASM draft in this
+// thread (draft_inline.mjs); recovers both between requests (a lost device is rebuilt, a dead draft
+// worker respawned), arms test faults, and reports counters and memory for receipts.
 import { InlineDraft } from "../draft/draft_inline.mjs";
 import { DraftWorkerClient } from "../draft/draft_worker.mjs";
-import { codedError, errorPayload } from "../protocol.mjs";
+import { codedError, errorPayload, loadSchema, roundRecordLayout } from "../protocol.mjs";
+import { createSession } from "./session.mjs";
 import { chooseChampionBackend, openChampion } from "./champion_backends.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
@@ -31,11 +32,12 @@ export function chooseDraftPlacement(placement, championKind) {
  * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
  * allocation after that many (tests).
  */
-export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/draft.wasm", import.meta.url).href,
-  championWasmUrl = new URL("../build/champion.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
+export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
+  championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0 }) {
   const t0 = performance.now();
+  const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
   const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
@@ -43,8 +45,13 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   let draft = null, draftError = null, draftRespawns = 0, closed = false;
   let epoch = 0;
   const placement = chooseDraftPlacement(draftPlacement, choice.kind);
-  const spawnDraft = () => (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
-    configJson: draftConfig });     // draftConfig: the validated config from the model check (web/formats/model_config.mjs)
+  // draftConfig: the validated config from the model check (web/formats/model_config.mjs). Inline
+  // next to the WASM champion, the draft loads into the champion's own instance (one CPU module), so
+  // a round is one call into it (session.mjs cpuRound).
+  const spawnDraft = () => (placement === "inline" && champ.loadDraft
+    ? champ.loadDraft({ modelUrl: draftUrl, configJson: draftConfig }).then((d) => new InlineDraft(d))
+    : (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
+      configJson: draftConfig }));
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.
@@ -65,7 +72,6 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     if (draftInBackground) draftLoading = backgroundDraft = attempt;
     else await attempt;
   }
-  const ints = (a) => Int32Array.from(a ?? []);
   const armed = [];                    // fault specs waiting for their point
   const NO_DRAFT_COUNTS = { draft_client: 0, draft_worker: 0 };
   const addCounts = (a, b) => ({ draft_client: a.draft_client + b.draft_client, draft_worker: a.draft_worker + b.draft_worker });
@@ -83,132 +89,68 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     }
     return draft;
   };
-  // GPU work on a lost device fails with whatever the browser says; report it as device loss.
-  const onChampion = async (fn) => {
-    try {
-      return await fn(liveChampion());
-    } catch (err) {
-      if (champ.lost) throw codedError("E_DEVICE_LOST", `${champ.kind} champion lost during the call: ${errorPayload(err).message}`);
-      throw err;
-    }
-  };
-
-  async function hit(point, roundId) {
-    for (let i = 0; i < armed.length; i++) {
-      const f = armed[i];
-      if (f.at !== point || roundId < (f.min_round ?? 0)) continue;
-      armed.splice(i--, 1);
-      if (f.action === "kill_draft") draft?.kill();
-      else if (f.action === "destroy_device") champ.loseDevice();
-      else if (f.action === "nan_draft") await draft?.injectNaN();
-      else if (f.action === "stall") {
-        notify({ stage: "stalled", at: point, round_id: roundId });
-        await new Promise((r) => setTimeout(r, f.ms ?? 300));
-      } else if (f.action === "nan_champion") nanPending = true;   // this round's rows (championRound only)
-    }
+  /** null when no fault is armed for this point, else a promise that acts out the armed ones. */
+  function hit(point, roundId) {
+    const due = armed.filter((f) => f.at === point && roundId >= (f.min_round ?? 0));
+    if (!due.length) return null;
+    for (const f of due) armed.splice(armed.indexOf(f), 1);
+    return (async () => {
+      for (const f of due) {
+        if (f.action === "kill_draft") draft?.kill();
+        else if (f.action === "destroy_device") champ.loseDevice();
+        else if (f.action === "nan_draft") await draft?.injectNaN();
+        else if (f.action === "stall") {
+          notify({ stage: "stalled", at: point, round_id: roundId });
+          await new Promise((r) => setTimeout(r, f.ms ?? 300));
+        } else if (f.action === "nan_champion") nanPending = true;   // this round's rows (championRound only)
+      }
+    })();
   }
   let nanPending = false;
 
-  const decideArgs = (m, pDraft, contextIds, proposals, policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy) => ({
-    nRows: m + 1, proposals, pDraft, contextIds, policy: JSON.parse(policyJson), seed: [seedLo >>> 0, seedHi >>> 0],
-    roundId, stopTokenIds: Array.from(stopIds ?? []), remaining, greedy: !!greedy,
-  });
-  const checkFeed = (feed, m) => {
-    if (feed.length !== m + 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
-  };
-
-  /** Champion forward over feed (the pending token + m proposals) and the round's decision. */
-  async function verifyRound(feed, startPos, m, ...rest) {
-    await hit("championRound", rest[6]);   // rest: pDraft, contextIds, proposals, policyJson, seedLo, seedHi, roundId, ...
-    checkFeed(feed, m);
-    return onChampion(async (g) => {
-      await g.forward(feed, startPos);
-      if (nanPending) {                  // fault: the champion's rows come out NaN
-        nanPending = false;
-        g.injectNaN(m + 1);
-      }
-      const r = await g.decide(decideArgs(m, ...rest));
-      if (champ.lost) throw codedError("E_DEVICE_LOST", "the champion's device was lost during verification");
-      return r;
-    });
-  }
-
-  // A CPU champion's round (and an inline draft's proposal) is plain computation: run it
-  // synchronously and Python gets its answer without an event-loop hop (~0.5 ms a round under
+  // A CPU champion's round (and an inline draft's proposal) is plain computation: the session runs
+  // it synchronously and Python gets its record without an event-loop hop (~0.5 ms a round under
   // Pyodide). Only with no fault armed (a stall must wait) and a champion that has the twins.
-  const canRunNow = () => armed.length === 0 && typeof champ.forwardNow === "function" && !champ.lost;
   let lastYield = performance.now();     // when this worker's event loop last ran other tasks
   const PAUSE_EVERY_MS = 10;
-
-  function verifyNow(feed, startPos, m, ...rest) {
-    checkFeed(feed, m);
-    champ.forwardNow(feed, startPos);
-    if (nanPending) {
-      nanPending = false;
-      champ.injectNaN(m + 1);
-    }
-    return champ.decideNow(decideArgs(m, ...rest));
-  }
   const yielded = (value) => { lastYield = performance.now(); return value; };
+  const sessionEnv = {
+    layout, maxBlock: MAX_BLOCK,
+    champion: liveChampion,
+    championError: (err) => (champ.lost ? codedError("E_DEVICE_LOST", `${champ.kind} champion lost during the call: ${errorPayload(err).message}`) : err),
+    draft: liveDraft,
+    draftCanRunNow: () => typeof draft?.proposeNow === "function",
+    canRunNow: () => armed.length === 0 && typeof champ.forwardNow === "function" && !champ.lost,
+    cpuRound: (useDraft) => armed.length === 0 && !champ.lost && typeof champ.roundNow === "function" &&
+      (!useDraft || (!!draft && !draft.dead && champ.cpuDraft() === draft.draft)),
+    hit,
+    takeNaN: () => { const armedNaN = nanPending; nanPending = false; return armedNaN; },
+  };
+  let session = null;
+  const liveSession = () => {
+    if (!session) throw codedError("E_CACHE_STATE", "no request session: begin() first");
+    return session;
+  };
 
   const bridge = {
-    async championForward(ids, startPos) {
-      await hit("championForward", 0);
-      await onChampion((g) => g.forward(ints(ids), startPos));
+    /** Start a request: JSON {policy, draft_policy, stop_token_ids, seed: [lo, hi], context_ids,
+     *  greedy, mode} (the only time its constant state crosses). Prefills both models. -> promise
+     *  of JSON {draft_failure: null | {code, message}}; a champion failure rejects, coded. */
+    async begin(requestJson) {
+      session = createSession(sessionEnv, JSON.parse(requestJson));
+      return JSON.stringify(await session.begin());
     },
-    /** JSON of the round's decision: a string at once for a CPU champion (canRunNow), else a
-     *  promise of one. Python awaits only a promise. */
-    championRound(feed, startPos, m, pDraft, committedIds, proposals, policyJson, seedLo, seedHi,
-                  roundId, stopIds, remaining, greedy) {
-      const args = [ints(feed), startPos, m, pDraft ?? null, ints(committedIds), ints(proposals),
-        policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy];
-      if (canRunNow()) return JSON.stringify(verifyNow(...args));
-      return verifyRound(...args).then((r) => yielded(JSON.stringify(r)));
+    /** One round (session.round): the record Int32Array at once when it ran synchronously, else a
+     *  promise of it. Python awaits only a promise. */
+    round(k, roundId, remaining, nCommitted, proposals) {
+      const r = liveSession().round(k, roundId, remaining, nCommitted, proposals == null ? null : Array.from(proposals));
+      return r instanceof Promise ? r.then(yielded) : r;
     },
-    /** A whole speculative round with the inline draft: propose from the draft's pending ids
-     *  (draftFeed at draftStart), verify the champion's pending ids (champFeed at champStart) plus
-     *  the proposals, decide. committedIds (both caches hold the same committed tokens) are the
-     *  processors' context. JSON {draft_failure: null | {code, message}, tokens, draft_error_code,
-     *  decision: null (the champion did not run) | championRound's, draft_ms, verify_ms}: a
-     *  string at once when everything can run synchronously, else a promise of one. */
-    speculativeRound(draftFeed, draftStart, k, draftPolicyJson, champFeed, champStart, committedIds, policyJson,
-                     seedLo, seedHi, roundId, stopIds, remaining, greedy) {
-      const context = ints(committedIds);
-      const proposeArgs = { feed: ints(draftFeed), startPos: draftStart, k, policy: JSON.parse(draftPolicyJson),
-        seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: context };
-      const now = canRunNow() && typeof draft?.proposeNow === "function";
-      const t0 = performance.now();
-      const failed = (err) => JSON.stringify({ draft_failure: errorPayload(err, "E_DRAFT_LOST"), tokens: [],
-        draft_error_code: "", decision: null, draft_ms: performance.now() - t0, verify_ms: 0 });
-      const verify = (r) => {
-        const t1 = performance.now();
-        const out = { draft_failure: null, tokens: Array.from(r.tokens), draft_error_code: r.error_code || "",
-          decision: null, draft_ms: t1 - t0, verify_ms: 0 };
-        if (out.draft_error_code || !r.tokens.length) return JSON.stringify(out);
-        const pending = ints(champFeed);
-        const feed = new Int32Array(pending.length + r.tokens.length);
-        feed.set(pending);
-        feed.set(r.tokens, pending.length);
-        const args = [feed, champStart, r.tokens.length, greedy ? null : r.pDraft, context, r.tokens,
-          policyJson, seedLo, seedHi, roundId, stopIds, remaining, greedy];
-        const done = (decision) => JSON.stringify({ ...out, decision, verify_ms: performance.now() - t1 });
-        return now ? done(verifyNow(...args)) : verifyRound(...args).then(done);
-      };
-      if (now) {
-        let r;
-        try { r = liveDraft().proposeNow(proposeArgs); } catch (err) { return failed(err); }
-        return verify(r);
-      }
-      return (async () => {
-        let r;
-        try {
-          await hit("draftPropose", roundId);
-          r = await liveDraft().propose(proposeArgs);
-        } catch (err) {
-          return yielded(failed(err));
-        }
-        return yielded(await verify(r));
-      })();
+    /** JSON {code, message} of the last round whose draft failed. */
+    lastFailure: () => JSON.stringify(liveSession().lastFailure()),
+    end() {
+      session?.end();
+      session = null;
     },
     /** null while this worker's event loop ran less than PAUSE_EVERY_MS ago; else a promise that
      *  lets it run (queued messages such as a cancel are handled) and then resolves. Python
@@ -220,22 +162,6 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         channel.port1.onmessage = () => { channel.port1.close(); resolve(yielded(null)); };
         channel.port2.postMessage(0);
       });
-    },
-    async championLogits(ids, startPos) {            // diagnostics and tests only
-      return onChampion(async (g) => {
-        await g.forward(ints(ids), startPos);
-        return g.readLogits(ids.length);
-      });
-    },
-    async draftForward(ids, startPos) {
-      await hit("draftForward", 0);
-      await liveDraft().forward(ints(ids), startPos);
-    },
-    async draftPropose(feed, startPos, k, policyJson, seedLo, seedHi, roundId, stopIds, contextIds) {
-      await hit("draftPropose", roundId);
-      const r = await liveDraft().propose({ feed: ints(feed), startPos, k, policy: JSON.parse(policyJson),
-        seed: [seedLo >>> 0, seedHi >>> 0], roundId, stopTokenIds: Array.from(stopIds ?? []), contextIds: ints(contextIds) });
-      return { tokens_json: JSON.stringify(Array.from(r.tokens)), pDraft: r.pDraft, error_code: r.error_code || "" };
     },
     /** JSON: stale-epoch drops by receiver since the previous call (one call per result, so
      *  every drop is reported exactly once). Counts of a replaced draft client carry over. */

@@ -3,11 +3,13 @@
 //   wasm:   WASM-SIMD forward + float64 decisions in C (web/champion_wasm/champion_wasm.mjs)
 // Both run the same q8 artifact, or a GGUF file (the file dequantised to float32 linears, web/gguf/),
 // sized by championConfig, the validated config the model check handed over (web/formats/model_config.mjs),
-// and give decide() results of one shape:
+// and give decide() results of one layout (protocol.json round_record):
 //   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
-//               forward(ids Int32Array, startPos), decide(args) -> {n_accepted, next_token, ...},
+//               forward(ids Int32Array, startPos), decide(args) -> Int32Array, the round record's decision words,
 //               wasm only: forwardNow / decideNow, the same synchronously,
-//               injectNaN(nRows), readLogits(n), loseDevice(), memory(), hardwareClass(), close() }
+//               injectNaN(nRows), loseDevice(), memory(), hardwareClass(), close(),
+//               wasm only: beginNow / roundNow / lastFailure / cpuDraft / loadDraft, the CPU round in
+//               one call with the draft loaded into the champion's instance (cpu_session.mjs) }
 // "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
 // navigator.gpu or no adapter at all gives the WASM champion.
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
@@ -15,6 +17,7 @@ import { compileChampionPipelines, createChampion, createChampionFromTensors } f
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { ggufLabel, isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
+import { createDraft } from "../draft/draft.mjs";
 import { codedError } from "../protocol.mjs";
 
 export const CHAMPION_BACKENDS = ["auto", "webgpu", "wasm"];
@@ -95,7 +98,6 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
     injectNaN(nRows) {   // fault: this block's rows become NaN, as a numeric failure would
       device.queue.writeBuffer(champion.logitsBuffer, 0, new Float32Array(nRows * champion.vocabSize).fill(NaN));
     },
-    readLogits: (n) => champion.readLogits(n),
     loseDevice() { backend.lost = true; device.destroy(); },
     memory: () => ({ category: "gpu_buffers", peak: accounting.peakBytes, live: accounting.liveBytes,
       buffers_live: accounting.liveBuffers }),
@@ -138,7 +140,17 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
       return champion.decideNow(args);
     },
     injectNaN(nRows) { nanRows = nRows; },
-    readLogits: (n) => champion.readLogits(n),
+    // the CPU round in one call (cpu_session.mjs): request state once, then one record per round
+    beginNow: (args) => champion.beginNow(args),
+    roundNow: (args) => champion.roundNow(args),
+    lastFailure: () => champion.lastFailure(),
+    cpuDraft: () => champion.draft,
+    /** The draft loaded into this champion's instance (one CPU module) -> the Draft. */
+    async loadDraft({ modelUrl, configJson }) {
+      champion.draft = await createDraft({ modelUrl, configJson, instance: { exports: champion.wasm, memory: champion.memory } });
+      champion._session = null;         // the next beginNow builds its CPU session over this draft
+      return champion.draft;
+    },
     loseDevice() { backend.lost = true; },
     memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
     hardwareClass: () => `wasm-simd/threads-${threads}/cpu-${cpuBucket()}`,

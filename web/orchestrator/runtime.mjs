@@ -32,7 +32,7 @@ const draftWhy = (err) => err.message;
 /** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
 function wasmAssets(assets) {
   const build = assets.build ?? new URL("../build/", import.meta.url).href;
-  return { draftWasmUrl: new URL("draft.wasm", build).href, championWasmUrl: new URL("champion.wasm", build).href };
+  return { draftWasmUrl: new URL("cpu.wasm", build).href, championWasmUrl: new URL("cpu.wasm", build).href };
 }
 
 /** models with local folders: {champion, draft, files: {"champion/config.json": File, ...}}; the

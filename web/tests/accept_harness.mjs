@@ -2,6 +2,9 @@
 // Arrays cross the boundary as base64 of little-endian bytes so floats arrive bit-exact.
 import { createAcceptor } from "../gpu/accept.mjs";
 import { requestAcceptDevice } from "../gpu/accept_device.mjs";
+import { loadSchema, roundRecordLayout } from "../protocol.mjs";
+
+const layout = roundRecordLayout((await loadSchema()).schema);   // decide() returns the record's decision words
 
 let device = null;
 const acceptors = new Map();                   // "V/maxBlock" -> { acceptor, logits buffer }
@@ -61,12 +64,12 @@ window.acceptHarness = {
       const set = decoded[job.set];
       if (job.set !== current) { device.queue.writeBuffer(logits, 0, set.logits); current = job.set; }
       const m = job.proposals.length;
-      results.push(await acceptor.decide({
+      results.push(layout.decodeDecision(await acceptor.decide({
         logitsBuffer: logits, nRows: m + 1, proposals: Int32Array.from(job.proposals),
         pDraft: m > 0 && !job.greedy ? set.pDraft : null, contextIds: Int32Array.from(job.contextIds || []),
         policy: job.policy, seed: job.seed, roundId: job.roundId, stopTokenIds: job.stopTokenIds || [],
         remaining: job.remaining, greedy: !!job.greedy,
-      }));
+      })));
     }
     return { results, ms: performance.now() - t0 };
   },

@@ -1,25 +1,27 @@
-"""Backend interfaces the orchestrator drives, and adapters from a logits "runner" to them.
+"""The round contract's backends, and the CPython reference of it over a logits "runner".
 
-ChampionBackend
-  prefill(cache)                    materialise committed tokens except the last (it stays pending)
-  verify_linear(cache, policy)      feed pending + provisional tail; return m+1 processed rows
-                                    (m = len(cache.provisional_ids)); row i predicts proposal i,
-                                    row m the extra token; an invalid row is an ExactSpecError
-DraftBackend
-  prefill(cache)
-  propose(cache, k, policy, decider, round_id, stop_token_ids) -> Proposal
-                                    appends proposals to the open transaction as it goes
-A runner is any model with forward(token_ids, start_pos) -> (n, V) logits that writes its K/V at
-[start_pos, start_pos + n) and forgets anything beyond (NumPy reference Llama, toy models).
+A champion backend has begin(request, draft) -> a session (orchestrator.SessionRequest: the
+request's constant state, once); a session has round(k, round_id, remaining, committed,
+proposals) -> RoundOutcome (round_record.py: the same record the browser's JS session returns),
+last_failure(), pause() and end(reason). docs/round.md draws it.
+The reference: RunnerChampion (prefill, verify_linear: m + 1 processed rows) and RunnerDraft
+(prefill, propose -> Proposal) over runners, composed by ReferenceSession, which decides with
+acceptance.decide_round. A runner is any model with forward(token_ids, start_pos) -> (n, V)
+logits that writes its K/V at [start_pos, start_pos + n) and forgets anything beyond (NumPy
+reference Llama, toy models). LookupProposer (prompt lookup) runs in the orchestrator, whichever
+backend: its proposals cross with the round.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import E_CACHE_STATE, E_PROCESSOR_INVALID, ExactSpecError
+from .acceptance import argmax_tie_low, decide_round
+from .caches import LogicalCache
+from .errors import E_CACHE_STATE, E_DRAFT_LOST, E_PROCESSOR_INVALID, ExactSpecError, coded_error
 from .rng import DRAFT_SAMPLE
-from .acceptance import argmax_tie_low
+from .round_record import RoundOutcome, decode, encode
 
 
 @dataclass
@@ -66,7 +68,31 @@ class _RunnerBackend:
             _materialize(self.runner, cache, upto)
 
 
-class RunnerChampion(_RunnerBackend):
+class ReferenceChampion:
+    """The CPython reference champion's round contract over any verify_linear(cache, policy) -> m + 1
+    processed rows (a subclass provides it, and vocab_size, max_context, identity, prefill):
+    `begin(request, draft)` opens a ReferenceSession."""
+
+    limits: dict = {}               # what this backend cannot run (GenerationConfig.check_limits): nothing
+
+    def begin(self, request, draft=None) -> "ReferenceSession":
+        return ReferenceSession(self, draft, request)
+
+    def decide(self, rows, p_draft_rows, proposals, decider, round_id, stop_token_ids, remaining, greedy):
+        """The round's decision on verify_linear's rows: acceptance.decide_round (a device decides
+        on its own rows; this is the reference every decider is checked against)."""
+        return decide_round(rows, p_draft_rows, proposals, decider, round_id, stop_token_ids, remaining, greedy)
+
+    def take_counters(self) -> dict:
+        """Stale-message drops since the previous call: none here (no workers)."""
+        return {}
+
+    def environment(self) -> None:
+        """Receipt environment: none for the CPython reference."""
+        return None
+
+
+class RunnerChampion(_RunnerBackend, ReferenceChampion):
     """Champion backend over a logits runner, with the declared processors applied on the host."""
 
     def verify_linear(self, cache, policy):
@@ -78,18 +104,103 @@ class RunnerChampion(_RunnerBackend):
         return [_process(rows[i], cache.tokens[:base + i], policy) for i in range(m + 1)]
 
 
-class FusedRunnerChampion(RunnerChampion):
-    """Reference of the device contract: verification and decision in one call, from the seed.
+class ReferenceSession:
+    """One request on the CPython reference: the round contract (web/orchestrator/session.mjs is the
+    browser's) built from the runner backends' pieces. Each model keeps its own LogicalCache mirror
+    of the committed tokens; round() checks the caller's committed length against it, proposes
+    (the draft, or the given proposals with one-hot rows), verifies, decides with decide_round and
+    returns the decoded round record, exactly as the browser's record decodes."""
 
-    The GPU backend implements the same method; this twin lets CPython tests check that the
-    orchestrator's fused path gives exactly what the host-side path gives."""
+    def __init__(self, champion: ReferenceChampion, draft, request):
+        self.champion, self.draft, self.request = champion, draft, request
+        self.round_bytes = 0
+        self.draft_failure: Optional[ExactSpecError] = None
+        self._last_failure: Optional[ExactSpecError] = None
+        self.champion_cache = LogicalCache(champion.identity, request.context_ids)
+        champion.prefill(self.champion_cache)
+        self.draft_cache = LogicalCache(draft.identity, request.context_ids) if draft is not None else None
+        if draft is not None:
+            try:
+                draft.prefill(self.draft_cache)
+            except Exception as exc:    # draft backend failure of any kind: the request falls back
+                self.draft_failure = coded_error(exc, E_DRAFT_LOST, "draft backend failed")
+                self.draft_cache = None
 
-    def verify_and_decide(self, cache, policy, p_draft_rows, seed, round_id, stop_token_ids, remaining, greedy):
-        from .acceptance import decide_round
-        from .deciders import RngDecider
-        rows = self.verify_linear(cache, policy)
-        return decide_round(rows, p_draft_rows, cache.provisional_ids, RngDecider(seed), round_id, stop_token_ids,
-                            remaining, greedy)
+    def pause(self):
+        return None                     # rounds run to completion synchronously: nothing to let run
+
+    def last_failure(self) -> Optional[ExactSpecError]:
+        return self._last_failure
+
+    def end(self, reason) -> None:
+        for cache in (self.champion_cache, self.draft_cache):
+            if cache is not None and cache.terminal is None:
+                cache.finalize(reason or "error")
+
+    def round(self, k: int, round_id: int, remaining: int, committed: int, proposals=None) -> RoundOutcome:
+        """k = 0: a baseline step; `proposals` (prompt lookup's) instead of the draft's."""
+        req, caches = self.request, [self.champion_cache, self.draft_cache]
+        if committed != self.champion_cache.n_committed:
+            raise ExactSpecError(E_CACHE_STATE, f"the caller has {committed} committed tokens, the session "
+                                                f"{self.champion_cache.n_committed}")
+        self.round_bytes = 4 * (5 + len(proposals or ()))
+        t0 = time.perf_counter()
+        status, tokens, p_draft_rows = "verified", [], []
+        if proposals is not None:
+            tokens = list(proposals)
+            p_draft_rows = [_one_hot(self.champion.vocab_size, y) for y in tokens]
+        elif k > 0:
+            self.draft_cache.begin()
+            try:
+                proposal = self.draft.propose(self.draft_cache, k, req.draft_policy, req.decider, round_id,
+                                              frozenset(req.stop_token_ids))
+            except Exception as exc:    # the draft failed: the champion does not run
+                self.draft_cache.abort()
+                self._last_failure = coded_error(exc, E_DRAFT_LOST, "draft backend failed")
+                return self._record("draft_failed", [], None, _ms(t0), 0.0)
+            if proposal.error is not None or not proposal.tokens:
+                self.draft_cache.rollback()
+                status = "draft_invalid" if proposal.error is not None else status
+            else:
+                tokens, p_draft_rows = proposal.tokens, proposal.p_draft_rows
+        t1 = time.perf_counter()
+        self.champion_cache.begin()
+        self.champion_cache.append_provisional(tokens)
+        try:
+            rows = self.champion.verify_linear(self.champion_cache, req.policy)
+        except Exception:
+            for cache in caches:
+                if cache is not None:
+                    cache.abort()
+            raise
+        decision = self.champion.decide(rows, p_draft_rows, tokens, req.decider, round_id, req.stop_token_ids,
+                                        remaining, req.greedy)
+        for cache in caches:
+            if cache is None:
+                continue
+            if decision.error is not None:
+                cache.abort()
+                continue
+            if cache.in_transaction:
+                cache.commit_prefix(decision.n_accepted)
+            if decision.next_token is not None:
+                cache.append_authoritative(decision.next_token)
+        return self._record(status, tokens, decision, t1 - t0, time.perf_counter() - t1)
+
+    def _record(self, status, tokens, decision, draft_s: float, verify_s: float) -> RoundOutcome:
+        words = encode(status, tokens, decision, draft_s * 1000.0, verify_s * 1000.0)
+        self.round_bytes += 4 * len(words)
+        return decode(words)
+
+
+def _one_hot(vocab_size: int, y: int) -> list:
+    row = [0] * vocab_size
+    row[y] = 1
+    return row
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
 
 
 class RunnerDraft(_RunnerBackend):
@@ -117,32 +228,6 @@ class RunnerDraft(_RunnerBackend):
             logits = _materialize(self.runner, cache, len(cache.tokens))[-1]
             self.n_calls += 1
         return out
-
-
-class FusedRunnerDraft(RunnerDraft):
-    """Reference of the inline-draft contract (the browser's WorkerDraft when the draft runs in the
-    orchestrator's thread): proposal, verification and decision in one call. CPython tests check
-    that the orchestrator's fused round gives exactly what the two-call round gives."""
-
-    def __init__(self, runner, champion: FusedRunnerChampion):
-        super().__init__(runner)
-        self.fused_with = champion
-
-    def propose_verify_decide(self, draft_cache, champion_cache, k, draft_policy, policy, seed, round_id,
-                              stop_token_ids, remaining, greedy):
-        """-> (proposal, decision | None, draft_failure | None, draft_ms, verify_ms)"""
-        from .deciders import RngDecider
-        from .errors import E_DRAFT_LOST, coded_error
-        try:
-            proposal = self.propose(draft_cache, k, draft_policy, RngDecider(seed), round_id, stop_token_ids)
-        except Exception as exc:   # the draft failed: the champion does not run
-            return Proposal(), None, coded_error(exc, E_DRAFT_LOST, "draft"), 0.0, 0.0
-        if proposal.error is not None or not proposal.tokens:
-            return proposal, None, None, 0.0, 0.0
-        champion_cache.append_provisional(proposal.tokens)
-        decision = self.fused_with.verify_and_decide(champion_cache, policy, proposal.p_draft_rows, seed, round_id,
-                                                     stop_token_ids, remaining, greedy)
-        return proposal, decision, None, 0.0, 0.0
 
 
 class LookupProposer:
@@ -174,15 +259,12 @@ class LookupProposer:
                         return cont
         return []
 
-    def propose(self, cache, k, policy, decider, round_id, stop_token_ids) -> Proposal:
-        out = Proposal()
+    def proposals(self, tokens, k: int, stop_token_ids) -> list:
+        """Up to k proposals for the committed `tokens`: the continuation, cut after a stop token."""
         self.n_calls += 1
-        for y in self.find_continuation(cache.tokens, k):
-            row = [0] * self.vocab_size
-            row[y] = 1
-            out.tokens.append(y)
-            out.p_draft_rows.append(row)
-            cache.append_provisional([y])
+        out = []
+        for y in self.find_continuation(tokens, k):
+            out.append(y)
             if y in stop_token_ids:
                 break
         return out

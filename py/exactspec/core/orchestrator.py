@@ -1,9 +1,12 @@
-"""The speculative round loop over abstract champion and draft backends.
+"""The speculative round loop: one request = begin a backend session, then rounds, each one call.
 
-One request: prefill both caches, then rounds until EOS / stop string / max length / cancel /
-error. Each round: draft proposes (draft transaction), champion verifies the block in one call
-(champion transaction), the pure acceptance function decides, both caches commit the accepted
-prefix and take the next authoritative token as pending, and the tokens are emitted once.
+A request begins a session on the champion backend (`champion.begin(SessionRequest, draft)`: the
+policy, stop ids, seed and context cross once; both models prefill). Each round is then ONE call,
+`session.round(k, round_id, remaining, committed, proposals)`, which proposes (the draft, or
+prompt lookup's `proposals` computed here), verifies, decides and returns a RoundOutcome (the
+round record, protocol.json). This module's LogicalCache is authoritative: it passes its committed
+length, the backend's mirror must agree. A baseline step is a round with k = 0. Until EOS / stop
+string / max length / cancel / error. docs/round.md draws the path.
 Failure rules (spec): before the first emitted token a speculation failure silently falls back
 to champion-alone; after it, the answer ends visibly with a coded error; nothing is re-emitted.
 """
@@ -14,14 +17,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .acceptance import decide_round
-from .backends import LookupProposer, Proposal
+from .backends import LookupProposer
 from .caches import LogicalCache
 from .deciders import RngDecider
 from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
                      E_RESIDUAL_INVARIANT, ExactSpecError, coded_error)
 from .policy import SamplingPolicy
-from .protocol import make_envelope
+from .protocol import CODE_DESCRIPTIONS, make_envelope
 from .receipts import build_receipt
 from .scheduler import SCHEDULERS, make_scheduler
 from .textstream import TextAssembler
@@ -125,6 +127,23 @@ class GenerationResult:
                 "receipt": self.receipt, "seed_opening": self.seed_opening}
 
 
+@dataclass(frozen=True)
+class SessionRequest:
+    """What a backend session gets once, at begin: the request's constant state."""
+    context_ids: tuple
+    policy: SamplingPolicy
+    draft_policy: SamplingPolicy
+    stop_token_ids: tuple
+    seed: int
+    max_new_tokens: int
+    mode: str                      # none | draft | lookup (lookup's proposals come with each round)
+    decider: object                # RngDecider(seed), or a test's decider (CPython reference only)
+
+    @property
+    def greedy(self) -> bool:
+        return self.policy.temperature == 0
+
+
 def _new_stats(k: int) -> dict:
     return {"rounds": 0, "proposed": 0, "accepted": 0, "baseline_steps": 0, "draft_invalid": 0,
             "target_calls": 0, "draft_calls": 0, "numeric_errors": 0,
@@ -147,12 +166,13 @@ class _Run:
         self.fallback_code: Optional[str] = None
         self.seq = 0
         self.stats = _new_stats(config.k)
-        self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "first_token": None, "total": 0.0}
+        self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "first_token": None, "total": 0.0}
         self.mode = config.speculate
         self.scheduler = make_scheduler(config)
         self.round_t0 = time.perf_counter()     # start of the current round (the scheduler's cost)
-        self.champion_cache: Optional[LogicalCache] = None
-        self.draft_cache: Optional[LogicalCache] = None
+        self.cache: Optional[LogicalCache] = None      # the authoritative committed sequence
+        self.session = None                            # the backend's request session (champion.begin)
+        self.round_bytes_max = 0                       # the most bytes one round moved across the session
         self.t_start = time.perf_counter()
 
     @property
@@ -166,7 +186,8 @@ class _Run:
 
 
 class Orchestrator:
-    """Runs requests over a champion backend and an optional draft backend (see backends.py)."""
+    """Runs requests over a champion backend (begin(request, draft) -> session) and an optional
+    draft (backends.py: the CPython reference's RunnerChampion/RunnerDraft; pyodide/: the browser's)."""
 
     def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
                  draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None):
@@ -202,7 +223,7 @@ class Orchestrator:
         the request ends "cancelled" at the first round boundary after the token moves off it."""
         prompt_ids = list(prompt_ids)
         config.validate(self.vocab_size)
-        config.check_limits(getattr(self.champion, "limits", None) or {})
+        config.check_limits(self.champion.limits)
         if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
             raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be 1+ token ids in [0, {self.vocab_size})")
         limit = self.champion.max_context
@@ -218,211 +239,106 @@ class Orchestrator:
             cancel.advance(epoch)
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
                    self.stream_decoder() if self.stream_decoder is not None else None)
-        decider = decider or RngDecider(config.seed)
-        proposer = self.draft if run.mode == "draft" else self.lookup
         try:
-            await self._run_request(run, prompt_ids, proposer, decider)
+            await self._run_request(run, prompt_ids, decider or RngDecider(config.seed))
         except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
             if run.finish is None:
                 self._fatal(run, coded_error(exc, E_INTERNAL, "orchestrator"))
+        finally:
+            if run.session is not None:
+                run.session.end(run.finish)
         run.timing["total"] = _ms(run.t_start)
-        return self._result(run, prompt_ids, proposer)
+        return self._result(run, prompt_ids)
 
-    async def _run_request(self, run: _Run, prompt_ids, proposer, decider):
-        config, limit = run.config, self.champion.max_context
+    async def _run_request(self, run: _Run, prompt_ids, decider):
+        config = run.config
         if run.cancelled:            # cancelled before it started (its epoch was already stale)
             return self._finish(run, "cancelled")
+        if run.mode == "draft" and len(prompt_ids) + config.max_new_tokens > self.draft.max_context:
+            self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
         t0 = time.perf_counter()
-        run.champion_cache = LogicalCache(self.champion.identity, prompt_ids)
-        await self._champion_call(run, self.champion.prefill, run.champion_cache)
-        if run.finish is None and run.mode != "none":
-            if len(prompt_ids) + config.max_new_tokens > getattr(proposer, "max_context", limit):
-                self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
-            else:
-                run.draft_cache = LogicalCache(proposer.identity, prompt_ids)
-                try:
-                    await resolve(proposer.prefill(run.draft_cache))
-                except Exception as exc:  # draft worker/backend failure of any kind
-                    if not run.cancelled:
-                        self._speculation_failed(run, _as_draft_lost(exc))
+        run.cache = LogicalCache(self.champion.identity, prompt_ids)
+        request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
+                                 config.seed, config.max_new_tokens, run.mode, decider)
+        try:
+            run.session = await resolve(self.champion.begin(request, self.draft if run.mode == "draft" else None))
+        except Exception as exc:     # the champion's prefill (device or backend) failed
+            return self._champion_failed(run, exc)
+        if run.session.draft_failure is not None and not run.cancelled:
+            self._speculation_failed(run, run.session.draft_failure)
         run.timing["prefill"] += _ms(t0)
-
-        pause = getattr(self.champion, "pause", None)
         while run.finish is None:
-            if pause is not None:   # a backend whose rounds may not suspend lets its host run here
-                await resolve(pause())
+            pause = run.session.pause()     # a backend whose rounds may not suspend lets its host run here
+            if pause is not None:
+                await pause
             if run.cancelled:
                 self._finish(run, "cancelled")
                 break
-            if run.mode == "none":
-                await self._baseline_round(run, decider)
-            else:
-                await self._speculative_round(run, proposer, decider)
+            await self._round(run)
 
     # ----------------------------------------------------------------------------------------
-    async def _speculative_round(self, run: _Run, proposer, decider):
-        cfg = run.config
-        remaining = cfg.max_new_tokens - len(run.token_ids)
+    async def _round(self, run: _Run):
+        """One round: choose k, call the session once, apply its outcome (or its failure)."""
+        remaining = run.config.max_new_tokens - len(run.token_ids)
         run.round_t0 = time.perf_counter()
-        k = run.scheduler.next_k(remaining)
-        round_id = len(run.token_ids)
-        if k == 0:
-            return await self._baseline_round(run, decider)
-        fused = getattr(proposer, "propose_verify_decide", None)
-        if fused is not None and getattr(proposer, "fused_with", None) is self.champion and isinstance(decider, RngDecider):
-            return await self._fused_round(run, fused, decider, k, round_id, remaining)
-        t0 = time.perf_counter()
-        run.draft_cache.begin()
-        run.stats["draft_calls"] += 1
+        k = run.scheduler.next_k(remaining) if run.mode != "none" else 0
+        proposals = self.lookup.proposals(run.cache.tokens, k, run.stop_ids) if run.mode == "lookup" and k else None
+        run.stats["draft_calls"] += k > 0
+        run.cache.begin()
         try:
-            proposal = await resolve(proposer.propose(run.draft_cache, k, run.draft_policy, decider, round_id, run.stop_ids))
-        except Exception as exc:
-            run.draft_cache.abort()
-            run.timing["draft"] += _ms(t0)
-            if run.cancelled:            # the cancel interrupted the draft call: not a draft failure
-                return self._finish(run, "cancelled")
-            return self._speculation_failed(run, _as_draft_lost(exc))
-        draft_ms = _ms(t0)
-        run.timing["draft"] += draft_ms
-        if proposal.error is not None or not proposal.tokens:
-            run.draft_cache.rollback()
-            run.stats["draft_invalid"] += proposal.error is not None
-            return await self._baseline_round(run, decider)
-
-        run.champion_cache.begin()
-        run.champion_cache.append_provisional(proposal.tokens)
-        t0 = time.perf_counter()
-        decision = await self._verify_and_decide(run, decider, proposal, round_id, remaining)
-        self._settle(run, proposal, decision, draft_ms, _ms(t0))
-
-    async def _fused_round(self, run: _Run, fused, decider, k: int, round_id: int, remaining: int):
-        """Draft proposal, champion verification and decision in one backend call (the draft
-        runs next to the champion). `fused(...)` -> (proposal, decision, draft_failure, draft_ms,
-        verify_ms): decision is None when the champion did not run (draft_failure: the draft
-        failed; else its row was invalid or it proposed nothing). The caches end exactly as
-        on the two-call path, and every failure takes the same path as there."""
-        run.draft_cache.begin()
-        run.champion_cache.begin()
-        run.stats["draft_calls"] += 1
-        try:
-            out = await resolve(fused(run.draft_cache, run.champion_cache, k, run.draft_policy, run.config.policy,
-                                      decider.seed, round_id, run.stop_ids, remaining, run.greedy))
-        except Exception as exc:        # the champion (or the bridge) failed: as _champion_call
+            out = await resolve(run.session.round(k, len(run.token_ids), remaining, run.cache.n_committed, proposals))
+        except Exception as exc:     # the champion (or the bridge) failed
             run.stats["target_calls"] += 1
-            run.champion_cache.abort()
-            run.draft_cache.abort()
-            if run.cancelled:
-                return self._finish(run, "cancelled")
-            return self._fatal(run, coded_error(exc, E_DEVICE_LOST, "champion backend failed"))
-        proposal, decision, draft_failure, draft_ms, verify_ms = out
-        run.timing["draft"] += draft_ms
-        if draft_failure is not None:   # the draft itself failed: the champion did not run
-            run.champion_cache.rollback()
-            run.draft_cache.abort()
-            if run.cancelled:
-                return self._finish(run, "cancelled")
-            return self._speculation_failed(run, _as_draft_lost(draft_failure))
-        if decision is None:            # an invalid draft row, or no proposal: a baseline round
-            run.champion_cache.rollback()
-            run.draft_cache.rollback()
-            run.stats["draft_invalid"] += proposal.error is not None
-            return await self._baseline_round(run, decider)
+            return self._champion_failed(run, exc)
+        run.round_bytes_max = max(run.round_bytes_max, run.session.round_bytes)
+        run.timing["draft"] += out.draft_ms
+        run.timing["verify"] += out.verify_ms
+        if out.status == "draft_failed":          # the champion did not run
+            run.cache.abort()
+            return self._finish(run, "cancelled") if run.cancelled else self._speculation_failed(run, run.session.last_failure())
         run.stats["target_calls"] += 1
-        run.timing["verify"] += verify_ms
-        self._settle(run, proposal, decision, draft_ms, verify_ms)
-
-    def _settle(self, run: _Run, proposal, decision, draft_ms: float, verify_ms: float):
-        """Commit a verified round to both caches, count it, tell the scheduler, emit it."""
-        if decision is None:
-            return
-        if decision.error is not None:
-            run.champion_cache.abort()
-            run.draft_cache.abort()
+        run.stats["draft_invalid"] += out.status == "draft_invalid"
+        if out.error_code is not None:
+            run.cache.abort()
             run.stats["numeric_errors"] += 1
-            if decision.error.code == E_RESIDUAL_INVARIANT:
-                return self._speculation_failed(run, decision.error)
-            return self._fatal(run, decision.error)
+            err = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
+            return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
+        self._commit(run, out)
 
-        m, n_accepted = len(proposal.tokens), decision.n_accepted
-        run.champion_cache.commit_prefix(n_accepted)
-        run.draft_cache.commit_prefix(n_accepted)
+    def _commit(self, run: _Run, out):
+        """Commit a decided round to the authoritative cache, count it, tell the scheduler, emit it."""
+        m, n_accepted = len(out.proposals), out.n_accepted
+        run.cache.append_provisional(out.proposals)
+        run.cache.commit_prefix(n_accepted)
+        tokens = list(out.proposals[:n_accepted])
         st = run.stats
-        st["rounds"] += 1
-        st["proposed"] += m
-        st["accepted"] += n_accepted
-        st["accepted_count_histogram"][n_accepted] += 1
-        if decision.rejected_at is not None:
-            st["rejection_position_histogram"][decision.rejected_at] += 1
-        run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=draft_ms, verify_ms=verify_ms,
-                              round_ms=_ms(run.round_t0))
-        tokens = list(proposal.tokens[:n_accepted])
-        sources = ["accepted"] * n_accepted
-        if decision.next_token is not None:
-            tokens.append(decision.next_token)
-            sources.append("correction" if decision.rejected_at is not None else "extra")
-            run.champion_cache.append_authoritative(decision.next_token)
-            run.draft_cache.append_authoritative(decision.next_token)
-        self._emit(run, tokens, sources, {"proposed": m, "accepted": n_accepted,
-                                          "draft_ms": round(draft_ms, 3), "verify_ms": round(verify_ms, 3)})
-
-    async def _baseline_round(self, run: _Run, decider):
-        """Champion-alone step; also the k == 0 round and the draft-invalid round."""
-        round_id = len(run.token_ids)
-        run.champion_cache.begin()
-        t0 = time.perf_counter()
-        decision = await self._verify_and_decide(run, decider, Proposal(), round_id, 1)
-        if decision is None:
-            return
-        if decision.error is not None:
-            run.champion_cache.abort()
-            run.stats["numeric_errors"] += 1
-            return self._fatal(run, decision.error)
-        run.champion_cache.commit_prefix(0)
-        run.champion_cache.append_authoritative(decision.next_token)
-        run.stats["baseline_steps"] += 1
+        if m:
+            st["rounds"] += 1
+            st["proposed"] += m
+            st["accepted"] += n_accepted
+            st["accepted_count_histogram"][n_accepted] += 1
+            if out.rejected_at is not None:
+                st["rejection_position_histogram"][out.rejected_at] += 1
+            sources = ["accepted"] * n_accepted + ["correction" if out.rejected_at is not None else "extra"]
+        else:
+            st["baseline_steps"] += 1
+            sources = ["baseline"]
         if run.mode != "none":
-            run.draft_cache.append_authoritative(decision.next_token)
-            run.scheduler.observe(proposed=0, accepted=0, draft_ms=0.0, verify_ms=_ms(t0), round_ms=_ms(run.round_t0))
-        self._emit(run, [decision.next_token], ["baseline"], {"proposed": 0, "accepted": 0, "draft_ms": 0.0,
-                                                               "verify_ms": round(_ms(t0), 3)})
+            run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=out.draft_ms, verify_ms=out.verify_ms,
+                                  round_ms=_ms(run.round_t0))
+        if out.next_token is not None:
+            tokens.append(out.next_token)
+            run.cache.append_authoritative(out.next_token)
+        self._emit(run, tokens, sources, {"proposed": m, "accepted": n_accepted,
+                                          "draft_ms": round(out.draft_ms, 3), "verify_ms": round(out.verify_ms, 3)})
 
     # ----------------------------------------------------------------------------------------
-    async def _verify_and_decide(self, run: _Run, decider, proposal, round_id: int, remaining: int):
-        """Champion verification of the open transaction plus the round's decision.
-
-        A backend with `verify_and_decide` (the GPU) runs both on the device from the seed; any
-        other backend returns rows and the decision is made here, by the same pure function.
-        Returns None when the champion call itself failed (already reported)."""
-        fused = getattr(self.champion, "verify_and_decide", None)
-        t0 = time.perf_counter()
-        if fused is not None and isinstance(decider, RngDecider):
-            decision = await self._champion_call(run, fused, run.champion_cache, run.config.policy, proposal.p_draft_rows,
-                                           decider.seed, round_id, run.stop_ids, remaining, run.greedy)
-            run.timing["verify"] += _ms(t0)  # verification and decision, both on the device
-            return decision
-        rows = await self._champion_call(run, self.champion.verify_linear, run.champion_cache, run.config.policy)
-        run.timing["verify"] += _ms(t0)
-        if rows is None:
-            return None
-        t0 = time.perf_counter()
-        decision = decide_round(rows, proposal.p_draft_rows, proposal.tokens, decider, round_id, run.stop_ids,
-                                remaining, run.greedy)
-        run.timing["accept"] += _ms(t0)
-        return decision
-
-    async def _champion_call(self, run: _Run, fn, *args):
-        run.stats["target_calls"] += fn.__name__ in ("verify_linear", "verify_and_decide")
-        try:
-            return await resolve(fn(*args))
-        except Exception as exc:  # device or backend failure of any kind, coded where JS coded it
-            run.champion_cache.abort()
-            if run.draft_cache is not None:
-                run.draft_cache.abort()
-            if run.cancelled:
-                self._finish(run, "cancelled")
-            else:
-                self._fatal(run, coded_error(exc, E_DEVICE_LOST, "champion backend failed"))
-        return None
+    def _champion_failed(self, run: _Run, exc: Exception):
+        if run.cache.in_transaction:
+            run.cache.abort()
+        if run.cancelled:
+            return self._finish(run, "cancelled")
+        self._fatal(run, coded_error(exc, E_DEVICE_LOST, "champion backend failed"))
 
     def _speculation_failed(self, run: _Run, err: ExactSpecError):
         """Silent champion-alone fallback before the first token, visible failure after it."""
@@ -430,7 +346,6 @@ class Orchestrator:
             return self._fatal(run, err)
         run.mode = "none"
         run.fallback_code = err.code
-        run.draft_cache = None
 
     def _fatal(self, run: _Run, err: ExactSpecError):
         run.error = err
@@ -441,9 +356,8 @@ class Orchestrator:
         if run.finish is not None:
             return
         run.finish = reason
-        for cache in (run.champion_cache, run.draft_cache):
-            if cache is not None:
-                cache.finalize(reason)
+        if run.cache is not None:
+            run.cache.finalize(reason)
 
     def _emit(self, run: _Run, tokens, sources, round_info: dict):
         """Emit tokens once, in order, applying EOS / stop string / max length per token.
@@ -472,34 +386,30 @@ class Orchestrator:
         run.send("tokens", {"token_ids": emitted, "text": "".join(text), "token_texts": text,
                             "sources": list(sources[:len(emitted)]), "round": round_info})
 
-    def _take_counters(self) -> dict:
-        """The backends' counters since the previous call (the browser's stale-epoch drops, by
-        receiver), or {}: taken once per result, so every drop lands in exactly one result."""
-        fn = getattr(self.champion, "take_counters", None)
-        return dict(fn()) if fn is not None else {}
-
-    def _result(self, run: _Run, prompt_ids, proposer) -> GenerationResult:
+    def _result(self, run: _Run, prompt_ids) -> GenerationResult:
         st = dict(run.stats)
-        counters = self._take_counters()
+        counters = self.champion.take_counters()
         if counters:
             st["stale_dropped"] = counters
         st["tokens_per_round"] = (round((st["accepted"] + st["rounds"]) / st["rounds"], 4) if st["rounds"] else None)
         st["mode"] = run.mode
         st["fallback_code"] = run.fallback_code
+        st["round_bytes_max"] = run.round_bytes_max
         timing = dict(run.timing)
         timing["decode"] = timing["total"] - timing["prefill"]
         n_rounds = st["rounds"] + st["baseline_steps"]
-        timing["per_round"] = ({"draft": timing["draft"] / n_rounds, "verify": timing["verify"] / n_rounds,
-                                "accept": timing["accept"] / n_rounds} if n_rounds else None)
+        timing["per_round"] = ({"draft": timing["draft"] / n_rounds, "verify": timing["verify"] / n_rounds}
+                               if n_rounds else None)
         identities = dict(self.identities)
-        identities["draft"] = proposer.identity if run.config.speculate != "none" else "none"
-        environment = getattr(self.champion, "environment", None)
+        speculate = run.config.speculate
+        identities["draft"] = (self.draft.identity if speculate == "draft" else self.lookup.identity
+                               if speculate == "lookup" else "none")
         receipt, seed_opening = build_receipt(
             identities=identities, policy_canonical=run.config.policy.canonical(),
-            scheduler={**run.scheduler.describe(), "mode": run.config.speculate},
+            scheduler={**run.scheduler.describe(), "mode": speculate},
             seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
             failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code,
-            environment=environment() if environment is not None else None)
+            environment=self.champion.environment())
         error = run.error.to_dict() if run.error else None
         result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
                                   st, timing, error, receipt, run.seq, seed_opening)
@@ -526,9 +436,3 @@ def run_without_loop(coro):
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
-
-
-def _as_draft_lost(exc: Exception) -> ExactSpecError:
-    """A draft failure keeps a code the draft side gave it (E_TIMEOUT, E_OUT_OF_MEMORY, ...),
-    else it is E_DRAFT_LOST."""
-    return coded_error(exc, E_DRAFT_LOST, "draft backend failed")

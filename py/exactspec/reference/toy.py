@@ -13,7 +13,7 @@ import hashlib
 
 import numpy as np
 
-from ..core.backends import Proposal
+from ..core.backends import Proposal, ReferenceChampion
 from ..core.rng import DRAFT_SAMPLE
 
 
@@ -55,7 +55,7 @@ def toy_draft(champion: ToyRunner, overlap: float, seed: int = 1) -> ToyRunner:
     return draft
 
 
-class ExactChampion:
+class ExactChampion(ReferenceChampion):
     """Champion whose processed distribution is dist_fn(context_ids) -> list of Fractions (V,)."""
 
     max_context = 1 << 30

@@ -1,0 +1,89 @@
+"""The round record: one round's outcome as int32 words (protocol.json round_record), and its one Python reader.
+
+Every backend session's round() returns it: the browser's as an Int32Array written by the WGSL or
+C decider and the JS session (web/orchestrator/session.mjs), the CPython reference's from encode().
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .protocol import SCHEMA
+
+LAYOUT = SCHEMA["round_record"]
+AT = {name: i for i, (name, _kind) in enumerate(LAYOUT["words"])}
+FIXED_WORDS = len(LAYOUT["words"])
+DECISION_WORDS = LAYOUT["decision_words"]
+STATUS = dict(LAYOUT["status"])                  # name -> value
+_STATUS_NAMES = {v: k for k, v in STATUS.items()}
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One round, decoded. status: "verified" (the champion ran on `proposals`; none: a baseline
+    step), "draft_invalid" (a draft row was invalid: no proposal kept, a baseline step ran) or
+    "draft_failed" (the champion did not run; the session's last_failure() says why)."""
+    status: str
+    proposals: tuple = ()
+    n_accepted: int = 0
+    next_token: Optional[int] = None
+    rejected_at: Optional[int] = None
+    ended_by: Optional[str] = None                # None | "stop" | "length"
+    error_code: Optional[str] = None              # None | E_TARGET_NUMERIC_OR_MASK | E_RESIDUAL_INVARIANT
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    diagnostics: dict = field(default_factory=dict)
+
+
+def _f32(word: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", word))[0]
+
+
+def _f32_word(x: Optional[float]) -> int:
+    return struct.unpack("<i", struct.pack("<f", float("nan") if x is None else x))[0]
+
+
+def decode(words) -> RoundOutcome:
+    """A record (a sequence of int32 words) -> RoundOutcome; a malformed one is E_PROTOCOL."""
+    from .errors import E_PROTOCOL, ExactSpecError
+    w = [int(x) for x in words]
+    if len(w) < FIXED_WORDS or len(w) != FIXED_WORDS + w[AT["n_proposed"]]:
+        raise ExactSpecError(E_PROTOCOL, f"a round record needs {FIXED_WORDS} words + n_proposed ids, got {len(w)}")
+    status = _STATUS_NAMES.get(w[AT["status"]])
+    error_index = w[AT["decision_error"]]
+    if status is None or not 0 <= error_index < len(LAYOUT["decision_errors"]):
+        raise ExactSpecError(E_PROTOCOL, f"round record: status {w[AT['status']]}, decision error {error_index}")
+    ended = w[AT["ended_by"]]
+
+    def none(v):
+        return None if v < 0 else v
+    return RoundOutcome(
+        status=status, proposals=tuple(w[FIXED_WORDS:]), n_accepted=w[AT["n_accepted"]],
+        next_token=none(w[AT["next_token"]]), rejected_at=none(w[AT["rejected_at"]]),
+        ended_by=LAYOUT["ended_by"][ended & LAYOUT["ended_by_mask"]] or None,
+        error_code=LAYOUT["decision_errors"][error_index] or None,
+        draft_ms=w[AT["draft_us"]] / 1000.0, verify_ms=w[AT["verify_us"]] / 1000.0,
+        diagnostics={"score": _f32(w[AT["diag_score"]]), "u": _f32(w[AT["diag_u"]]), "a": _f32(w[AT["diag_a"]]),
+                     "near_top_p": bool(ended & LAYOUT["near_top_p_flag"])})
+
+
+def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0) -> list:
+    """The record of a round decided in Python (acceptance.RoundDecision, or None when the champion
+    did not run), as the WGSL/C deciders and the JS session write it."""
+    w = [0] * (FIXED_WORDS + len(proposals))
+    w[AT["next_token"]] = w[AT["rejected_at"]] = -1
+    if decision is not None:
+        w[AT["n_accepted"]] = decision.n_accepted
+        w[AT["next_token"]] = -1 if decision.next_token is None else decision.next_token
+        w[AT["rejected_at"]] = -1 if decision.rejected_at is None else decision.rejected_at
+        w[AT["ended_by"]] = LAYOUT["ended_by"].index(decision.ended_by or "")
+        w[AT["decision_error"]] = LAYOUT["decision_errors"].index(decision.error.code) if decision.error else 0
+    for name in ("diag_score", "diag_u", "diag_a"):
+        w[AT[name]] = _f32_word(None)
+    w[AT["status"]] = STATUS[status]
+    w[AT["draft_us"]] = round(draft_ms * 1000)
+    w[AT["verify_us"]] = round(verify_ms * 1000)
+    w[AT["n_proposed"]] = len(proposals)
+    w[FIXED_WORDS:] = list(proposals)
+    return w
