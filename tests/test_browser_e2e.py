@@ -37,7 +37,7 @@ PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto M
 @pytest.fixture(scope="module", params=["webgpu", "wasm"])
 def runtime(request, chromium_browser):
     """One engine per champion backend: every exactness test here runs on both."""
-    for name in ("draft.wasm", "champion.wasm"):
+    for name in ("cpu.wasm", "cpu_mt.wasm"):
         if not os.path.exists(os.path.join(ROOT, "web", "build", name)):
             subprocess.run(["bash", os.path.join(ROOT, "wasm", "build.sh")], check=True)
     rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param)
@@ -69,6 +69,32 @@ def test_greedy_modes_are_identical_in_the_browser(runtime):
             assert spec["finish_reason"] == alone["finish_reason"] and spec["text"] == alone["text"]
             n_checked += 1
     assert n_checked == 2 * len(PROMPTS) and {"length", "stop"} <= endings
+
+
+@pytest.mark.parametrize("mode", ["draft", "lookup"])
+def test_a_round_is_one_crossing_whose_bytes_do_not_grow_with_the_answer(runtime, mode):
+    """Per-round traffic between Python and JS is O(k): the request's constant state crosses once at
+    begin, a round sends 5 scalars (+ lookup's proposals) and gets the record (12 words + proposals),
+    whether the answer is 8 tokens or 120 (before the round contract, every round re-sent the policy,
+    the stop ids and the whole committed context as JSON). On the WASM champion with the inline
+    draft, every round is one call into the CPU module."""
+    k = 4
+    bound = 4 * (5 + k) + 4 * (12 + k)
+    prompt = "And the LORD said unto Moses, And the LORD said unto Moses,"
+    seen = {}
+    for n in (8, 120):
+        r = browser_ids(runtime, prompt, max_new_tokens=n, temperature=0, speculate=mode, k=k)
+        st = r["stats"]
+        n_rounds = st["rounds"] + st["baseline_steps"]
+        assert st["rounds"] > 0 and 0 < st["round_bytes_max"] <= bound, st
+        seen[n] = st["round_bytes_max"]
+        counts = st["session"]
+        assert counts["one_call_rounds"] + counts["separate_call_rounds"] == n_rounds
+        if runtime.ready["info"]["champion"]["backend"] == "wasm":
+            assert counts == {"one_call_rounds": n_rounds, "separate_call_rounds": 0}
+        else:
+            assert counts["one_call_rounds"] == 0
+    assert seen[120] <= bound and len(r["token_ids"]) > 60
 
 
 def test_eos_endings_are_identical(runtime):

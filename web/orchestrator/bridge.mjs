@@ -148,9 +148,11 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     },
     /** JSON {code, message} of the last round whose draft failed. */
     lastFailure: () => JSON.stringify(liveSession().lastFailure()),
+    /** JSON of session.end()'s counts ({} when no session is open). */
     end() {
-      session?.end();
+      const counts = session ? session.end() : {};
       session = null;
+      return JSON.stringify(counts);
     },
     /** null while this worker's event loop ran less than PAUSE_EVERY_MS ago; else a promise that
      *  lets it run (queued messages such as a cancel are handled) and then resolves. Python

@@ -76,6 +76,7 @@ export function createSession(env, request) {
   const base = { policy: request.policy, seed: request.seed, stopTokenIds: request.stop_token_ids, greedy: !!request.greedy };
   const draftPolicy = request.draft_policy ?? request.policy;
   let lastFailure = null, ended = false;
+  const counts = { one_call_rounds: 0, separate_call_rounds: 0 };   // how each round ran (receipts' stats)
 
   const championFailed = (err) => {
     mirror.abort();
@@ -209,7 +210,11 @@ export function createSession(env, request) {
         throw codedError("E_CACHE_STATE", `the caller has ${nCommitted} committed tokens, the session ${mirror.length}`);
       }
       const useDraft = proposals == null && k > 0;
-      if (env.cpuRound(useDraft)) return cpuRound(k, roundId, remaining, proposals, useDraft);
+      if (env.cpuRound(useDraft)) {
+        counts.one_call_rounds++;
+        return cpuRound(k, roundId, remaining, proposals, useDraft);
+      }
+      counts.separate_call_rounds++;
       cpuBegun = false;                 // the separate calls below change what cpu.c was told
       const sync = env.canRunNow() && (!useDraft || env.draftCanRunNow());
       const t0 = performance.now();
@@ -232,7 +237,12 @@ export function createSession(env, request) {
 
     /** {code, message} of the last round whose draft failed (status draft_failed). */
     lastFailure: () => lastFailure,
-    end() { ended = true; },
+    /** -> {one_call_rounds, separate_call_rounds}: rounds that were one call into the CPU module,
+     *  and rounds composed of separate draft, forward and decide calls. */
+    end() {
+      ended = true;
+      return { ...counts };
+    },
     get committedLength() { return mirror.length; },
   };
 }

@@ -132,10 +132,11 @@ class ReferenceSession:
     def last_failure(self) -> Optional[ExactSpecError]:
         return self._last_failure
 
-    def end(self, reason) -> None:
+    def end(self, reason) -> dict:
         for cache in (self.champion_cache, self.draft_cache):
             if cache is not None and cache.terminal is None:
                 cache.finalize(reason or "error")
+        return {}                       # every round here is the composition of the pieces
 
     def round(self, k: int, round_id: int, remaining: int, committed: int, proposals=None) -> RoundOutcome:
         """k = 0: a baseline step; `proposals` (prompt lookup's) instead of the draft's."""

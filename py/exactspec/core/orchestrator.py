@@ -173,6 +173,7 @@ class _Run:
         self.cache: Optional[LogicalCache] = None      # the authoritative committed sequence
         self.session = None                            # the backend's request session (champion.begin)
         self.round_bytes_max = 0                       # the most bytes one round moved across the session
+        self.session_counts = {}                       # what session.end() reported (how rounds ran)
         self.t_start = time.perf_counter()
 
     @property
@@ -246,7 +247,7 @@ class Orchestrator:
                 self._fatal(run, coded_error(exc, E_INTERNAL, "orchestrator"))
         finally:
             if run.session is not None:
-                run.session.end(run.finish)
+                run.session_counts = run.session.end(run.finish)
         run.timing["total"] = _ms(run.t_start)
         return self._result(run, prompt_ids)
 
@@ -395,6 +396,7 @@ class Orchestrator:
         st["mode"] = run.mode
         st["fallback_code"] = run.fallback_code
         st["round_bytes_max"] = run.round_bytes_max
+        st["session"] = run.session_counts
         timing = dict(run.timing)
         timing["decode"] = timing["total"] - timing["prefill"]
         n_rounds = st["rounds"] + st["baseline_steps"]

@@ -106,8 +106,9 @@ class BrowserSession:
         f = json.loads(self.bridge.lastFailure())
         return _coded(f["code"], f["message"], "E_DRAFT_LOST")
 
-    def end(self, reason) -> None:
-        self.bridge.end()
+    def end(self, reason) -> dict:
+        """-> how the rounds ran: {one_call_rounds, separate_call_rounds} (session.mjs)."""
+        return json.loads(self.bridge.end())
 
 
 @dataclass(frozen=True)
