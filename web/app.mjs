@@ -2,7 +2,7 @@
 // the fast test pair; loads with real progress, streams answers with every token marked by its
 // source, plots live statistics, and offers each answer's privacy-safe receipt as JSON.
 // It drives the engine only through the public module (exactspec.mjs), like an embedding site.
-import { createEngine } from "./exactspec.mjs";
+import { createEngine, optionNames } from "./exactspec.mjs";
 import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_progress.mjs";
 import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
 import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
@@ -223,13 +223,20 @@ function pickedModels() {
 }
 
 // ---------------------------------------------------------------- one answer
+/** generate()'s options from the form: each option of protocol.json's tables (the engine's schema)
+ *  that has a control with its name as id, read by the table's type. */
 function readOptions() {
-  const num = (id) => Number($(id).value);
-  const stops = $("stop_strings").value.split("\n").filter((s) => s.length > 0);
-  const opts = { chat: $("chat").checked, raw_text: $("raw_text").checked, speculate: $("speculate").value, k: num("k"), temperature: num("temperature"),
-    top_k: num("top_k"), top_p: num("top_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed"),
-    max_new_tokens: num("max_new_tokens"), stop_strings: stops };
-  if ($("scheduler").value !== "static") opts.scheduler = $("scheduler").value;   // the adaptive k scheduler
+  const schema = page.engine.engine.schema.schema;   // protocol.json (loadSchema's .schema)
+  const { config, fields } = optionNames(schema);
+  const rules = { ...schema.generate_request, ...schema.generate_config };
+  const opts = {};
+  for (const key of [...fields, ...config]) {
+    const el = $(key);
+    if (!el) continue;
+    const type = rules[key].type;
+    opts[key] = type === "boolean" ? el.checked : type === "integer" || type === "number" ? Number(el.value)
+      : type === "strings" ? el.value.split("\n").filter((s) => s.length > 0) : el.value;
+  }
   return opts;
 }
 

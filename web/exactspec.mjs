@@ -13,7 +13,6 @@ import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./formats/model_c
 
 export { codedError };
 
-
 const modelFileTables = new Map();   // URL -> promise of the table
 
 /** py/exactspec/formats/model_files.json, the one table of a model folder's files (Python's too):
@@ -187,7 +186,7 @@ class ExactSpecEngine {
    *  E_TIMEOUT when the worker fell silent for silenceTimeoutMs (the engine is then ended). */
   generate(prompt, options = {}, onEvent = null) {
     let payload;
-    try { payload = requestPayload(prompt, options, this.engine.schema); } catch (err) { return Promise.reject(err); }
+    try { payload = requestPayload(prompt, options, this.engine.schema.schema); } catch (err) { return Promise.reject(err); }
     const silence = options?.silenceTimeoutMs;
     return this.engine.generate(payload, onEvent, silence === undefined ? {} : { silenceTimeoutMs: silence });
   }
