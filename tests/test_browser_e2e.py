@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from browser_fixture import chromium_browser  # noqa: F401
+from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 from exactspec.core.backends import RunnerChampion, RunnerDraft
 from exactspec.host.browser_run import BrowserRuntime
 from exactspec.reference.models import default_models_dir, stop_ids_from
@@ -219,3 +219,34 @@ def test_browser_receipt_binds_the_same_identities_as_cpython(runtime):
         assert r["receipt"][field] == ref.receipt[field], field
     assert r["receipt"]["champion_backend"] == runtime.ready["info"]["champion"]["backend"]
     assert r["receipt"]["runtime_version"].startswith("pyodide-")
+
+
+PLACEMENT_JS = """async ([placement]) => {
+  const { createEngine } = await import("/web/exactspec.mjs");
+  const engine = await createEngine({ champion: "/web/models/champion/", draft: "/web/models/draft/",
+    championBackend: "wasm", draftPlacement: placement });
+  const out = [];
+  for (const [prompt, seed] of [["And the LORD said unto Moses,", 3], ["To be, or not to be,", 8]]) {
+    const r = await engine.generate(prompt, { temperature: 1, repetition_penalty: 1.3, seed, k: 4,
+      speculate: "draft", max_new_tokens: 48 });
+    out.push({ ids: r.token_ids, stats: r.stats });
+  }
+  await engine.terminate();
+  return out;
+}"""
+
+
+def test_the_draft_in_its_worker_and_in_the_champions_instance_give_the_same_rounds(browser_page, http_server):
+    """The same sampled request, repetition penalty on (so the draft's rows depend on the committed
+    context), with the draft in its own worker (the context sent once, then only its growth) and
+    loaded into the WASM champion's instance (one call a round; cpu.c keeps the context marks):
+    the same tokens, and the same proposals accepted and rejected round for round."""
+    browser_page.goto(http_server.url + "/web/runner.html")
+    inline = browser_page.evaluate(PLACEMENT_JS, ["inline"])
+    worker = browser_page.evaluate(PLACEMENT_JS, ["worker"])
+    for a, b in zip(inline, worker):
+        assert a["ids"] == b["ids"]
+        for key in ("rounds", "proposed", "accepted", "accepted_count_histogram", "rejection_position_histogram"):
+            assert a["stats"][key] == b["stats"][key], key
+        assert a["stats"]["session"]["separate_call_rounds"] == 0 and b["stats"]["session"]["one_call_rounds"] == 0
+        assert a["stats"]["rounds"] > 5

@@ -4,7 +4,10 @@
 //   new Worker(new URL("draft_worker.mjs?wasm=/web/build/cpu.wasm&model=/web/models/draft/",
 //              import.meta.url), {type: "module"})
 //
-// In:  "propose" {round_id, k, feed, start_pos, policy, seed: [lo, hi], stop_token_ids, context_ids}
+// In:  "propose" {round_id, k, feed, start_pos, policy, seed: [lo, hi], stop_token_ids, context_from,
+//                 context_tail}   the committed context is sent once and then only what it grew by:
+//                 context_from 0 starts it over, else it must equal the length the worker holds
+//                 (E_PROTOCOL otherwise), so a round's message is O(k), not O(context)
 //      "sync"    {committed_length, pending[, start_pos]}  adopt (request, epoch); feed the ids
 //                `pending` at [start_pos ?? committed_length - pending.length, committed_length)
 //                (prefill, = RunnerDraft.prefill); answered with the draft state
@@ -25,6 +28,7 @@ export function createHandler(draftPromise, post) {
   const state = {
     requestId: null, epoch: 0, nextSeq: 0, seqOut: 0,
     droppedStale: 0, droppedOutOfOrder: 0, nTransferred: 0, nProposals: 0,
+    context: [],                       // the committed context, as the propose messages built it
   };
   let memoryBytes = 0;
   const reply = (env, kind, payload, transfer = []) =>
@@ -85,8 +89,14 @@ export function createHandler(draftPromise, post) {
       }
       if (env.kind === "propose") {
         const t0 = performance.now();
+        const from = p.context_from ?? 0;
+        if (from !== 0 && from !== state.context.length) {
+          throw Object.assign(new Error(`context_from ${from}, but the worker holds ${state.context.length} ids`), { code: "E_PROTOCOL" });
+        }
+        if (from === 0) state.context = [];
+        for (const id of p.context_tail ?? []) state.context.push(id);
         const res = draft.propose({ feed: p.feed, startPos: p.start_pos, k: p.k, policy: p.policy,
-          seed: p.seed, roundId: p.round_id, stopTokenIds: p.stop_token_ids ?? [], contextIds: p.context_ids ?? [] });
+          seed: p.seed, roundId: p.round_id, stopTokenIds: p.stop_token_ids ?? [], contextIds: state.context });
         const ms = performance.now() - t0;
         state.nProposals += res.tokens.length;
         const pDraft = res.pDraft;
@@ -219,9 +229,23 @@ export class DraftWorkerClient {
   }
 
   async propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
+    const from = this._contextGrowth(contextIds);
     const p = await this._send("propose", { round_id: roundId, k, feed: Array.from(feed), start_pos: startPos, policy,
-      seed: Array.from(seed), stop_token_ids: Array.from(stopTokenIds), context_ids: Array.from(contextIds) });
+      seed: Array.from(seed), stop_token_ids: Array.from(stopTokenIds), context_from: from,
+      context_tail: Array.from(contextIds.subarray ? contextIds.subarray(from) : contextIds.slice(from)) });
     return { tokens: Int32Array.from(p.tokens), pDraft: p.p_draft, error_code: p.error_code, ms: p.ms };
+  }
+
+  /** Where the worker's copy of the context stops matching `contextIds`: its length when the
+   *  context only grew since the last propose (then only the growth is sent), else 0 (sent whole). */
+  _contextGrowth(contextIds) {
+    const sent = this._context ?? new Int32Array(0);
+    const ids = Int32Array.from(contextIds);
+    let from = sent.length <= ids.length && this._contextEpoch === this.epoch ? sent.length : 0;
+    for (let i = 0; i < from; i++) if (sent[i] !== ids[i]) { from = 0; break; }
+    this._context = ids;
+    this._contextEpoch = this.epoch;
+    return from;
   }
 
   /** Cancel the current epoch's calls (moves to the next epoch). */
