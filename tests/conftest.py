@@ -1,4 +1,4 @@
-"""Shared pytest set-up: tests/ helpers importable; the `browser` and `slow` tiers (docs/testing.md).
+"""Shared pytest set-up: tests/ helpers importable; the `browser` and `slow` tiers (README.md, Test tiers).
 
 Tiers: `-m "not browser and not slow"` is the fast loop; the plain run is the whole suite (CI).
 - `browser` is added here to every test whose fixtures include the shared Chromium
