@@ -47,7 +47,7 @@ def test_npm_pack_lists_what_a_site_needs():
     assert pkg["exports"]["."]["default"] == "./web/exactspec.mjs" and pkg["exports"]["."]["types"] == "./web/exactspec.d.ts"
     py_files = json.loads((REPO_ROOT / "web/orchestrator/py_files.json").read_text())
     need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/orchestrator/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
-            "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/champion.wasm", "web/build/draft.wasm",
+            "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/cpu.wasm", "web/build/cpu_mt.wasm",
             "web/models/manifest.json", "web/models/champion/model.q8.safetensors", "web/models/draft/model.safetensors",
             "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/core/protocol.json",
             *(f"py/exactspec/{f}" for f in py_files), *(f"shaders/{p.name}" for p in (REPO_ROOT / "shaders").glob("*.wgsl"))}
@@ -58,6 +58,7 @@ def test_npm_pack_lists_what_a_site_needs():
                        if os.path.normpath(os.path.join(os.path.dirname(path), target)) not in listed})
     assert unpacked == [], unpacked                                # every module a packed one imports is packed
     assert not [p for p in listed if p.startswith(("web/tests/", "tests/", "node_modules/")) or p == "web/models/champion/model.safetensors"]
+    assert sorted(p for p in listed if p.startswith("web/build/")) == ["web/build/cpu.wasm", "web/build/cpu_mt.wasm"]  # the CPU module only
 
 
 def test_server_sends_cors_and_corp_only_when_asked():

@@ -128,7 +128,7 @@ def test_the_wasm_draft_on_a_gguf_gives_the_references_logits(tmp_path, arch):
     ids = [5, 17, 3, 99, 250, 7]
     script = tmp_path / "draft.mjs"
     script.write_text(DRAFT_JS % (Path(REPO, "web", "draft", "draft.mjs").as_uri(), Path(REPO, "web", "formats", "model_checks.mjs").as_uri(),
-                                  Path(REPO, "web", "build", "draft.wasm")))
+                                  Path(REPO, "web", "build", "cpu.wasm")))
     r = subprocess.run(["node", str(script), path, json.dumps(config), json.dumps(ids)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr

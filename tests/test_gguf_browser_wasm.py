@@ -21,7 +21,7 @@ from node_harness import run_harness
 from tolerances import max_error, within
 
 HARNESS = Path(REPO) / "web" / "tests" / "gguf_harness.mjs"
-WASM = str(Path(REPO) / "web" / "build" / "champion.wasm")
+WASM = str(Path(REPO) / "web" / "build" / "cpu.wasm")       # the CPU module: the champion is one of its halves
 TYPES = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_1,
          "attn_v.weight": Q.Q4_0, "attn_output.weight": Q.F16, "ffn_gate.weight": Q.BF16, "ffn_up.weight": Q.Q8_0,
          "ffn_down.weight": Q.Q6_K}

@@ -40,11 +40,12 @@ function counted(bytes, extra, declare) {
   return { response: new Response(body, { headers: declare ? { "content-length": String(total) } : {} }), pulled: () => at };
 }
 const roles = {
-  champion: { file: "model.q8.safetensors", wasm: "champion.wasm", load: createWasmChampion },
-  draft: { file: "model.safetensors", wasm: "draft.wasm", load: createDraft },
+  champion: { file: "model.q8.safetensors", load: createWasmChampion },
+  draft: { file: "model.safetensors", load: createDraft },
 };
+const wasmBytes = readFileSync(`${root}/web/build/cpu.wasm`);   // the CPU module: both loaders' module
 const out = {};
-for (const [role, { file, wasm, load }] of Object.entries(roles)) {
+for (const [role, { file, load }] of Object.entries(roles)) {
   const bytes = new Uint8Array(readFileSync(`${root}/web/models/${role}/${file}`));
   const cases = {
     sound: [bytes, 0, true],
@@ -57,7 +58,7 @@ for (const [role, { file, wasm, load }] of Object.entries(roles)) {
     const t0 = performance.now();
     let result;
     try {
-      const model = await load({ wasmBytes: readFileSync(`${root}/web/build/${wasm}`),
+      const model = await load({ wasmBytes,
         configJson: validatedConfigFromJson(readFileSync(`${root}/web/models/${role}/config.json`)), modelUrl: `mem://${role}/`,
         fetchFn: async () => body.response });
       result = { ok: true, bytes: model.artifactBytes };

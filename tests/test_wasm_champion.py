@@ -44,7 +44,7 @@ SHIPPED = REPO_ROOT / "web" / "models" / "champion"
 
 # ----------------------------------------------------------------------------- set-up
 def ensure_wasm() -> Path:
-    """Build web/build/*.wasm if a champion build is missing or older than any source in wasm/."""
+    """Build web/build/cpu.wasm and cpu_mt.wasm if either is missing or older than any source in wasm/."""
     sources = [p for p in (REPO_ROOT / "wasm").iterdir() if p.suffix in (".c", ".h", ".sh")]
     newest = max(p.stat().st_mtime for p in sources)
     if any(not w.exists() or w.stat().st_mtime < newest for w in (WASM, WASM_THREADS)):
@@ -156,7 +156,7 @@ def test_block_logits_bitwise_equal_single(which):
 
 @pytest.mark.parametrize("which", model_dirs())
 def test_threads_bitwise_equal_one_thread(which):
-    """champion_mt.wasm with 1, 2 and 3 threads (Node worker_threads over shared memory): every
+    """cpu_mt.wasm with 1, 2 and 3 threads (Node worker_threads over shared memory): every
     logits row is the same bits as the one-thread build's, blocks of 1..9 with a rollback."""
     model_dir = resolve(which)
     V = reference(model_dir).vocab_size

@@ -195,9 +195,9 @@ else
 fi
 
 # ---------------------------------------------------------------- WASM draft + champion
-step "wasm draft + champion (web/build/{draft,champion,champion_mt}.wasm)"
-if [ -f web/build/draft.wasm ] && [ -f web/build/champion.wasm ] && [ -f web/build/champion_mt.wasm ] &&
-   [ -z "$(find wasm -type f -newer web/build/draft.wasm)" ] && [ -z "$(find wasm -type f -newer web/build/champion.wasm)" ]; then
+step "CPU module: WASM champion + draft (web/build/{cpu,cpu_mt}.wasm)"
+if [ -f web/build/cpu.wasm ] && [ -f web/build/cpu_mt.wasm ] &&
+   [ -z "$(find wasm -type f \( -newer web/build/cpu.wasm -o -newer web/build/cpu_mt.wasm \))" ]; then
     log "wasm modules up to date"
 else
     bash wasm/build.sh

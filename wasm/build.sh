@@ -5,8 +5,6 @@
 #   wasm/common.c + champion.c + draft.c + cpu.c -> cpu.wasm     (one thread)
 #                                                -> cpu_mt.wasm  (the champion's thread pool:
 #                                                   atomics, an imported shared memory)
-# champion.wasm, champion_mt.wasm and draft.wasm are byte-for-byte copies of cpu.wasm / cpu_mt.wasm
-# under the names older callers still load (the bridge's defaults); the loaders accept any of them.
 #   bash wasm/build.sh [OUT_DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,14 +24,7 @@ build() {   # build OUT_NAME [extra flags...]
     mv "$out.tmp" "$out"
     echo "built $out ($(wc -c < "$out") bytes)"
 }
-alias_of() {   # alias_of NAME TARGET: NAME.wasm, a copy of TARGET.wasm
-    cp "$OUT_DIR/$2.wasm" "$OUT_DIR/$1.wasm.tmp"
-    mv "$OUT_DIR/$1.wasm.tmp" "$OUT_DIR/$1.wasm"
-}
 build cpu
 # helpers are instances of the same module over one shared memory; each sets its own stack
 build cpu_mt -DCHAMPION_THREADS -matomics -mbulk-memory -mmutable-globals \
     -Wl,--import-memory -Wl,--shared-memory -Wl,--max-memory=4294967296 -Wl,--export=__stack_pointer
-alias_of champion cpu
-alias_of draft cpu
-alias_of champion_mt cpu_mt

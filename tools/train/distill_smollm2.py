@@ -706,11 +706,11 @@ def cmd_simulate(args):
 
 
 def cmd_time(args):
-    """ms per WASM draft proposal (web/build/draft.wasm in Node, web/tests/draft_harness.mjs
+    """ms per WASM draft proposal (the draft half of web/build/cpu.wasm in Node, web/tests/draft_harness.mjs
     timePropose), for a folder with F32 weights."""
     import subprocess
     import tempfile
-    cases = {"wasm": os.path.join(REPO, "web", "build", "draft.wasm"), "model_dir": os.path.abspath(args.draft),
+    cases = {"wasm": os.path.join(REPO, "web", "build", "cpu.wasm"), "model_dir": os.path.abspath(args.draft),
              "timing": {"k": args.k, "reps": args.reps, "policy": {"temperature": args.temperature}}}
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")

@@ -87,8 +87,8 @@ async function fetchBytes(fetchFn, url) {
  * A tensor map may hold any linear as float32 `<name>` instead of `<name>.q8` + `<name>.scale`
  * (weight storage f32 then: "int8" is refused).
  * maxBlock: largest block (k + 1); maxContext: 0 = max_position_embeddings; threads: 1 (cpu.wasm)
- * or 2..16 (cpu_mt.wasm, by default wasmUrl with cpu.wasm -> cpu_mt.wasm, champion.wasm ->
- * champion_mt.wasm; needs SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results
+ * or 2..16 (cpu_mt.wasm, by default wasmUrl with cpu.wasm -> cpu_mt.wasm; needs
+ * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results
  * are bitwise the same for any thread count. draft: createDraft's arguments (modelUrl, or
  * configJson + weightsBytes): the draft loaded into this same instance (champion.draft), which
  * beginNow / roundNow need for draft rounds (cpu_session.mjs). weightStorage: how the q8 linears are held in WASM memory, "int8" or "f32"
@@ -107,7 +107,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (threads > 1 && (typeof SharedArrayBuffer === "undefined" || globalThis.crossOriginIsolated === false)) {
     throw badArgument(`threads ${threads}: WASM threads need SharedArrayBuffer (a cross-origin isolated page)`);
   }
-  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/(champion|cpu)\.wasm(\?|$)/, "$1_mt.wasm$2");
+  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/cpu\.wasm(\?|$)/, "cpu_mt.wasm$1");
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
   const [wasm, configRaw, file] = await Promise.all([

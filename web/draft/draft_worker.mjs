@@ -271,7 +271,7 @@ if (inWorker) {
   const params = new URL(self.location.href).searchParams;
   const post = (msg, transfer) => self.postMessage(msg, transfer);
   const draftPromise = createDraft({
-    wasmUrl: new URL(params.get("wasm") ?? "../build/draft.wasm", self.location.href).href,
+    wasmUrl: new URL(params.get("wasm") ?? "../build/cpu.wasm", self.location.href).href,
     modelUrl: new URL(params.get("model") ?? "../models/draft/", self.location.href).href,
     configJson: params.has("config") ? JSON.parse(params.get("config")) : undefined,
   });
