@@ -5,7 +5,7 @@ Chromium page, interleaved over rounds so machine noise hits all alike.
     python tools/bench/peer.py [--champion FOLDER|FILE.gguf|/URL.gguf] [--draft FOLDER] [--gguf FILE|/URL]
                                [--rounds 3] [--prompts 3] [--corpus-strata dialogue,summary,extraction]
                                [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
-                               [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc]
+                               [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc] [--baseline COMMIT]
 
 Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
 adaptive scheduler, k <= 8 chosen per round).
@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,6 +142,25 @@ def chat_renderer(local: str):
         return (render_template(template_of(tok_config), messages, special_token_strings(tok_config)),
                 encode_chat_prompt(tokenizer, tok_config, messages))
     return render
+
+
+BASELINE_PREFIX = "/build/peer_baseline/"     # build/ is served: the checkout needs no mount
+
+
+def baseline_tree(rev: str) -> str:
+    """build/peer_baseline/REV: a checkout of REV with its WASM built and Pyodide beside it (made once,
+    reused), served at /build/peer_baseline/REV/ so that its engine runs as it ran at that commit."""
+    if not rev.isalnum():
+        raise SystemExit(f"peer.py: --baseline {rev!r}: a commit id (hex) please")
+    tree = os.path.join(REPO, "build", "peer_baseline", rev)
+    if not os.path.isdir(tree):
+        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", tree, rev], check=True, timeout=120)
+    if not os.path.isdir(os.path.join(tree, "web", "build")):
+        subprocess.run(["bash", os.path.join(tree, "wasm", "build.sh")], check=True, timeout=600)
+    pyodide = os.path.join(tree, "node_modules", "pyodide")
+    if not os.path.isdir(pyodide):
+        shutil.copytree(os.path.join(REPO, "node_modules", "pyodide"), pyodide)
+    return os.path.realpath(tree)
 
 
 class PeerServer(static_server.StaticServer):
@@ -286,6 +306,9 @@ def run(args) -> dict:
     for p in prompts:
         p["wllama_prompt"], p["prompt_ids"] = render(p["text"]) if render else (p["text"], None)
     backends = [b for b in args.backends.split(",") if b]
+    if args.baseline:                          # the same backends from an earlier commit's engine, interleaved
+        baseline_tree(args.baseline)
+        backends += [f"{b}@{args.baseline}" for b in backends]
     server = PeerServer(mounts=mounts)
     pw = sync_playwright().start()
     browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -305,7 +328,9 @@ def run(args) -> dict:
             for key in ("load_ms", "second_load_ms"):   # first load, terminate, second load in the same page
                 if key == "second_load_ms":
                     call("unloadEngine", name)
-                r = call("loadEngine", name, engine_models, {"championBackend": backend})
+                kind, _, rev = backend.partition("@")
+                r = call("loadEngine", name, engine_models, {"championBackend": kind},
+                         f"{BASELINE_PREFIX}{rev}/web/engine.mjs" if rev else None)
                 if "refused" in r and r["refused"]["code"] != "E_NO_WEBGPU":   # e.g. a draft the pair check refuses
                     raise refusal(name, r["refused"])
                 if "refused" in r:
@@ -450,6 +475,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--backends", default="webgpu,wasm")
+    ap.add_argument("--baseline", help="a commit: its engine runs beside this one, interleaved, as BACKEND@COMMIT "
+                                       "(a checkout under build/peer_baseline/, built once)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--modes", help="none|draft|lookup[@K] or NAME-adaptive, comma-separated "
                                     "(default: none,draft,lookup; none,lookup without a draft)")

@@ -72,12 +72,15 @@ async function wllamaGenerate(prompt, { maxTokens = 32, temperature = 0, seed = 
            first_token_ms: tFirst === null ? null : tFirst - t0, total_ms: t1 - t0, timings: last?.timings ?? null };
 }
 
-/** Load our engine under `name` (options: Engine.create's, e.g. {championBackend: "wasm"}).
+/** Load our engine under `name` (options: Engine.create's, e.g. {championBackend: "wasm"});
+ *  moduleUrl: another build's engine module (peer.py --baseline: the engine of an earlier commit,
+ *  which finds its workers, Python and WASM beside it), else this one.
  *  -> {load_ms, ready} or {refused: {code, message}} (e.g. a backend this engine lacks). */
-async function loadEngine(name, models, options = {}) {
+async function loadEngine(name, models, options = {}, moduleUrl = null) {
   const t0 = performance.now();
   try {
-    const engine = await Engine.create(models, options);
+    const Built = moduleUrl ? (await import(moduleUrl)).Engine : Engine;
+    const engine = await Built.create(models, options);
     engines.set(name, engine);
     return { load_ms: performance.now() - t0, ready: engine.ready };
   } catch (err) {
