@@ -85,6 +85,11 @@ export interface GenerateResult {
   stats: Record<string, unknown> & {
     rounds: number; proposed: number; accepted: number; baseline_steps: number;
     accepted_count_histogram: number[]; rejection_position_histogram: number[];
+    /** the most bytes one round moved between Python and JS (docs/round.md: O(k), not O(context)) */
+    round_bytes_max: number;
+    /** how the rounds ran: one call into the CPU module (WASM champion, draft in its instance), or
+     *  composed of separate draft, forward and decide calls */
+    session: { one_call_rounds: number; separate_call_rounds: number };
   };
   timing_ms: Record<string, number | null | Record<string, number>>;
   error: { code: ErrorCode; message: string } | null;
