@@ -162,7 +162,7 @@ def test_js_and_python_safetensors_readers_refuse_the_same_corruptions(tmp_path)
         paths.append(str(tmp_path / f"{i}.safetensors"))
         with open(paths[-1], "wb") as f:
             f.write(blob)
-    module = "file://" + os.path.join(ROOT, "web", "gpu", "safetensors.mjs")
+    module = "file://" + os.path.join(ROOT, "web", "formats", "safetensors.mjs")
     r = subprocess.run(["node", "--input-type=module", "-e", NODE_HEADERS % {"module": module}, *paths],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, os.path.join(REPO, "py"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from exactspec.host import server as static_server  # noqa: E402
 from exactspec.core.errors import E_INTERNAL, ExactSpecError, message_without_code  # noqa: E402
-from exactspec.host.safe_files import write_file  # noqa: E402
+from exactspec.host.safe_files import copy_file, write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
 WLLAMA_DIR = os.path.join(REPO, "node_modules", "@wllama", "wllama")
@@ -158,8 +157,13 @@ def baseline_tree(rev: str) -> str:
     if not os.path.isdir(os.path.join(tree, "web", "build")):
         subprocess.run(["bash", os.path.join(tree, "wasm", "build.sh")], check=True, timeout=600)
     pyodide = os.path.join(tree, "node_modules", "pyodide")
-    if not os.path.isdir(pyodide):
-        shutil.copytree(os.path.join(REPO, "node_modules", "pyodide"), pyodide)
+    if not os.path.isdir(pyodide):            # the server serves real files only: a copy, not a link
+        source = os.path.join(REPO, "node_modules", "pyodide")
+        for root, _dirs, names in os.walk(source):
+            into = os.path.join(pyodide, os.path.relpath(root, source))
+            os.makedirs(into, exist_ok=True)
+            for name in names:
+                copy_file(os.path.join(root, name), os.path.join(into, name))
     return os.path.realpath(tree)
 
 
