@@ -92,6 +92,7 @@ def test_each_mode_streams_marked_tokens(app):
     """A plain prompt (chat off: the toy pair continues text it has seen, where lookup finds
     proposals) in each mode: the same greedy answer, every token marked."""
     texts = {}
+    app.wait_for_function("() => window.appReady === true")   # ready sets #chat from the model: untick it after
     app.set_checked("#chat", False)
     for mode in ("draft", "lookup", "none"):
         status, result, spans = answer(app, mode)
