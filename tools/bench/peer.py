@@ -4,7 +4,7 @@ Chromium page, interleaved over rounds so machine noise hits all alike.
 
     python tools/bench/peer.py [--champion FOLDER|FILE.gguf|/URL.gguf] [--draft FOLDER] [--gguf FILE|/URL]
                                [--rounds 3] [--prompts 3] [--corpus-strata dialogue,summary,extraction]
-                               [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
+                               [--corpus-only] [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
                                [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc] [--baseline COMMIT]
 
 Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
@@ -106,9 +106,10 @@ def bench_models(champion, draft, gguf, mounts: dict) -> dict:
             "gguf": where(gguf, "gguf")[0] if gguf else (url if local.endswith(".gguf") else None)}
 
 
-def prompt_set(n: int, strata: list) -> list:
-    """[{stratum, text}]: the first n default prompts, then the first n of each eval/corpus stratum."""
-    out = [{"stratum": DEFAULT_STRATUM, "text": p} for p in PROMPTS[:n]]
+def prompt_set(n: int, strata: list, corpus_only: bool = False) -> list:
+    """[{stratum, text}]: the first n default prompts (none with corpus_only), then the first n of
+    each eval/corpus stratum."""
+    out = [] if corpus_only else [{"stratum": DEFAULT_STRATUM, "text": p} for p in PROMPTS[:n]]
     for stratum in strata:
         path = os.path.join(REPO, CORPUS_DIR, f"{stratum}.jsonl")
         if not os.path.isfile(path):
@@ -306,7 +307,10 @@ def run(args) -> dict:
     render = None if args.chat == "off" or (args.chat == "auto" and args.champion is None) else chat_renderer(models["local"])
     if args.chat == "on" and render is None:
         raise SystemExit(f"E_BAD_ARGUMENT: --chat on: the champion {args.champion or 'toy'} has no chat template")
-    prompts = prompt_set(args.prompts, [s for s in args.corpus_strata.split(",") if s])
+    strata = [s for s in args.corpus_strata.split(",") if s]
+    if args.corpus_only and not strata:
+        raise SystemExit("E_BAD_ARGUMENT: --corpus-only needs --corpus-strata")
+    prompts = prompt_set(args.prompts, strata, args.corpus_only)
     for p in prompts:
         p["wllama_prompt"], p["prompt_ids"] = render(p["text"]) if render else (p["text"], None)
     backends = [b for b in args.backends.split(",") if b]
@@ -476,6 +480,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=3, help="default prompts, and prompts of each corpus stratum")
     ap.add_argument("--corpus-strata", default="", help="eval/corpus strata to add, comma-separated (e.g. dialogue,summary,extraction)")
+    ap.add_argument("--corpus-only", action="store_true",
+                    help="only the corpus strata's prompts: none of the default prompts (verses the toy pair has memorised)")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--backends", default="webgpu,wasm")
