@@ -134,7 +134,7 @@ export function createSession(env, request) {
   function record(decision, tokens, status, draftMs, verifyMs) {
     const out = new Int32Array(layout.fixed + tokens.length);
     if (decision) out.set(decision.subarray(0, layout.decisionWords));
-    else out.set([0, -1, -1, 0, 0], 0);
+    else out[at.next_token] = out[at.rejected_at] = -1;    // the champion did not run: nothing decided
     out[at.status] = status;
     out[at.draft_us] = Math.round(draftMs * 1000);
     out[at.verify_us] = Math.round(verifyMs * 1000);
