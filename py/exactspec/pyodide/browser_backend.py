@@ -82,12 +82,12 @@ class BrowserSession:
         return pending if hasattr(pending, "__await__") else None
 
     def round(self, k: int, round_id: int, remaining: int, committed: int, proposals=None):
-        ids = None
+        args = (k, round_id, remaining, committed, None if proposals is None else list(proposals))
+        self.round_bytes = sum(_crossing_bytes(a) for a in args)   # what this call hands to JS
         if proposals is not None:
             from pyodide.ffi import to_js  # Pyodide only
-            ids = to_js(list(proposals))
-        answer = self.bridge.round(k, round_id, remaining, committed, ids)
-        self.round_bytes = 4 * (5 + len(proposals or ()))
+            args = args[:-1] + (to_js(args[-1]),)
+        answer = self.bridge.round(*args)
         if hasattr(answer, "__await__"):
             return self._decoded_later(answer)
         return self._decoded(answer)
@@ -109,6 +109,18 @@ class BrowserSession:
     def end(self, reason) -> dict:
         """-> how the rounds ran: {one_call_rounds, separate_call_rounds} (session.mjs)."""
         return json.loads(self.bridge.end())
+
+
+def _crossing_bytes(value) -> int:
+    """Bytes a value passed to the bridge carries: 4 a number (int32 on the JS side), 4 an id of a
+    list, UTF-8 bytes of a string, 0 for None."""
+    if value is None:
+        return 0
+    if isinstance(value, (list, tuple)):
+        return sum(_crossing_bytes(v) for v in value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    return 4
 
 
 @dataclass(frozen=True)
