@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-$ROOT/web/build}"
 mkdir -p "$OUT_DIR"
 CLANG="${CLANG:-clang}"
-SOURCES=("$ROOT/wasm/common.c" "$ROOT/wasm/champion.c" "$ROOT/wasm/draft.c" "$ROOT/wasm/cpu.c")
+SOURCES=("$ROOT/wasm/common.c" "$ROOT/wasm/champion.c" "$ROOT/wasm/draft.c" "$ROOT/wasm/cpu.c" "$ROOT/wasm/qmatmul.c")
 # -ffp-contract=off: no fused multiply-add, so the portable log matches NumPy bit for bit.
 # -ffreestanding: no libc (and no implicit memset/memcpy calls).
 build() {   # build OUT_NAME [extra flags...]

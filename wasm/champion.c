@@ -3,11 +3,12 @@
  * the row sum), batch-invariant, plus the round's decision (processors-v1, acceptance, residual,
  * extra and baseline sampling) in float64 on the CPU: exactspec.core.acceptance.decide_round.
  *
- * Weights: the q8 linears are held either widened to float32 (fastest while they stay in the
- * CPU's caches: small models) or as int8 (a quarter of the bytes: what large models need, where
- * the matmuls are memory-bound, and what lets a 1.5B-parameter champion fit in wasm32's 4 GiB),
- * widened to exact float32 in registers right where they are multiplied. Same float values either
- * way, so the same bits; JS chooses (champion_build_config's weights_int8).
+ * Weights: every linear has a format (qmatmul.h, docs/quant_kernels.md). Quantised weights stay
+ * in their blocks -- the q8 artifact's int8 rows (ROWQ8) and GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K
+ * as read from the file -- and are multiplied by the q8act-v1 kernel (qmatmul.c: activations
+ * quantised per block of 32, int32 dot products). The float function of before stays for F32
+ * linears (GGUF F32/F16/BF16, or the q8 artifact widened at load: "matmul f32") and I8F (int8
+ * held, widened in registers): the same float values, so the same bits, either way.
  *
  * Build: wasm/build.sh (clang 14, --target=wasm32 -msimd128 -ffreestanding -nostdlib
  * -ffp-contract=off), linked with draft.c, cpu.c and common.c into one module (web/build/cpu.wasm).
@@ -17,8 +18,10 @@
  *
  * One champion per instance. Calls from JS, in order:
  *   champion_alloc(bytes) -> ptr                  bump allocation (argument buffers)
- *   champion_build_config(...)                    hyper-parameters; allocates weights, state, KV
- *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (int8 q8 or f32 values)
+ *   champion_build_config(...)                    hyper-parameters; allocates state, KV
+ *   champion_set_format(kind, layer, fmt)         (optional) a linear's format, before any tensor_ptr
+ *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (allocates the weights
+ *   champion_tensor_bytes(kind, layer) -> bytes     at the first call) and how many bytes it takes
  *   champion_check()                              marks the model built
  *   champion_forward / champion_logits / champion_set_policy / champion_set_masks / champion_decide
  * Errors are the status codes of protocol.json's wasm_status (wasm_status.h); JS maps them through
@@ -26,13 +29,15 @@
  *
  * Batch invariance: every output element of every stage is computed by the same sequence of
  * float operations whatever the block size n, the position of the row inside the block, the
- * tile shape or the thread that computes it (matmul: one f32x4 accumulator per element over the
+ * tile shape or the thread that computes it (q8act matmul: exact int32 block sums, then the
+ * declared float sequence in block order; float matmul: one f32x4 accumulator per element over the
  * input in steps of 4, then (l0 + l2) + (l1 + l3), then * scale, then + residual; norms, RoPE,
  * attention and SwiGLU row by row). A position's logits are therefore the same bits decoded
  * alone or inside any block, after any rollback.
  */
 #include "common.h"
 #include "cpu.h"
+#include "qmatmul.h"
 
 EXPORT("champion_alloc") void *champion_alloc(uint32_t nbytes) { return arena_alloc(nbytes); }
 
@@ -40,25 +45,19 @@ EXPORT("champion_alloc") void *champion_alloc(uint32_t nbytes) { return arena_al
  * Model: weights (fused q|k|v and gate|up, q8 values as int8), run state for B rows, KV cache.
  * ========================================================================================== */
 
+/* the linears of a layer, in the order of the tensor kinds T_WQ .. T_W_DOWN */
+enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
+
 typedef struct {
     float *attn_norm;            /* (D,) input_layernorm */
     float *mlp_norm;             /* (D,) post_attention_layernorm */
-    void *w_qkv;                 /* (H*hd + 2 KV*hd, D) q8 values (int8 or f32); rows q | k | v */
-    float *s_qkv;                /* (H*hd + 2 KV*hd,) per-row scales */
+    QLin lin[LIN_COUNT];         /* q (H*hd, D), k, v (KV*hd, D), o (D, H*hd), gate, up (F, D), down (D, F) */
     float *b_qkv;                /* (H*hd + 2 KV*hd,) q|k|v biases (Qwen2), or 0 */
-    void *w_o;                   /* (D, H*hd) */
-    float *s_o;                  /* (D,) */
-    void *w_gate_up;             /* (2F, D); rows gate | up */
-    float *s_gate_up;            /* (2F,) */
-    void *w_down;                /* (D, F) */
-    float *s_down;               /* (D,) */
 } LayerWeights;
 
 typedef struct {
-    void *embed;                 /* (V, D) embed_tokens: f32, or q8 values (int8 or f32) when s_embed */
-    float *s_embed;              /* (V,) row scales of a q8 embedding, or 0 (f32) */
-    void *lm_head;               /* (V, D) q8 values of an untied head, or 0 (tied: the embedding) */
-    float *s_lm_head;            /* (V,) */
+    QLin embed;                  /* (V, D) embed_tokens (a tied head multiplies by it too) */
+    QLin lm_head;                /* (V, D) an untied head (w == 0 when tied) */
     float *final_norm;           /* (D,) model.norm */
     LayerWeights *layers;        /* (L,) */
 } Weights;
@@ -72,6 +71,7 @@ typedef struct {
     float *act;                  /* (B, F) silu(gate) * up */
     float *scores;               /* (MAX_THREADS, T_max) attention scores of one (row, head), per thread */
     float *logits;               /* (B, V) logits of the last forward's rows */
+    QAct qact;                   /* (B, max(D, F, H*hd)) the quantised input of the current matmul */
     float *key_cache;            /* (L, T_max, KV*hd) keys after RoPE */
     float *value_cache;          /* (L, T_max, KV*hd) */
     float *rope_cos;             /* (T_max, hd/2) */
@@ -96,45 +96,59 @@ static ProcState proc;
 static int built;
 
 static float *alloc_floats(uint32_t n) { return (float *)arena_alloc(n * 4u); }
-static int weights_int8;         /* 1: q8 linears held as int8; 0: widened to f32 */
+static int default_fmt;          /* the q8 linears' format unless set: QF_F32 (widened), QF_I8F, QF_ROWQ8 */
 static int has_qkv_bias, tied_head, embed_q8;   /* model features (champion_build_config) */
-static void *alloc_q8(uint32_t n) { return arena_alloc(weights_int8 ? n : n * 4u); }
-/* element `index` of a q8 linear, whichever way it is held */
-static void *q8_at(void *base, uint32_t index) { return (char *)base + (weights_int8 ? index : index * 4u); }
+static int weights_ready;        /* 1: the weight buffers are allocated (the first tensor_ptr) */
+static uint32_t weight_bytes;    /* bytes of every weight buffer (values + scales + norms + biases) */
 
 static inline int qkv_rows(void) { return (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim; }
 
-static int build_weights(void) {
-    uint32_t D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
-    uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim), qkv = (uint32_t)qkv_rows();
-    uint32_t V = (uint32_t)cfg.vocab_size;
-    weights.embed = embed_q8 ? alloc_q8(V * D) : alloc_floats(V * D);
-    weights.s_embed = embed_q8 ? alloc_floats(V) : 0;
-    weights.lm_head = tied_head ? 0 : alloc_q8(V * D);
-    weights.s_lm_head = tied_head ? 0 : alloc_floats(V);
-    weights.final_norm = alloc_floats(D);
+static float *alloc_weight_floats(uint32_t n) { weight_bytes += n * 4u; return alloc_floats(n); }
+
+/* a linear's buffers by its format: the values (rows x row_bytes) and, for F32 / I8F / ROWQ8
+ * linears, (rows,) float32 row scales (with_scale) */
+static int alloc_lin(QLin *L, int with_scale) {
+    uint32_t nbytes = qf_row_bytes(L->fmt, L->cols) * (uint32_t)L->rows;
+    L->w = (const uint8_t *)arena_alloc(nbytes);
+    weight_bytes += nbytes;
+    L->scale = 0;
+    if (with_scale && (L->fmt == QF_F32 || L->fmt == QF_I8F || L->fmt == QF_ROWQ8)) L->scale = alloc_weight_floats((uint32_t)L->rows);
+    if (!L->w || (with_scale && (L->fmt == QF_F32 || L->fmt == QF_I8F || L->fmt == QF_ROWQ8) && !L->scale)) return ERR_OUT_OF_MEMORY;
+    return OK;
+}
+
+/* the shapes and default formats of every linear (no memory yet: formats may still change) */
+static int plan_weights(void) {
+    int D = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
+    int q_dim = cfg.num_heads * cfg.head_dim, kv_dim = cfg.num_kv_heads * cfg.head_dim;
     weights.layers = (LayerWeights *)arena_alloc((uint32_t)cfg.num_layers * sizeof(LayerWeights));
-    if (!weights.embed || (embed_q8 && !weights.s_embed) || (!tied_head && (!weights.lm_head || !weights.s_lm_head)) ||
-        !weights.final_norm || !weights.layers)
-        return ERR_OUT_OF_MEMORY;
+    if (!weights.layers) return ERR_OUT_OF_MEMORY;
+    zero_bytes(weights.layers, (uint32_t)cfg.num_layers * sizeof(LayerWeights));
+    weights.embed = (QLin){ 0, 0, embed_q8 ? default_fmt : QF_F32, V, D };
+    weights.lm_head = (QLin){ 0, 0, tied_head ? QF_F32 : default_fmt, tied_head ? 0 : V, D };
+    const int shape[LIN_COUNT][2] = { { q_dim, D }, { kv_dim, D }, { kv_dim, D }, { D, q_dim }, { F, D }, { F, D }, { D, F } };
+    for (int l = 0; l < cfg.num_layers; l++)
+        for (int i = 0; i < LIN_COUNT; i++)
+            weights.layers[l].lin[i] = (QLin){ 0, 0, default_fmt, shape[i][0], shape[i][1] };
+    return OK;
+}
+
+static int build_weights(void) {
+    int D = cfg.hidden_size;
+    if (alloc_lin(&weights.embed, embed_q8) != OK) return ERR_OUT_OF_MEMORY;
+    if (!tied_head && alloc_lin(&weights.lm_head, 1) != OK) return ERR_OUT_OF_MEMORY;
+    weights.final_norm = alloc_weight_floats((uint32_t)D);
+    if (!weights.final_norm) return ERR_OUT_OF_MEMORY;
     for (int l = 0; l < cfg.num_layers; l++) {
         LayerWeights *w = &weights.layers[l];
-        w->attn_norm = alloc_floats(D);
-        w->mlp_norm = alloc_floats(D);
-        w->w_qkv = alloc_q8(qkv * D);
-        w->s_qkv = alloc_floats(qkv);
-        w->b_qkv = has_qkv_bias ? alloc_floats(qkv) : 0;
-        if (has_qkv_bias && !w->b_qkv) return ERR_OUT_OF_MEMORY;
-        w->w_o = alloc_q8(D * q_dim);
-        w->s_o = alloc_floats(D);
-        w->w_gate_up = alloc_q8(2 * F * D);
-        w->s_gate_up = alloc_floats(2 * F);
-        w->w_down = alloc_q8(D * F);
-        w->s_down = alloc_floats(D);
-        if (!w->attn_norm || !w->mlp_norm || !w->w_qkv || !w->s_qkv || !w->w_o || !w->s_o ||
-            !w->w_gate_up || !w->s_gate_up || !w->w_down || !w->s_down)
-            return ERR_OUT_OF_MEMORY;
+        w->attn_norm = alloc_weight_floats((uint32_t)D);
+        w->mlp_norm = alloc_weight_floats((uint32_t)D);
+        w->b_qkv = has_qkv_bias ? alloc_weight_floats((uint32_t)qkv_rows()) : 0;
+        if (!w->attn_norm || !w->mlp_norm || (has_qkv_bias && !w->b_qkv)) return ERR_OUT_OF_MEMORY;
+        for (int i = 0; i < LIN_COUNT; i++)
+            if (alloc_lin(&w->lin[i], 1) != OK) return ERR_OUT_OF_MEMORY;
     }
+    weights_ready = 1;
     return OK;
 }
 
@@ -152,6 +166,11 @@ static int build_run_state(void) {
     st.act = alloc_floats(B * F);
     st.scores = alloc_floats((uint32_t)MAX_THREADS * (uint32_t)cfg.max_context);
     st.logits = alloc_floats(B * (uint32_t)cfg.vocab_size);
+    uint32_t k_max = D > F ? D : F;
+    if (q_dim > k_max) k_max = q_dim;
+    st.qact.q = (int16_t *)arena_alloc(B * k_max * 2u);
+    st.qact.d = alloc_floats(B * (k_max / 32u + 1u));
+    st.qact.s = (int32_t *)arena_alloc(B * (k_max / 32u + 1u) * 4u);
     st.key_cache = alloc_floats(cache_n);
     st.value_cache = alloc_floats(cache_n);
     st.rope_cos = alloc_floats(rope_n);
@@ -160,6 +179,7 @@ static int build_run_state(void) {
     st.n_cached = 0;
     st.n_rows = 0;
     if (!st.x || !st.xb || !st.qkv || !st.att || !st.gate_up || !st.act || !st.scores || !st.logits ||
+        !st.qact.q || !st.qact.d || !st.qact.s ||
         !st.key_cache || !st.value_cache || !st.rope_cos || !st.rope_sin || !st.residual)
         return ERR_OUT_OF_MEMORY;
     build_rope_tables(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, cfg.rope_theta);
@@ -174,13 +194,13 @@ static int build_run_state(void) {
 
 typedef struct {
     float *out;                  /* (n, out_stride) */
-    const void *w;               /* (rows, cols): int8 q8 values (q8 = 1) or float32 (the LM head) */
-    const float *scale;          /* (rows,) or 0 (the f32 LM head) */
+    const void *w;               /* (rows, cols): int8 values (q8 = 1) or float32 */
+    const float *scale;          /* (rows,) or 0 */
     const float *x;              /* (n, x_stride) */
     int out_stride, x_stride, n, rows, cols;
     int accumulate;              /* 1: out += result (the residual stream) */
-    int q8;                      /* 1: w holds int8 */
-} Matmul;
+    int q8;                      /* 1: w holds int8 (I8F) */
+} FMat;
 
 /* weights [i, i+4) of a row as float32: int8 widened exactly (Q = 1, a compile-time constant
  * after inlining), or loaded as they are (Q = 0) */
@@ -198,7 +218,7 @@ static inline __attribute__((always_inline)) v128_t load_w(const void *row, int 
     (q) == 0 ? wasm_i32x4_extend_low_i16x8(lo) : (q) == 1 ? wasm_i32x4_extend_high_i16x8(lo) : \
     (q) == 2 ? wasm_i32x4_extend_low_i16x8(hi) : wasm_i32x4_extend_high_i16x8(hi))
 
-static inline const void *row_ptr(const Matmul *m, int r) {
+static inline const void *row_ptr(const FMat *m, int r) {
     uint32_t off = (uint32_t)r * (uint32_t)m->cols;
     return m->q8 ? (const void *)((const int8_t *)m->w + off) : (const void *)((const float *)m->w + off);
 }
@@ -217,7 +237,7 @@ static inline v128_t hsum4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
 }
 
 /* rows r..r+3 of column t: scale, then add into the output if accumulating */
-static inline void store4(const Matmul *m, int r, int t, v128_t sums) {
+static inline void store4(const FMat *m, int r, int t, v128_t sums) {
     if (m->scale) sums = wasm_f32x4_mul(sums, wasm_v128_load(m->scale + r));
     float *o = m->out + (uint32_t)t * (uint32_t)m->out_stride + (uint32_t)r;
     if (m->accumulate) sums = wasm_f32x4_add(wasm_v128_load(o), sums);
@@ -225,7 +245,7 @@ static inline void store4(const Matmul *m, int r, int t, v128_t sums) {
 }
 
 /* rows r..r+3 x columns t0..t0+C-1 (C <= 3, a compile-time constant after inlining) */
-static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, int t0, const int C, const int Q) {
+static inline __attribute__((always_inline)) void tile4(const FMat *m, int r, int t0, const int C, const int Q) {
     const int K = m->cols;
     const void *w0 = row_ptr(m, r), *w1 = row_ptr(m, r + 1), *w2 = row_ptr(m, r + 2), *w3 = row_ptr(m, r + 3);
     const float *xc[3];
@@ -264,7 +284,7 @@ static inline __attribute__((always_inline)) void tile4(const Matmul *m, int r, 
 /* rows r..r+7 of a single column: eight independent accumulators (block 1 is latency-bound).
  * int8 rows are widened 16 at a time; the accumulators still take elements in steps of 4, in
  * order, so every sum is the same sequence of float operations as with float32 rows. */
-static inline __attribute__((always_inline)) void tile8x1(const Matmul *m, int r, int t, const int Q) {
+static inline __attribute__((always_inline)) void tile8x1(const FMat *m, int r, int t, const int Q) {
     const void *w[8];
     for (int j = 0; j < 8; j++) w[j] = row_ptr(m, r + j);
     const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
@@ -288,7 +308,7 @@ static inline __attribute__((always_inline)) void tile8x1(const Matmul *m, int r
 }
 
 /* one row, one column: the same per-element operations as the tiles */
-static inline __attribute__((always_inline)) void tile1x1(const Matmul *m, int r, int t, const int Q) {
+static inline __attribute__((always_inline)) void tile1x1(const FMat *m, int r, int t, const int Q) {
     const void *wr = row_ptr(m, r);
     const float *xt = m->x + (uint32_t)t * (uint32_t)m->x_stride;
     v128_t a = wasm_f32x4_splat(0.0f);
@@ -302,7 +322,7 @@ static inline __attribute__((always_inline)) void tile1x1(const Matmul *m, int r
 }
 
 /* rows [r0, r1) for every column; r0 % 8 == 0 (a thread's share starts on a tile boundary) */
-static inline __attribute__((always_inline)) void matmul_rows_t(const Matmul *m, int r0, int r1, const int Q) {
+static inline __attribute__((always_inline)) void matmul_rows_t(const FMat *m, int r0, int r1, const int Q) {
     int r = r0, full = r0 + ((r1 - r0) & ~3);
     if (m->n == 1)
         for (; r + 8 <= full; r += 8) tile8x1(m, r, 0, Q);
@@ -316,11 +336,39 @@ static inline __attribute__((always_inline)) void matmul_rows_t(const Matmul *m,
         for (int t = 0; t < m->n; t++) tile1x1(m, r, t, Q);
 }
 
-static void matmul_rows_q8(const Matmul *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 1); }
-static void matmul_rows_f32(const Matmul *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 0); }
+static void matmul_rows_q8(const FMat *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 1); }
+static void matmul_rows_f32(const FMat *m, int r0, int r1) { matmul_rows_t(m, r0, r1, 0); }
+
+/* ============================================================================================
+ * One matmul step: the output rows of up to 3 linears side by side (q | k | v, gate | up), each
+ * in its own format; rows [r0, r1) of the concatenation, whichever linears they fall in.
+ * ========================================================================================== */
+
+typedef struct {
+    float *out;                  /* (n, out_stride); linear i writes columns [base_i, base_i + rows_i) */
+    int out_stride, n, accumulate;
+    const float *x;              /* (n, x_stride) float input (F32 / I8F linears) */
+    int x_stride;
+    const QAct *act;             /* the same input quantised (q8act linears) */
+    int n_lin, rows;             /* rows = the sum of the linears' rows */
+    QLin lin[3];
+} Matmul;
+
 static void matmul_rows(const Matmul *m, int r0, int r1) {
-    if (m->q8) matmul_rows_q8(m, r0, r1);
-    else matmul_rows_f32(m, r0, r1);
+    int base = 0;
+    for (int i = 0; i < m->n_lin; base += m->lin[i].rows, i++) {
+        const QLin *L = &m->lin[i];
+        int lo = r0 > base ? r0 - base : 0, hi = r1 - base < L->rows ? r1 - base : L->rows;
+        if (lo >= hi) continue;
+        if (qf_is_q8act(L->fmt)) {
+            qmatmul_rows(L, m->act, m->out + base, m->out_stride, m->accumulate, lo, hi);
+        } else {
+            FMat f = { m->out + base, L->w, L->scale, m->x, m->out_stride, m->x_stride, m->n, L->rows, L->cols,
+                       m->accumulate, L->fmt == QF_I8F };
+            if (f.q8) matmul_rows_q8(&f, lo, hi);
+            else matmul_rows_f32(&f, lo, hi);
+        }
+    }
 }
 
 /* ============================================================================================
@@ -426,34 +474,37 @@ EXPORT("champion_threads_stop") void champion_threads_stop(void) {
 static void run_step(const Step *s) { run_share(s, 0, 1); }
 #endif
 
-/* q8 linears (scale given) may hold int8; the LM head (scale 0) is the f32 embedding */
-static void matmul(float *out, int out_stride, const void *w, const float *scale, const float *x,
-                   int x_stride, int n, int rows, int cols, int accumulate) {
-    Step s = { STEP_MATMUL, { out, w, scale, x, out_stride, x_stride, n, rows, cols, accumulate, weights_int8 && scale != 0 }, 0, 0, 0 };
+/* out (n, out_stride) (+)= the linears lin[0..n_lin) side by side applied to x (n, x_stride); the
+ * input is quantised once, on the calling thread, when a linear is q8act */
+static void matmul_lins(float *out, int out_stride, const QLin *lin, int n_lin, const float *x, int x_stride,
+                        int n, int accumulate, QAct *act) {
+    Step s = { STEP_MATMUL, { out, out_stride, n, accumulate, x, x_stride, act, n_lin, 0, { { 0 } } }, 0, 0, 0 };
+    int any_q8act = 0;
+    for (int i = 0; i < n_lin; i++) {
+        s.mm.lin[i] = lin[i];
+        s.mm.rows += lin[i].rows;
+        any_q8act |= qf_is_q8act(lin[i].fmt);
+    }
+    if (any_q8act) qact_quantize(act, x, x_stride, n, lin[0].cols);
     run_step(&s);
+}
+
+static void matmul(float *out, int out_stride, const QLin *lin, const float *x, int x_stride, int n, int accumulate) {
+    matmul_lins(out, out_stride, lin, 1, x, x_stride, n, accumulate, &st.qact);
 }
 
 static void forward_block(const int32_t *tokens, int n, int start_pos) {
     const int D = cfg.hidden_size, F = cfg.intermediate_size, hd = cfg.head_dim, half = hd / 2;
     const int kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
     for (int t = 0; t < n; t++) {                            /* embedding rows (dequantised: q8 * scale) */
-        uint32_t row = (uint32_t)tokens[t] * (uint32_t)D;
-        float *x = st.x + t * D;
-        if (!weights.s_embed) {
-            const float *emb = (const float *)weights.embed + row;
-            for (int i = 0; i < D; i++) x[i] = emb[i];
-        } else {
-            float scale = weights.s_embed[tokens[t]];
-            if (weights_int8) for (int i = 0; i < D; i++) x[i] = (float)((const int8_t *)weights.embed)[row + i] * scale;
-            else for (int i = 0; i < D; i++) x[i] = ((const float *)weights.embed)[row + i] * scale;
-        }
+        qlin_dequant_row(&weights.embed, tokens[t], st.x + t * D);
     }
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];
         float *k_layer = st.key_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
         float *v_layer = st.value_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
         for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->attn_norm, D, cfg.rms_norm_eps);
-        matmul(st.qkv, QKV, w->w_qkv, w->s_qkv, st.xb, D, n, QKV, D, 0);
+        matmul_lins(st.qkv, QKV, &w->lin[LIN_Q], 3, st.xb, D, n, 0, &st.qact);
         if (w->b_qkv)                                        /* Qwen2: q|k|v biases, before RoPE */
             for (int t = 0; t < n; t++)
                 for (int j = 0; j < QKV; j++) st.qkv[t * QKV + j] += w->b_qkv[j];
@@ -470,20 +521,17 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
         }
         Step attention = { STEP_ATTEND, { 0 }, l, n, start_pos };
         run_step(&attention);
-        matmul(st.x, D, w->w_o, w->s_o, st.att, q_dim, n, D, q_dim, 1);
+        matmul(st.x, D, &w->lin[LIN_O], st.att, q_dim, n, 1);
         for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->mlp_norm, D, cfg.rms_norm_eps);
-        matmul(st.gate_up, 2 * F, w->w_gate_up, w->s_gate_up, st.xb, D, n, 2 * F, D, 0);
+        matmul_lins(st.gate_up, 2 * F, &w->lin[LIN_GATE], 2, st.xb, D, n, 0, &st.qact);
         for (int t = 0; t < n; t++) {
             const float *g = st.gate_up + t * 2 * F, *u = g + F;
             for (int i = 0; i < F; i++) st.act[t * F + i] = silu(g[i]) * u[i];
         }
-        matmul(st.x, D, w->w_down, w->s_down, st.act, F, n, D, F, 1);
+        matmul(st.x, D, &w->lin[LIN_DOWN], st.act, F, n, 1);
     }
     for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, weights.final_norm, D, cfg.rms_norm_eps);
-    if (!tied_head)                                          /* untied q8 head */
-        matmul(st.logits, cfg.vocab_size, weights.lm_head, weights.s_lm_head, st.xb, D, n, cfg.vocab_size, D, 0);
-    else                                                     /* tied: the embedding, f32 or q8 */
-        matmul(st.logits, cfg.vocab_size, weights.embed, weights.s_embed, st.xb, D, n, cfg.vocab_size, D, 0);
+    matmul(st.logits, cfg.vocab_size, tied_head ? &weights.embed : &weights.lm_head, st.xb, D, n, 0);
 }
 
 static int forward(const int32_t *tokens, int n, int start_pos) {
@@ -664,59 +712,103 @@ enum {
 EXPORT("champion_build_config")
 int champion_build_config(int vocab_size, int hidden_size, int intermediate_size, int num_layers,
                           int num_heads, int num_kv_heads, int head_dim, int max_context,
-                          int block, double rms_norm_eps, double rope_theta, int q8_as_int8,
+                          int block, double rms_norm_eps, double rope_theta, int q8_storage,
                           int qkv_bias, int tied, int q8_embedding) {
     if (built || weights.layers) return ERR_MODEL_LOAD;
-    weights_int8 = q8_as_int8 != 0;
+    if (q8_storage < 0 || q8_storage > 2) return ERR_MODEL_LOAD;
+    default_fmt = q8_storage == 0 ? QF_F32 : q8_storage == 1 ? QF_I8F : QF_ROWQ8;
     has_qkv_bias = qkv_bias != 0;
     tied_head = tied != 0;
     embed_q8 = q8_embedding != 0;
-    if (block <= 0 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
-                                 num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
+    if (block <= 0 || block > 64 || config_set(&cfg, vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
+                                               num_kv_heads, head_dim, max_context, rms_norm_eps, rope_theta) != OK)
         return ERR_MODEL_LOAD;
     max_block = block;
-    int status = build_weights();
+    int status = plan_weights();
     if (status == OK) status = build_run_state();
     if (status == OK) status = build_proc_state(&proc, &pol, vocab_size);
     return status;
 }
 
-/* destination of one tensor (HF (out, in) layout): the q8 linears (T_WQ..T_W_DOWN) as int8 values
- * or widened f32 (weights_int8), the rest f32; 0 if the kind is unknown */
+/* the linear of a tensor kind (T_EMBED, T_LM_HEAD, T_WQ .. T_W_DOWN), or 0 */
+static QLin *lin_of(int kind, int layer) {
+    if (!weights.layers) return 0;
+    if (kind == T_EMBED) return &weights.embed;
+    if (kind == T_LM_HEAD) return tied_head ? 0 : &weights.lm_head;
+    if (kind < T_WQ || kind > T_W_DOWN || layer < 0 || layer >= cfg.num_layers) return 0;
+    return &weights.layers[layer].lin[kind - T_WQ];
+}
+
+/* set a linear's format (layer -1: that linear in every layer), before the weights are allocated:
+ * ERR_MODEL_LOAD for an unknown format, input width not a multiple of its block, an int8 / q8act
+ * format for a float-only embedding, or a call after the first champion_tensor_ptr */
+EXPORT("champion_set_format") int champion_set_format(int kind, int layer, int fmt) {
+    if (!weights.layers || weights_ready || !qf_known(fmt)) return ERR_MODEL_LOAD;
+    int l0 = layer < 0 ? 0 : layer, l1 = layer < 0 ? cfg.num_layers : layer + 1;
+    if (kind == T_EMBED || kind == T_LM_HEAD) l0 = 0, l1 = 1;
+    for (int l = l0; l < l1; l++) {
+        QLin *L = lin_of(kind, l);
+        if (!L || !qf_cols_ok(fmt, L->cols)) return ERR_MODEL_LOAD;
+        if (kind == T_EMBED && !embed_q8 && (fmt == QF_I8F || fmt == QF_ROWQ8)) return ERR_MODEL_LOAD;
+        L->fmt = fmt;
+    }
+    return OK;
+}
+
+/* destination of one tensor (HF (out, in) layout) in its linear's format (values as the format
+ * lays them out: float32, int8, or the GGUF blocks as in the file), the scales and the rest
+ * float32; 0 if the kind is unknown or has no buffer (the scales of a block format). The first
+ * call allocates every weight buffer. */
 EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
     if (!weights.layers) return 0;
-    if (kind == T_EMBED) return weights.embed;
-    if (kind == T_S_EMBED) return weights.s_embed;
-    if (kind == T_LM_HEAD) return weights.lm_head;
-    if (kind == T_S_LM_HEAD) return weights.s_lm_head;
+    if (!weights_ready && build_weights() != OK) return 0;
+    QLin *L = lin_of(kind, layer);
+    if (L) return (void *)L->w;
+    if (kind == T_S_EMBED) return (void *)weights.embed.scale;
+    if (kind == T_S_LM_HEAD) return tied_head ? 0 : (void *)weights.lm_head.scale;
     if (kind == T_FINAL_NORM) return weights.final_norm;
     if (layer < 0 || layer >= cfg.num_layers) return 0;
     LayerWeights *w = &weights.layers[layer];
-    uint32_t D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
     uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim), kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim);
     switch (kind) {
         case T_ATTN_NORM: return w->attn_norm;
         case T_MLP_NORM: return w->mlp_norm;
-        case T_WQ: return w->w_qkv;
-        case T_WK: return q8_at(w->w_qkv, q_dim * D);
-        case T_WV: return q8_at(w->w_qkv, (q_dim + kv_dim) * D);
-        case T_WO: return w->w_o;
-        case T_W_GATE: return w->w_gate_up;
-        case T_W_UP: return q8_at(w->w_gate_up, F * D);
-        case T_W_DOWN: return w->w_down;
-        case T_SQ: return w->s_qkv;
-        case T_SK: return w->s_qkv + q_dim;
-        case T_SV: return w->s_qkv + q_dim + kv_dim;
-        case T_SO: return w->s_o;
-        case T_S_GATE: return w->s_gate_up;
-        case T_S_UP: return w->s_gate_up + F;
-        case T_S_DOWN: return w->s_down;
+        case T_SQ: case T_SK: case T_SV: case T_SO: case T_S_GATE: case T_S_UP: case T_S_DOWN:
+            return (void *)w->lin[kind - T_SQ].scale;
         case T_BQ: return w->b_qkv;
         case T_BK: return w->b_qkv ? w->b_qkv + q_dim : 0;
         case T_BV: return w->b_qkv ? w->b_qkv + q_dim + kv_dim : 0;
         default: return 0;
     }
 }
+
+/* bytes of the buffer champion_tensor_ptr(kind, layer) returns (0: none) */
+EXPORT("champion_tensor_bytes") uint32_t champion_tensor_bytes(int kind, int layer) {
+    if (!champion_tensor_ptr(kind, layer)) return 0;
+    QLin *L = lin_of(kind, layer);
+    if (L) return qf_row_bytes(L->fmt, L->cols) * (uint32_t)L->rows;
+    uint32_t D = (uint32_t)cfg.hidden_size, q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim);
+    uint32_t kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim);
+    switch (kind) {
+        case T_S_EMBED: return (uint32_t)weights.embed.rows * 4u;
+        case T_S_LM_HEAD: return (uint32_t)weights.lm_head.rows * 4u;
+        case T_FINAL_NORM: case T_ATTN_NORM: case T_MLP_NORM: return D * 4u;
+        case T_SQ: case T_SK: case T_SV: case T_SO: case T_S_GATE: case T_S_UP: case T_S_DOWN:
+            return (uint32_t)weights.layers[layer].lin[kind - T_SQ].rows * 4u;
+        case T_BQ: return q_dim * 4u;
+        case T_BK: case T_BV: return kv_dim * 4u;
+        default: return 0;
+    }
+}
+
+/* the format of a tensor kind's linear (-1: not a linear) */
+EXPORT("champion_tensor_format") int champion_tensor_format(int kind, int layer) {
+    QLin *L = lin_of(kind, layer);
+    return L ? L->fmt : -1;
+}
+
+/* bytes of every weight buffer (0 before the first champion_tensor_ptr) */
+EXPORT("champion_weight_bytes") uint32_t champion_weight_bytes(void) { return weight_bytes; }
 
 /* RoPE from explicit inverse frequencies (hd/2 float64: scaled RoPE, computed by JS as
  * exactspec.formats.config.rope_inv_freq does); the default tables come from rope_theta at build time */
@@ -726,7 +818,11 @@ EXPORT("champion_set_inv_freq") int champion_set_inv_freq(const double *inv_freq
 }
 
 EXPORT("champion_check") int champion_check(void) {
-    if (!weights.layers || !st.logits || !proc.work) return ERR_MODEL_LOAD;
+    if (!weights_ready || !st.logits || !proc.work) return ERR_MODEL_LOAD;
+    if (qlin_bad_scale_row(&weights.embed) || (!tied_head && qlin_bad_scale_row(&weights.lm_head))) return ERR_MODEL_LOAD;
+    for (int l = 0; l < cfg.num_layers; l++)        /* a non-finite f16 block scale */
+        for (int i = 0; i < LIN_COUNT; i++)
+            if (qlin_bad_scale_row(&weights.layers[l].lin[i])) return ERR_MODEL_LOAD;
     built = 1;
     return OK;
 }
@@ -778,5 +874,33 @@ int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_
     for (int i = 0; i < n_stops; i++)                       /* ids outside [0, V) cannot occur */
         if (stops[i] >= 0 && stops[i] < V) proc.is_stop[stops[i]] = 1;
     decide_words(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, out);
+    return OK;
+}
+
+/* ============================================================================================
+ * Test hook: one matmul on the caller's buffers (any format; through the thread pool when one
+ * runs). out (n, rows) = x (n, cols) times the weights w (rows, cols) in fmt, with row scales
+ * `scale` (ROWQ8 / I8F; optional for F32). Works before any model is loaded.
+ * ========================================================================================== */
+
+static QAct test_act;
+static uint32_t test_act_capacity;   /* elements of test_act.q */
+
+EXPORT("champion_qmatmul")
+int champion_qmatmul(int fmt, const uint8_t *w, const float *scale, const float *x, int n, int rows, int cols,
+                     float *out) {
+    if (!qf_cols_ok(fmt, cols) || n <= 0 || n > 64 || rows <= 0 || !w || !x || !out) return ERR_BAD_ARGUMENT;
+    if ((fmt == QF_ROWQ8 || fmt == QF_I8F) && !scale) return ERR_BAD_ARGUMENT;
+    uint32_t need = (uint32_t)n * (uint32_t)cols;
+    if (need > test_act_capacity) {
+        test_act.q = (int16_t *)arena_alloc(need * 2u);
+        test_act.d = (float *)arena_alloc((need / 32u + 1u) * 4u);
+        test_act.s = (int32_t *)arena_alloc((need / 32u + 1u) * 4u);
+        if (!test_act.q || !test_act.d || !test_act.s) { test_act_capacity = 0; return ERR_OUT_OF_MEMORY; }
+        test_act_capacity = need;
+    }
+    QLin L = { w, scale, fmt, rows, cols };
+    if (qlin_bad_scale_row(&L)) return ERR_MODEL_LOAD;
+    matmul_lins(out, rows, &L, 1, x, cols, n, 0, &test_act);
     return OK;
 }

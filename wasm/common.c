@@ -22,6 +22,14 @@ void zero_bytes(void *dst, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) d[i] = 0;
 }
 
+/* clang lowers the zero-initialisation of a large struct (a matmul step) to a memset call; no libc
+ * here, so this is it (-ffreestanding: the loop is not turned back into a memset call) */
+void *memset(void *dst, int c, unsigned long n) {
+    unsigned char *d = (unsigned char *)dst;
+    for (unsigned long i = 0; i < n; i++) d[i] = (unsigned char)c;
+    return dst;
+}
+
 double frexp_pos(double x, int *e) {
     uint64_t u = f64_bits(x);
     int ex = (int)((u >> 52) & 0x7ff);

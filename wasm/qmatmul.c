@@ -1,0 +1,311 @@
+/* qmatmul.c — the q8act-v1 matmul of docs/quant_kernels.md in WASM SIMD128: decode a block of 32
+ * weights of 4 rows into int16 lanes once, then for every activation row of the block (the k + 1
+ * positions of a round) an exact int32 dot product per row (i32x4.dot_i16x8_s), then the declared
+ * float32 sequence acc = acc + (dw * dx) * isum (+ (mw * dx) * xsum), in block order.
+ */
+#include "qmatmul.h"
+
+int qf_known(int fmt) {
+    return fmt == QF_F32 || fmt == QF_I8F || fmt == QF_ROWQ8 || fmt == QF_Q8_0 || fmt == QF_Q4_0 ||
+           fmt == QF_Q4_1 || fmt == QF_Q4_K || fmt == QF_Q6_K;
+}
+
+int qf_is_q8act(int fmt) { return qf_known(fmt) && fmt != QF_F32 && fmt != QF_I8F; }
+
+static int qf_block(int fmt) {
+    if (fmt == QF_Q4_K || fmt == QF_Q6_K) return 256;
+    if (fmt == QF_F32 || fmt == QF_I8F) return 4;
+    return 32;
+}
+
+int qf_cols_ok(int fmt, int cols) { return qf_known(fmt) && cols > 0 && cols % qf_block(fmt) == 0; }
+
+uint32_t qf_row_bytes(int fmt, int cols) {
+    uint32_t c = (uint32_t)cols;
+    switch (fmt) {
+        case QF_F32: return 4u * c;
+        case QF_I8F: case QF_ROWQ8: return c;
+        case QF_Q8_0: return c / 32u * 34u;
+        case QF_Q4_0: return c / 32u * 18u;
+        case QF_Q4_1: return c / 32u * 20u;
+        case QF_Q4_K: return c / 256u * 144u;
+        case QF_Q6_K: return c / 256u * 210u;
+        default: return 0;
+    }
+}
+
+static inline uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline float bits_f32(uint32_t u) { union { uint32_t u; float f; } v = { u }; return v.f; }
+static inline uint32_t f32_bits(float f) { union { float f; uint32_t u; } v = { f }; return v.u; }
+
+/* IEEE half -> float, exact for every finite half (subnormals included): the half's exponent and
+ * mantissa placed in a float's low bits, times 2^112; inf / NaN scales are refused at load */
+static inline float f16_f32(uint16_t h) {
+    float mag = bits_f32((uint32_t)(h & 0x7fff) << 13) * 0x1p112f;
+    return bits_f32(f32_bits(mag) | ((uint32_t)(h & 0x8000) << 16));
+}
+
+/* ============================================================================================
+ * Activations: amax -> dx = 2^e with amax * 2^-e in (63.5, 127]; qx = nearest_even(x * 2^-e).
+ * ========================================================================================== */
+
+void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
+    const int nb = K / 32;
+    a->n = n;
+    a->K = K;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (uint32_t)t * (uint32_t)x_stride;
+        int16_t *qt = a->q + (uint32_t)t * (uint32_t)K;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xt + 32 * b;
+            v128_t m = wasm_f32x4_abs(wasm_v128_load(xb));
+            for (int i = 4; i < 32; i += 4) m = wasm_f32x4_max(m, wasm_f32x4_abs(wasm_v128_load(xb + i)));
+            m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
+            m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
+            float amax = wasm_f32x4_extract_lane(m, 0);        /* NaN if any lane is NaN */
+            float dx, inv;
+            if (!(amax <= 3.4028234663852886e38f)) { dx = __builtin_nanf(""); inv = 0.0f; }   /* NaN / inf */
+            else if (amax < 0x1p-100f) { dx = 0.0f; inv = 0.0f; }
+            else {
+                int E = (int)(f32_bits(amax) >> 23) - 127;      /* amax is normal: its exponent */
+                float down = bits_f32((uint32_t)(127 - (E - 6)) << 23);   /* 2^-(E-6) */
+                int e = amax * down <= 127.0f ? E - 6 : E - 5;
+                dx = bits_f32((uint32_t)(127 + e) << 23);
+                inv = bits_f32((uint32_t)(127 - e) << 23);
+            }
+            v128_t vinv = wasm_f32x4_splat(inv), sum = wasm_i32x4_splat(0);
+            for (int i = 0; i < 32; i += 8) {
+                v128_t q0 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i), vinv)));
+                v128_t q1 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i + 4), vinv)));
+                sum = wasm_i32x4_add(sum, wasm_i32x4_add(q0, q1));
+                wasm_v128_store(qt + 32 * b + i, wasm_i16x8_narrow_i32x4(q0, q1));
+            }
+            sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 2, 3, 0, 1));
+            sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 1, 0, 3, 2));
+            a->d[(uint32_t)t * (uint32_t)nb + (uint32_t)b] = dx;
+            a->s[(uint32_t)t * (uint32_t)nb + (uint32_t)b] = wasm_i32x4_extract_lane(sum, 0);
+        }
+    }
+}
+
+/* ============================================================================================
+ * Weight blocks: one row's 32-element block b as int16 lanes w[0..3] (elements 0-7, 8-15, 16-23,
+ * 24-31) with its float scale dw and min mw (0 when the format has none).
+ * ========================================================================================== */
+
+typedef struct { v128_t w[4]; float dw, mw; } Dec;
+
+static inline void widen_s8(const v128_t lo16, const v128_t hi16, Dec *o) {   /* 2 x 16 int8 */
+    o->w[0] = wasm_i16x8_extend_low_i8x16(lo16);
+    o->w[1] = wasm_i16x8_extend_high_i8x16(lo16);
+    o->w[2] = wasm_i16x8_extend_low_i8x16(hi16);
+    o->w[3] = wasm_i16x8_extend_high_i8x16(hi16);
+}
+
+/* Q4_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) */
+static inline void q4k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+static inline __attribute__((always_inline)) void decode(int fmt, const uint8_t *row, int b, Dec *o) {
+    const v128_t low4 = wasm_i8x16_splat(0x0F);
+    o->mw = 0.0f;
+    switch (fmt) {
+        case QF_ROWQ8: {
+            const uint8_t *p = row + 32 * b;
+            widen_s8(wasm_v128_load(p), wasm_v128_load(p + 16), o);
+            o->dw = 1.0f;
+            break;
+        }
+        case QF_Q8_0: {
+            const uint8_t *p = row + 34 * b;
+            o->dw = f16_f32(load_u16(p));
+            widen_s8(wasm_v128_load(p + 2), wasm_v128_load(p + 18), o);
+            break;
+        }
+        case QF_Q4_0: {
+            const uint8_t *p = row + 18 * b;
+            v128_t v = wasm_v128_load(p + 2), eight = wasm_i8x16_splat(8);
+            o->dw = f16_f32(load_u16(p));
+            widen_s8(wasm_i8x16_sub(wasm_v128_and(v, low4), eight), wasm_i8x16_sub(wasm_u8x16_shr(v, 4), eight), o);
+            break;
+        }
+        case QF_Q4_1: {
+            const uint8_t *p = row + 20 * b;
+            v128_t v = wasm_v128_load(p + 4);
+            o->dw = f16_f32(load_u16(p));
+            o->mw = f16_f32(load_u16(p + 2));
+            widen_s8(wasm_v128_and(v, low4), wasm_u8x16_shr(v, 4), o);   /* 0..15: signed = unsigned */
+            break;
+        }
+        case QF_Q4_K: {
+            const uint8_t *p = row + 144 * (b >> 3);
+            int j = b & 7, sc, m;
+            q4k_scale_min(p + 4, j, &sc, &m);
+            o->dw = f16_f32(load_u16(p)) * (float)sc;                 /* exact: 11 x 6 bits */
+            o->mw = -(f16_f32(load_u16(p + 2)) * (float)m);
+            const uint8_t *qs = p + 16 + 32 * (j >> 1);
+            v128_t v0 = wasm_v128_load(qs), v1 = wasm_v128_load(qs + 16);
+            if (j & 1) widen_s8(wasm_u8x16_shr(v0, 4), wasm_u8x16_shr(v1, 4), o);
+            else widen_s8(wasm_v128_and(v0, low4), wasm_v128_and(v1, low4), o);
+            break;
+        }
+        case QF_Q6_K: {
+            const uint8_t *p = row + 210 * (b >> 3);
+            int g8 = b & 7, h = g8 >> 2, g = g8 & 3;
+            const uint8_t *ql = p + 64 * h + 32 * (g & 1), *qh = p + 128 + 32 * h;
+            const int8_t *sc = (const int8_t *)(p + 192) + 8 * h + 2 * g;
+            o->dw = f16_f32(load_u16(p + 208));
+            v128_t l0 = wasm_v128_load(ql), l1 = wasm_v128_load(ql + 16);
+            if (g >> 1) { l0 = wasm_u8x16_shr(l0, 4); l1 = wasm_u8x16_shr(l1, 4); }
+            else { l0 = wasm_v128_and(l0, low4); l1 = wasm_v128_and(l1, low4); }
+            v128_t three = wasm_i8x16_splat(3), k32 = wasm_i8x16_splat(32);
+            v128_t h0 = wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(wasm_v128_load(qh), 2 * g), three), 4);
+            v128_t h1 = wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(wasm_v128_load(qh + 16), 2 * g), three), 4);
+            widen_s8(wasm_i8x16_sub(wasm_v128_or(l0, h0), k32), wasm_i8x16_sub(wasm_v128_or(l1, h1), k32), o);
+            v128_t s0 = wasm_i16x8_splat(sc[0]), s1 = wasm_i16x8_splat(sc[1]);   /* |q - 32| * |sc| <= 4096 */
+            o->w[0] = wasm_i16x8_mul(o->w[0], s0);
+            o->w[1] = wasm_i16x8_mul(o->w[1], s0);
+            o->w[2] = wasm_i16x8_mul(o->w[2], s1);
+            o->w[3] = wasm_i16x8_mul(o->w[3], s1);
+            break;
+        }
+        default: break;
+    }
+}
+
+/* the 4 lane sums of p0..p3 -> (sum p0, sum p1, sum p2, sum p3); integer: any order is exact */
+static inline v128_t hsum4_i32(v128_t p0, v128_t p1, v128_t p2, v128_t p3) {
+    v128_t a = wasm_i32x4_add(wasm_i32x4_shuffle(p0, p1, 0, 4, 1, 5), wasm_i32x4_shuffle(p0, p1, 2, 6, 3, 7));
+    v128_t c = wasm_i32x4_add(wasm_i32x4_shuffle(p2, p3, 0, 4, 1, 5), wasm_i32x4_shuffle(p2, p3, 2, 6, 3, 7));
+    return wasm_i32x4_add(wasm_i32x4_shuffle(a, c, 0, 1, 4, 5), wasm_i32x4_shuffle(a, c, 2, 3, 6, 7));
+}
+
+static inline v128_t dot32(const Dec *d, const v128_t *x) {
+    v128_t s = wasm_i32x4_dot_i16x8(d->w[0], wasm_v128_load(x));
+    s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(d->w[1], wasm_v128_load(x + 1)));
+    s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(d->w[2], wasm_v128_load(x + 2)));
+    return wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(d->w[3], wasm_v128_load(x + 3)));
+}
+
+enum { QMAX_COLUMNS = 64 };      /* the largest block (champion maxBlock) */
+
+/* rows r..r+3 (rows beyond r_end - 1 repeat the last row; only lanes < r_end - r are stored) */
+static inline __attribute__((always_inline)) void group4(const QLin *L, const QAct *a, float *out, int out_stride,
+                                                         int accumulate, int r, int r_end, const int fmt) {
+    const uint32_t rb = qf_row_bytes(fmt, L->cols);
+    const uint8_t *row[4];
+    for (int j = 0; j < 4; j++) row[j] = L->w + (uint32_t)(r + j < r_end ? r + j : r_end - 1) * rb;
+    const int nb = L->cols / 32, n = a->n;
+    const int has_min = fmt == QF_Q4_1 || fmt == QF_Q4_K;
+    v128_t acc[QMAX_COLUMNS];
+    for (int t = 0; t < n; t++) acc[t] = wasm_f32x4_splat(0.0f);
+    for (int b = 0; b < nb; b++) {
+        Dec d0, d1, d2, d3;
+        decode(fmt, row[0], b, &d0);
+        decode(fmt, row[1], b, &d1);
+        decode(fmt, row[2], b, &d2);
+        decode(fmt, row[3], b, &d3);
+        v128_t dw = wasm_f32x4_make(d0.dw, d1.dw, d2.dw, d3.dw);
+        v128_t mw = wasm_f32x4_make(d0.mw, d1.mw, d2.mw, d3.mw);
+        for (int t = 0; t < n; t++) {
+            const v128_t *x = (const v128_t *)(a->q + (uint32_t)t * (uint32_t)a->K + 32u * (uint32_t)b);
+            v128_t isum = hsum4_i32(dot32(&d0, x), dot32(&d1, x), dot32(&d2, x), dot32(&d3, x));
+            uint32_t ib = (uint32_t)t * (uint32_t)nb + (uint32_t)b;
+            v128_t dx = wasm_f32x4_splat(a->d[ib]);
+            v128_t c = wasm_f32x4_mul(wasm_f32x4_mul(dw, dx), wasm_f32x4_convert_i32x4(isum));
+            if (has_min)
+                c = wasm_f32x4_add(c, wasm_f32x4_mul(wasm_f32x4_mul(mw, dx), wasm_f32x4_splat((float)a->s[ib])));
+            acc[t] = wasm_f32x4_add(acc[t], c);
+        }
+    }
+    int lanes = r_end - r < 4 ? r_end - r : 4;
+    v128_t scale = wasm_f32x4_splat(1.0f);
+    if (fmt == QF_ROWQ8) {       /* the row scales (lanes past the last row repeat it) */
+        int last = r_end - 1;
+        scale = wasm_f32x4_make(L->scale[r], L->scale[r + 1 <= last ? r + 1 : last],
+                                L->scale[r + 2 <= last ? r + 2 : last], L->scale[r + 3 <= last ? r + 3 : last]);
+    }
+    for (int t = 0; t < n; t++) {
+        v128_t y = fmt == QF_ROWQ8 ? wasm_f32x4_mul(acc[t], scale) : acc[t];
+        float *o = out + (uint32_t)t * (uint32_t)out_stride + (uint32_t)r;
+        if (lanes == 4) {
+            if (accumulate) y = wasm_f32x4_add(wasm_v128_load(o), y);
+            wasm_v128_store(o, y);
+        } else {
+            float v[4];
+            wasm_v128_store(v, y);
+            for (int j = 0; j < lanes; j++) o[j] = accumulate ? o[j] + v[j] : v[j];
+        }
+    }
+}
+
+static void rows_fmt(const QLin *L, const QAct *a, float *out, int out_stride, int accumulate, int r0, int r1,
+                     const int fmt) {
+    for (int r = r0; r < r1; r += 4) group4(L, a, out, out_stride, accumulate, r, r1, fmt);
+}
+
+void qmatmul_rows(const QLin *L, const QAct *a, float *out, int out_stride, int accumulate, int r0, int r1) {
+    switch (L->fmt) {   /* one instantiation per format: the decode is inlined and branch-free */
+        case QF_ROWQ8: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_ROWQ8); break;
+        case QF_Q8_0: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_Q8_0); break;
+        case QF_Q4_0: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_Q4_0); break;
+        case QF_Q4_1: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_Q4_1); break;
+        case QF_Q4_K: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_Q4_K); break;
+        case QF_Q6_K: rows_fmt(L, a, out, out_stride, accumulate, r0, r1, QF_Q6_K); break;
+        default: break;
+    }
+}
+
+/* ============================================================================================
+ * Dequantised rows (the embedding gather) and the load-time scale check.
+ * ========================================================================================== */
+
+void qlin_dequant_row(const QLin *L, int r, float *out) {
+    const uint32_t rb = qf_row_bytes(L->fmt, L->cols);
+    const uint8_t *row = L->w + (uint32_t)r * rb;
+    if (L->fmt == QF_F32) {
+        const float *src = (const float *)row;
+        float s = L->scale ? L->scale[r] : 1.0f;
+        for (int i = 0; i < L->cols; i++) out[i] = L->scale ? src[i] * s : src[i];
+        return;
+    }
+    if (L->fmt == QF_I8F || L->fmt == QF_ROWQ8) {
+        float s = L->scale[r];
+        for (int i = 0; i < L->cols; i++) out[i] = (float)((const int8_t *)row)[i] * s;
+        return;
+    }
+    const int has_min = L->fmt == QF_Q4_1 || L->fmt == QF_Q4_K;
+    for (int b = 0; b < L->cols / 32; b++) {
+        Dec d;
+        decode(L->fmt, row, b, &d);
+        int16_t w[32];
+        for (int k = 0; k < 4; k++) wasm_v128_store(w + 8 * k, d.w[k]);
+        for (int i = 0; i < 32; i++) {
+            float v = d.dw * (float)w[i];
+            out[32 * b + i] = has_min ? v + d.mw : v;
+        }
+    }
+}
+
+static int half_finite(const uint8_t *p) { return (load_u16(p) & 0x7c00) != 0x7c00; }
+
+int qlin_bad_scale_row(const QLin *L) {
+    if (!qf_is_q8act(L->fmt) || L->fmt == QF_ROWQ8) return 0;
+    const uint32_t rb = qf_row_bytes(L->fmt, L->cols);
+    for (int r = 0; r < L->rows; r++) {
+        const uint8_t *row = L->w + (uint32_t)r * rb;
+        int ok = 1;
+        switch (L->fmt) {
+            case QF_Q8_0: for (int b = 0; b < L->cols / 32; b++) ok &= half_finite(row + 34 * b); break;
+            case QF_Q4_0: for (int b = 0; b < L->cols / 32; b++) ok &= half_finite(row + 18 * b); break;
+            case QF_Q4_1: for (int b = 0; b < L->cols / 32; b++) ok &= half_finite(row + 20 * b) & half_finite(row + 20 * b + 2); break;
+            case QF_Q4_K: for (int b = 0; b < L->cols / 256; b++) ok &= half_finite(row + 144 * b) & half_finite(row + 144 * b + 2); break;
+            case QF_Q6_K: for (int b = 0; b < L->cols / 256; b++) ok &= half_finite(row + 210 * b + 208); break;
+            default: break;
+        }
+        if (!ok) return r + 1;
+    }
+    return 0;
+}
