@@ -26,7 +26,7 @@ from ..reference.gguf_dequant import _nibbles, q4_k_scales
 F32 = np.float32
 FORMATS = {"F32": 0, "ROWQ8": 100, "I8F": 101, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NAMES = {code: name for name, code in FORMATS.items()}
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
+GGUF_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
 Q8ACT = ("ROWQ8", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")      # the formats whose matmul is q8act
 ZERO_BLOCK_AMAX = np.ldexp(F32(1), -100)                      # amax below this: a zero block
 
@@ -54,7 +54,7 @@ def row_bytes(fmt, cols: int) -> int:
         return cols
     if cols % block_elems(name):
         raise ValueError(f"{name}: cols {cols} is not a multiple of {block_elems(name)}")
-    return cols // block_elems(name) * _BLOCK_BYTES[name]
+    return cols // block_elems(name) * GGUF_BLOCK_BYTES[name]
 
 
 def _check_cols(name: str, cols: int) -> None:
@@ -116,7 +116,7 @@ def decode_blocks(fmt, raw, rows: int, cols: int):
     if name in ("ROWQ8", "I8F"):
         q = data.view(np.int8).reshape(rows, K).astype(np.int32)
         return q, np.ones((rows, nb), F32), None, None
-    b = data.reshape(-1, _BLOCK_BYTES[name])                  # (rows * blocks per row, block bytes)
+    b = data.reshape(-1, GGUF_BLOCK_BYTES[name])                  # (rows * blocks per row, block bytes)
     N = b.shape[0]
     if name == "Q8_0":
         return (b[:, 2:].view(np.int8).astype(np.int32).reshape(rows, K), _half(b, 0).reshape(rows, nb), None, None)
@@ -208,13 +208,11 @@ def qmatmul(fmt, raw, x, rows: int, cols: int, row_scale=None) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x {x.shape} is not (n, {cols})")
     s = _row_scale(name, row_scale, rows)
-    if name == "F32":
-        w = _blocks(raw, rows, cols, name).view("<f4").reshape(rows, cols).astype(F32)
-        return _float_matmul(w, x, s)
-    if name == "I8F":
-        w = _blocks(raw, rows, cols, name).view(np.int8).reshape(rows, cols).astype(F32)
-        return _float_matmul(w, x, s)
-    return _q8act(name, raw, x, rows, cols, s if name == "ROWQ8" else None)
+    with np.errstate(over="ignore", invalid="ignore"):       # inf and NaN are part of the function
+        if name in ("F32", "I8F"):
+            w = _blocks(raw, rows, cols, name).view("<f4" if name == "F32" else np.int8)
+            return _float_matmul(w.reshape(rows, cols).astype(F32), x, s)
+        return _q8act(name, raw, x, rows, cols, s if name == "ROWQ8" else None)
 
 
 # ----------------------------------------------------------------------------- 4. other tensors
@@ -235,7 +233,7 @@ def dequantize_rows(fmt, raw, rows: int, cols: int, row_scale=None) -> np.ndarra
         return d32 * qf
     if name == "Q4_1":
         return d32 * qf + np.repeat(mw, 32, axis=1)
-    data = _blocks(raw, rows, cols, name).reshape(-1, _BLOCK_BYTES[name])
+    data = _blocks(raw, rows, cols, name).reshape(-1, GGUF_BLOCK_BYTES[name])
     if name == "Q4_K":                                        # f32(f32(f32(d * sc) * q) - f32(dmin * m))
         return d32 * qf + np.repeat(mw, 32, axis=1)           # dw = d * sc, mw = -(dmin * m): exact
     d = np.repeat(_half(data, 208), 256).reshape(rows, cols)  # Q6_K: f32(f32(d * sc) * (q - 32))
