@@ -1,16 +1,21 @@
 """Function-preserving widening of a trained tied Llama to a larger shape (HF folder, float32).
 
     python3 tools/widen.py SRC DST --hidden 960 --layers 32 --heads 15 --kv-heads 5 \
-        --intermediate 2560 --vocab 49152          # or --shape smollm2-360m / smollm2-135m
+        --intermediate 2560 --vocab 49152          # or --shape NAME (SHAPES below)
+    python3 tools/widen.py web/models/champion build/widened/champion-1.7b --shape smollm2-1.7b
+    python3 tools/widen.py web/models/draft build/widened/draft-1.7b --shape smollm2-1.7b-draft
 
 The widened model computes the same next-token distribution as SRC (up to float rounding), at
 the cost of the target shape. Notation: D, H, KV, F, L, V the source sizes, primes the target.
 
-- Heads (head_dim unchanged): HF's GQA gives query head h the kv head h // (H/KV). Source query
-  head h (kv group g = h // (H/KV), rank r inside the group) becomes target head g*(H'/KV') + r
-  and source kv head g becomes target kv head g, so every real query still reads its own keys
-  and values. Every other head has zero q/k/v rows and zero o_proj columns: it attends, but
-  its output is multiplied by zero. Needs KV' >= KV and H'/KV' >= H/KV.
+- Heads (head_dim unchanged): HF's GQA gives query head h the kv head h // (H/KV). With source
+  groups of s = H/KV query heads and target groups of g' = H'/KV', each source kv head g gets
+  c = ceil(s / g') target kv heads g*c .. g*c+c-1, each a copy of its k/v rows; source query head
+  h (g = h // s, rank r = h % s) becomes target head (g*c + r // g') * g' + r % g', so every real
+  query still reads its own keys and values (c = 1 when g' >= s: head g*g' + r, kv head g; c = 2
+  for SmolLM2-1.7B's MHA from the toy pair's groups of 2). Every other head has zero q/k/v rows
+  and zero o_proj columns: it attends, but its output is multiplied by zero. Needs
+  KV' >= KV * c.
 - Width D -> D': the residual stream is [x, c, 0...]: the real D dims, then one "bias" dim c
   holding a constant a in every real embedding row, then zeros. Nothing writes into dims >= D
   (zero o_proj / down_proj rows), so they keep these values through every layer. RMSNorm over
@@ -24,12 +29,15 @@ the cost of the target shape. Notation: D, H, KV, F, L, V the source sizes, prim
 - Layers L -> L': appended layers are all zero but their norms (weight 1): o_proj and
   down_proj add exactly 0.0 to the residual.
 - Vocabulary V -> V' (tied head): the extra embedding rows are -B on dim c and 0 elsewhere, and
-  the final norm has weight 1 on c, so an extra token's logit is -B * a / rms', rms' = sqrt(D/D')
-  * (the source's rms): with B = 2^30 and a = 2^-5 that is -3.4e7 / rms', below -1e4 for any
-  residual rms up to ~2e3, and never beyond float32 (rms' >= sqrt((D/D') * eps)). Greedy never
-  picks it and its probability underflows to exactly 0, so processors need not know about it. The same dim adds a * (a / rms') to every real token's
-  logit: one constant per position, so the softmax, greedy tokens and sampling are unchanged
-  (compare log-softmax, not raw logits). The tokenizer gets V'-V model-vocabulary entries
+  the final norm has weight W on c, so an extra token's logit is -B * W * a / rms', rms' =
+  sqrt(D/D') * (the source's rms): with B = 2^15, W = 2^10 and a = 2^-5 that is -2^20 / rms',
+  below -1e4 for any residual rms' up to ~100, and never beyond float32 (rms' >= sqrt((D/D') *
+  eps)). B = 2^15 keeps the rows storable in every GGUF block format (the float16 scale of a
+  block holding -B alone: Q8_0 B/127, Q4_0 B/8, Q4_1 min -B, all below float16's 65504, and
+  Q4_0/Q4_1 give -B back exactly). Greedy never picks an extra token and its probability
+  underflows to exactly 0, so processors need not know about it. The same dim adds
+  W * a * (a / rms') = 1 / rms' to every real token's logit: one constant per position, so the
+  softmax, greedy tokens and sampling are unchanged (compare log-softmax, not raw logits). The tokenizer gets V'-V model-vocabulary entries
   `<|extra_N|>` that no merge produces, so no text ever encodes to them.
 
 Rounding: everything is exact but the rescaled norm weights (float32 w * sqrt(D/D')) and the
@@ -53,10 +61,15 @@ from exactspec.host.safe_files import copy_file, replacing, write_file  # noqa: 
 from exactspec.formats.safetensors import load_safetensors, safetensors_layout, to_numpy  # noqa: E402
 
 SHAPES = {   # the published SmolLM2 configs (hidden, layers, heads, kv heads, intermediate, vocab)
+    "smollm2-1.7b": dict(hidden=2048, layers=24, heads=32, kv_heads=32, intermediate=8192, vocab=49152),
     "smollm2-360m": dict(hidden=960, layers=32, heads=15, kv_heads=5, intermediate=2560, vocab=49152),
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152),
+    # not a published model: a draft for the 1.7B shape (docs/models.md, "Real sizes": 2.9 % of its
+    # multiply-adds a token, 18 % of its Q4_1 bytes as the draft's float32)
+    "smollm2-1.7b-draft": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vocab=49152),
 }
-EXTRA_ROW_BIAS = float(2 ** 30)      # B: an extra token's row is -B on the bias dim
+EXTRA_ROW_BIAS = float(2 ** 15)      # B: an extra token's row is -B on the bias dim
+EXTRA_NORM_WEIGHT = float(2 ** 10)   # W: the final norm's weight on the bias dim
 COPIED_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -89,14 +102,19 @@ def plan_widening(cfg: dict, hidden: int, layers: int, heads: int, kv_heads: int
     if heads % kv_heads or src["heads"] % src["kv_heads"]:
         raise ValueError("heads must be a multiple of kv heads")
     group, src_group = heads // kv_heads, src["heads"] // src["kv_heads"]
-    if group < src_group:
-        raise ValueError(f"target has {group} query heads per kv head, the source {src_group}")
+    copies = -(-src_group // group)              # c: target kv heads per source kv head
+    if kv_heads < src["kv_heads"] * copies:
+        raise ValueError(f"target has {kv_heads} kv heads: the source's {src['kv_heads']} kv heads of {src_group} query "
+                         f"heads each need {src['kv_heads'] * copies} at {group} query heads per kv head")
     head_dim = cfg.get("head_dim") or src["hidden"] // src["heads"]
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     a = bias_value(eps, src["hidden"])
-    q_heads = [(h // src_group) * group + h % src_group for h in range(src["heads"])]
+    q_heads = [((h // src_group) * copies + (h % src_group) // group) * group + (h % src_group) % group
+               for h in range(src["heads"])]
+    kv_sources = [j // copies for j in range(src["kv_heads"] * copies)]    # target kv head j copies source kv head
     return dict(src=src, dst=dst, head_dim=head_dim, eps=eps, new_eps=(eps * src["hidden"] - a * a) / hidden,
-                bias=a, norm_scale=math.sqrt(src["hidden"] / hidden), q_heads=q_heads, bias_dim=src["hidden"])
+                bias=a, norm_scale=math.sqrt(src["hidden"] / hidden), q_heads=q_heads, kv_sources=kv_sources,
+                bias_dim=src["hidden"])
 
 
 def widened_config(cfg: dict, plan: dict) -> dict:
@@ -107,6 +125,14 @@ def widened_config(cfg: dict, plan: dict) -> dict:
                head_dim=plan["head_dim"], rms_norm_eps=plan["new_eps"], tie_word_embeddings=True,
                torch_dtype="float32")
     return out
+
+
+def macs_per_token(shape: dict, head_dim: int) -> dict:
+    """Multiply-adds of one token's linears at `shape` (SHAPES' keys): {layers, head, total}."""
+    D, F = shape["hidden"], shape["intermediate"]
+    q, kv = shape["heads"] * head_dim, shape["kv_heads"] * head_dim
+    layers = shape["layers"] * (D * q + 2 * D * kv + q * D + 3 * D * F)
+    return {"layers": layers, "head": shape["vocab"] * D, "total": layers + shape["vocab"] * D}
 
 
 def target_shapes(plan: dict) -> dict:
@@ -141,7 +167,7 @@ def widen_tensor(name: str, shape: tuple, src: dict, plan: dict) -> np.ndarray:
     scale = np.float32(plan["norm_scale"])
     if name == "model.norm.weight":
         out[:Ds] = src[name] * scale
-        out[plan["bias_dim"]] = 1.0
+        out[plan["bias_dim"]] = EXTRA_NORM_WEIGHT
         return out
     layer = int(name.split(".")[2])
     if layer >= s["layers"]:                         # appended layer: zero but its norms
@@ -153,8 +179,9 @@ def widen_tensor(name: str, shape: tuple, src: dict, plan: dict) -> np.ndarray:
         out[:Ds] = w * scale
     elif name.endswith("q_proj.weight"):
         out[_head_rows(plan["q_heads"], hd), :Ds] = w
-    elif name.endswith(("k_proj.weight", "v_proj.weight")):
-        out[:w.shape[0], :Ds] = w                   # kv head g stays kv head g
+    elif name.endswith(("k_proj.weight", "v_proj.weight")):   # target kv head j: source kv head kv_sources[j]
+        rows = w.reshape(s["kv_heads"], hd, -1)[plan["kv_sources"]].reshape(-1, w.shape[1])
+        out[:rows.shape[0], :Ds] = rows
     elif name.endswith("o_proj.weight"):
         out[:Ds, _head_rows(plan["q_heads"], hd)] = w
     elif name.endswith(("gate_proj.weight", "up_proj.weight")):
@@ -205,7 +232,8 @@ def widen_folder(src_dir: str, dst_dir: str, log=print, **target) -> dict:
         if os.path.exists(os.path.join(src_dir, name)):
             copy_file(os.path.join(src_dir, name), os.path.join(dst_dir, name))
     params = sum(math.prod(s) for s in shapes.values())
-    log(f"widen: {src_dir} -> {dst_dir}: {params:,} parameters, eps {plan['new_eps']:.6g}, bias {plan['bias']}, "
+    log(f"widen: {src_dir} -> {dst_dir}: {params:,} parameters, {macs_per_token(plan['dst'], plan['head_dim'])['total']:,} "
+        f"multiply-adds a token, eps {plan['new_eps']:.6g}, bias {plan['bias']}, "
         f"{time.perf_counter() - started:.1f} s")
     return dict(plan, params=params)
 
