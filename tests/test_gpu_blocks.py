@@ -1,0 +1,263 @@
+"""q8act-v1 on WebGPU (shaders/quantize_act.wgsl, shaders/qmatmul_*.wgsl) against the NumPy twin, bit for bit.
+
+In headless Chromium on SwiftShader (web/tests/gpu_blocks_harness.*): the activation quantiser on
+awkward blocks; every format (ROWQ8, Q8_0, Q4_0, Q4_1) on both integer paths (dot4I8Packed and
+unpacking), n = 1..9, rows not a multiple of the workgroup, cols 32..1536; batch invariance (a
+position's bits alone or in any block); accumulating into a row piece of the residual stream; zero,
+huge and NaN inputs; subnormal and signed-zero f16 scales. Every comparison is bitwise: SwiftShader
+fuses no multiply-add (test_swiftshader_does_not_fuse_multiply_add), and the kernels guard every
+product that feeds an addition (exact() in shaders/gen_qmatmul.py) so a fusing compiler cannot either.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
+from test_gpu_champion import b64, unb64
+
+from exactspec.twins import qmatmul_twins as twin
+
+F32 = np.float32
+FORMATS = ["ROWQ8", "Q8_0", "Q4_0", "Q4_1"]
+PATHS = ["dot4", "unpack"]
+SHADERS = REPO_ROOT / "shaders"
+
+
+def bits(a):
+    return np.ascontiguousarray(a, F32).view(np.uint32)
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("gen_qmatmul", SHADERS / "gen_qmatmul.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_qmatmul_shaders_equal_the_generator_output():
+    gen = load_generator()
+    committed = {name: (SHADERS / name).read_text() for name in gen.file_names()}
+    params = {gen.parameters_of(text) for text in committed.values()}
+    assert len(params) == 1 and None not in params, f"qmatmul shaders lost or differ in their GENERATED line: {params}"
+    C = params.pop()
+    for name, text in gen.generate(C).items():
+        assert committed[name] == text, f"shaders/{name} is stale or hand-edited: run `python3 shaders/gen_qmatmul.py {C}`"
+
+
+# ----------------------------------------------------------------------------- the page
+@pytest.fixture(scope="module")
+def blocks_page(chromium_browser, http_server):  # noqa: F811
+    context = chromium_browser.new_context()
+    page = context.new_page()
+    forward_console(page, prefix="gpu-blocks")
+    page.goto(f"{http_server.url}/web/tests/gpu_blocks_harness.html")
+    page.wait_for_function("() => window.harnessReady === true", timeout=60_000)
+    yield page
+    context.close()
+
+
+def gpu_run(page, fmt, path, x, raw, rows, scale=None, y0=None, stride=None, row0=0, accumulate=False, max_block=9):
+    """(y (n, stride), qx (n, cols) int8, dx (n, cols/32), xsum (n, cols/32)) from the page."""
+    n, cols = x.shape
+    stride = rows if stride is None else stride
+    args = {"format": fmt, "dot4": path == "dot4", "n": n, "rows": rows, "cols": cols, "weight": b64(np.frombuffer(raw, np.uint8)),
+            "scale": None if scale is None else b64(scale.astype(F32)), "x": b64(x.astype(F32)),
+            "y0": None if y0 is None else b64(y0.astype(F32)), "stride": stride, "row0": row0,
+            "accumulate": accumulate, "maxBlock": max(max_block, n)}
+    out = page.evaluate("(a) => window.harness.run(a)", args)
+    y = unb64(out["y"], F32, n * stride).reshape(n, stride)
+    qx = unb64(out["qx"], np.int8, n * cols).reshape(n, cols)
+    xb = unb64(out["xb"], F32, n * cols // 16).reshape(n, cols // 32, 2)
+    return y, qx, xb[..., 0], xb[..., 1]
+
+
+def weights(fmt, rows, cols, rng):
+    """(raw bytes, row scales or None) of random valid weights in fmt's layout."""
+    raw = twin.random_blocks(fmt, rows, cols, rng)
+    scale = (rng.uniform(0.5, 2.0, rows) / (127 * np.sqrt(cols))).astype(F32) if fmt == "ROWQ8" else None
+    return raw, scale
+
+
+def activations(rng, n, cols):
+    """Hidden-state-like rows: a wide spread of magnitudes across blocks, a zero block, one huge element."""
+    x = (rng.standard_normal((n, cols)) * np.exp(rng.uniform(-3, 3, (n, cols // 32))).repeat(32, axis=1)).astype(F32)
+    if cols >= 64:
+        x[:, 32:64] = 0.0
+    x[-1, 0] = 3.0e4
+    return x
+
+
+def assert_bitwise(got, want, what):
+    differ = np.argwhere(bits(got) != bits(want))
+    if differ.size:
+        j, o = differ[0]
+        raise AssertionError(f"{what}: {len(differ)} elements differ; first ({j}, {o}): gpu {got[j, o]!r} "
+                             f"(0x{bits(got)[j, o]:08x}) twin {want[j, o]!r} (0x{bits(want)[j, o]:08x})")
+
+
+# ----------------------------------------------------------------------------- facts of SwiftShader
+def test_swiftshader_offers_dot4_and_both_paths_compile(blocks_page):
+    """Chromium's WGSL has packed_4x8_integer_dot_product on SwiftShader, so the default path is
+    dot4I8Packed; the unpacking path is the one forced with {dot4: false}."""
+    f = blocks_page.evaluate("window.harness.features()")
+    assert "packed_4x8_integer_dot_product" in f["wgsl"] and f["dot4"] is True, f
+
+
+def test_swiftshader_does_not_fuse_multiply_add(blocks_page):
+    """SwiftShader rounds a*b before adding c in `a * b + c`, and even WGSL's fma() is a rounded
+    product plus a rounded sum there: the declared sequence is what it computes."""
+    got = blocks_page.evaluate("""async () => {
+      const device = await (await navigator.gpu.requestAdapter()).requestDevice();
+      const code = `@group(0) @binding(0) var<storage, read_write> v: array<f32>;
+        @compute @workgroup_size(1) fn main() { let a = v[0]; let b = v[1]; let c = v[2];
+          v[3] = a * b + c; v[4] = fma(a, b, c); }`;
+      const p = device.createComputePipeline({ layout: 'auto', compute: { module: device.createShaderModule({ code }), entryPoint: 'main' } });
+      const buf = device.createBuffer({ size: 32, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+      device.queue.writeBuffer(buf, 0, new Float32Array([1 + 2 ** -12, 1 + 2 ** -12, -1, 0, 0]));
+      const read = device.createBuffer({ size: 32, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+      const enc = device.createCommandEncoder(), pass = enc.beginComputePass();
+      pass.setPipeline(p);
+      pass.setBindGroup(0, device.createBindGroup({ layout: p.getBindGroupLayout(0), entries: [{ binding: 0, resource: { buffer: buf } }] }));
+      pass.dispatchWorkgroups(1);
+      pass.end();
+      enc.copyBufferToBuffer(buf, 0, read, 0, 32);
+      device.queue.submit([enc.finish()]);
+      await read.mapAsync(GPUMapMode.READ);
+      return Array.from(new Float32Array(read.getMappedRange()).slice(3, 5));
+    }""")
+    a = F32(1 + 2 ** -12)
+    rounded = float(a * a - F32(1))                       # f32(f32(a*a) - 1) = 2^-11 (a*a ties to even)
+    fused = float(np.float64(a) * np.float64(a) - 1)      # 2^-11 + 2^-24: what an FMA gives
+    assert rounded != fused
+    assert got == [rounded, rounded], f"SwiftShader fused: {got} (rounded {rounded}, fused {fused})"
+
+
+# ----------------------------------------------------------------------------- the quantiser
+def awkward_activations():
+    """Blocks that probe every branch of section 1: the 127 boundary on both sides, ties, a zero
+    block, a block below 2^-100, subnormals beside a normal, huge and tiny scales, NaN and Inf."""
+    one = F32(1)
+    blocks = []
+    b = np.linspace(-1, 1, 32, dtype=F32)
+    blocks.append(b)                                          # amax 1: e = -6
+    blocks.append(b * F32(127 / 64))                          # mantissa exactly 127/64: e = E - 6
+    blocks.append(b * np.nextafter(F32(127 / 64), F32(2)))    # one ulp above: e = E - 5
+    ties = (np.arange(32, dtype=F32) - 16) + F32(0.5)         # x * 2^-e = k + 0.5 exactly: ties to even
+    ties[0] = 127.0
+    blocks.append(ties * F32(2 ** -20))
+    blocks.append(np.zeros(32, F32))                          # a zero block
+    blocks.append(np.full(32, np.ldexp(one, -101), F32))      # below 2^-100: a zero block
+    sub = np.full(32, np.ldexp(one, -140), F32)               # subnormals beside 2^-100 (they round to 0)
+    sub[5] = np.ldexp(one, -100)
+    blocks.append(sub)
+    blocks.append(np.full(32, F32(3.0e38)) * np.where(np.arange(32) % 2, 1, -1).astype(F32))
+    return np.stack([np.concatenate(blocks),
+                     np.concatenate(blocks[::-1]),
+                     np.concatenate([b] * 3 + [np.array([np.nan] + [0.5] * 31, F32)] + [b] * 4),
+                     np.concatenate([b] * 7 + [np.array([1.0] * 31 + [-np.inf], F32)])])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_quantize_act_equals_the_twin_bitwise(blocks_page, path):
+    x = awkward_activations()
+    rows, cols = 3, x.shape[1]
+    raw, _ = weights("Q8_0", rows, cols, np.random.default_rng(1))
+    y, qx, dx, xsum = gpu_run(blocks_page, "Q8_0", path, x, raw, rows)
+    want_qx, want_dx, want_xsum = twin.quantize_activations(x)
+    assert np.array_equal(qx, want_qx)
+    assert np.array_equal(dx, want_dx, equal_nan=True) and np.array_equal(bits(dx)[~np.isnan(dx)], bits(want_dx)[~np.isnan(dx)])
+    assert np.isnan(dx[2, 3]) and np.isnan(dx[3, 7]) and np.isnan(dx).sum() == 2
+    assert np.array_equal(xsum, want_xsum.astype(F32))
+    assert np.isnan(y[2:]).all() and not np.isnan(y[:2]).any()                  # a NaN or Inf input: its row is NaN
+    assert_bitwise(y[:2], twin.qmatmul("Q8_0", raw, x[:2], rows, cols), "quantize_act rows 0-1 matmul")
+
+
+# ----------------------------------------------------------------------------- the matmuls
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_block_size_equals_the_twin_and_is_batch_invariant(blocks_page, fmt, path):
+    """n = 1..9 on the same rows and inputs: each n's output is the twin's bits, and position j's
+    outputs are the same bits whatever n is."""
+    rng = np.random.default_rng(FORMATS.index(fmt))
+    rows, cols = 70, 160                                      # rows: a full workgroup and a partial one
+    raw, scale = weights(fmt, rows, cols, rng)
+    x = activations(rng, 9, cols)
+    outputs = []
+    for n in range(1, 10):
+        y, *_ = gpu_run(blocks_page, fmt, path, x[:n], raw, rows, scale)
+        assert_bitwise(y, twin.qmatmul(fmt, raw, x[:n], rows, cols, scale), f"{fmt} {path} n={n}")
+        outputs.append(y)
+    for y in outputs:
+        assert np.array_equal(bits(y), bits(outputs[-1][:len(y)])), f"{fmt} {path}: n={len(y)} differs from n=9"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows,cols,n", [(1, 32, 1), (3, 96, 9), (12, 1536, 5), (37, 544, 7)])
+def test_shapes_equal_the_twin_bitwise(blocks_page, fmt, path, rows, cols, n):
+    rng = np.random.default_rng(rows * cols + n)
+    raw, scale = weights(fmt, rows, cols, rng)
+    x = activations(rng, n, cols)
+    y, *_ = gpu_run(blocks_page, fmt, path, x, raw, rows, scale)
+    assert_bitwise(y, twin.qmatmul(fmt, raw, x, rows, cols, scale), f"{fmt} {path} ({rows}, {cols}) n={n}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_piece_accumulates_into_its_columns(blocks_page, fmt):
+    """A piece of rows (row0, stride) adds its outputs into the residual stream with one f32
+    addition each, and leaves every other element's bits alone."""
+    rng = np.random.default_rng(40 + FORMATS.index(fmt))
+    rows, cols, n, stride, row0 = 37, 96, 6, 100, 50
+    raw, scale = weights(fmt, rows, cols, rng)
+    x = activations(rng, n, cols)
+    resid = rng.standard_normal((n, stride)).astype(F32)
+    y, *_ = gpu_run(blocks_page, fmt, "dot4", x, raw, rows, scale, y0=resid, stride=stride, row0=row0, accumulate=True)
+    mine = slice(row0, row0 + rows)
+    assert_bitwise(y[:, mine], resid[:, mine] + twin.qmatmul(fmt, raw, x, rows, cols, scale), f"{fmt} accumulate")
+    others = np.ones(stride, bool)
+    others[mine] = False
+    assert np.array_equal(bits(y[:, others]), bits(resid[:, others]))
+
+
+def scale_edge_blocks(fmt, rows, cols, rng):
+    """Random blocks whose f16 scales (and Q4_1 mins) include subnormals, +0, -0 and the largest f16."""
+    raw = bytearray(twin.random_blocks(fmt, rows, cols, rng))
+    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[fmt]
+    edges = [0x0001, 0x03ff, 0x8001, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400]   # subnormals, zeros, max, min normal
+    for i, h in enumerate(edges * ((len(raw) // size) // len(edges))):
+        at = i * size + (2 * (i % 2) if fmt == "Q4_1" else 0)                  # Q4_1: alternate d and m
+        raw[at:at + 2] = int(h).to_bytes(2, "little")
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
+def test_f16_scale_edges_widen_exactly(blocks_page, fmt, path):
+    rng = np.random.default_rng(7)
+    rows, cols, n = 16, 256, 3
+    raw = scale_edge_blocks(fmt, rows, cols, rng)
+    x = activations(rng, n, cols)
+    y, *_ = gpu_run(blocks_page, fmt, path, x, raw, rows)
+    assert_bitwise(y, twin.qmatmul(fmt, raw, x, rows, cols), f"{fmt} {path} f16 edges")
+
+
+def test_a_fused_multiply_add_would_be_caught(blocks_page):
+    """The bitwise comparison is sensitive to fusion: the twin's sum with each block term added by
+    an FMA (acc + dwdx * isum rounded once) differs from the GPU's bits on these shapes."""
+    rng = np.random.default_rng(3)
+    rows, cols, n = 64, 512, 4
+    raw, _ = weights("Q8_0", rows, cols, rng)
+    x = activations(rng, n, cols)
+    y, *_ = gpu_run(blocks_page, "Q8_0", "dot4", x, raw, rows)
+    q, dw, _, _ = twin.decode_blocks("Q8_0", raw, rows, cols)
+    qx, dx, _ = twin.quantize_activations(x)
+    acc = None
+    for b in range(cols // 32):
+        isum = twin.block_sums(q, None, qx, b).astype(F32)
+        p = dw[None, :, b] * dx[:, b, None]
+        acc = p * isum if acc is None else (acc.astype(np.float64) + p.astype(np.float64) * isum).astype(F32)
+    assert_bitwise(y, twin.qmatmul("Q8_0", raw, x, rows, cols), "Q8_0")
+    assert (bits(acc) != bits(y)).sum() > rows * n // 10, "the fused variant gave the same bits: the test is blind to fusion"

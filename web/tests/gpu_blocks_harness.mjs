@@ -1,0 +1,73 @@
+// Test harness for tests/test_gpu_blocks.py: quantize_act + one q8act matmul on given bytes (base64 I/O).
+import { bindGroups, metaBuffer, packMeta, readBuffer, requestDevice, storageBuffer } from "../gpu/device.mjs";
+import { compileQmatmulPipelines, hasDot4, QOPS } from "../gpu/qmatmul.mjs";
+
+const fromB64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+function toB64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+let device = null;
+const paths = {};          // "dot4" | "unpack" -> compiled pipelines
+
+async function pipelinesFor(dot4) {
+  device ??= await requestDevice();
+  const key = dot4 ? "dot4" : "unpack";
+  paths[key] ??= await compileQmatmulPipelines(device, { dot4 });
+  return paths[key].pipelines;
+}
+
+/** What the page offers: the WGSL language features and whether dot4 is the default path. */
+async function features() {
+  return { wgsl: [...navigator.gpu.wgslLanguageFeatures], dot4: hasDot4() };
+}
+
+/** One submission: quantize_act of x (n, cols) f32, then the format's matmul into y (n, stride)
+ *  at column row0 (y starts as `y0` when given, else zeros; `accumulate` adds). `weight` = the
+ *  raw bytes (ROWQ8: int8 rows), `scale` = ROWQ8's row scales; buffers sized for `maxBlock`
+ *  positions as the champion's are. Returns base64 y (n, stride), qx (n, cols) int8, xb (n, cols/32, 2). */
+async function run({ format, dot4, n, rows, cols, weight, scale = null, x, y0 = null, stride = rows, row0 = 0,
+                     accumulate = false, maxBlock = n }) {
+  const p = await pipelinesFor(dot4);
+  device.pushErrorScope("validation");
+  const w = fromB64(weight);
+  const wBuf = storageBuffer(device, w.byteLength + 4, w);
+  const sBuf = scale === null ? null : storageBuffer(device, fromB64(scale).byteLength, fromB64(scale));
+  const xBuf = storageBuffer(device, maxBlock * cols * 4, fromB64(x));
+  const qxBuf = storageBuffer(device, maxBlock * cols);
+  const xbBuf = storageBuffer(device, maxBlock * (cols / 32) * 8);
+  const yBuf = storageBuffer(device, maxBlock * stride * 4, y0 === null ? null : fromB64(y0));
+  const metas = metaBuffer(device, 2);
+  const words = packMeta(QOPS.quantize_act({ n, cols }).meta, new ArrayBuffer(512), 0);
+  packMeta(QOPS.qmatmul({ n, rows, cols, accumulate, stride, row0 }).meta, words, 1);
+  device.queue.writeBuffer(metas, 0, words);
+  const qa = bindGroups(device, p.quantize_act, [xBuf, qxBuf, xbBuf], metas, 0);
+  const mm = bindGroups(device, p[format], [wBuf, ...(sBuf ? [sBuf] : []), qxBuf, xbBuf, yBuf], metas, 1);
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(p.quantize_act);
+  pass.setBindGroup(0, qa[0]);
+  pass.setBindGroup(1, qa[1]);
+  pass.dispatchWorkgroups(...QOPS.quantize_act({ n, cols }).grid);
+  pass.setPipeline(p[format]);
+  pass.setBindGroup(0, mm[0]);
+  pass.setBindGroup(1, mm[1]);
+  pass.dispatchWorkgroups(...QOPS.qmatmul({ n, rows, cols }).grid);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const out = {
+    y: toB64(await readBuffer(device, yBuf, n * stride * 4)),
+    qx: toB64(await readBuffer(device, qxBuf, n * cols)),
+    xb: toB64(await readBuffer(device, xbBuf, n * (cols / 32) * 8)),
+  };
+  const err = await device.popErrorScope();
+  [wBuf, sBuf, xBuf, qxBuf, xbBuf, yBuf, metas].forEach((b) => b?.destroy());
+  if (err) throw new Error(`WebGPU validation: ${err.message}`);
+  return out;
+}
+
+window.harness = { features, run };
+window.harnessReady = true;
