@@ -69,6 +69,7 @@ SLOW_TESTS = {
     "test_tokenizer_families.py::test_regex_translation_covers_every_code_point_like_oniguruma",
     # Node runs of the shipped or mid-size models, thousands of decide rounds
     "test_wasm_real_models.py",
+    "test_wasm_build_outputs.py::test_build_writes_only_the_cpu_module",   # four clang builds
     "test_wasm_champion.py::test_decide_matches_decide_round",
     "test_wasm_champion.py::test_threads_bitwise_equal_one_thread",
     "test_wasm_champion.py::test_decide_on_forward_rows[shipped]",

@@ -1,4 +1,5 @@
-"""The CPU module has one name: wasm/build.sh writes cpu.wasm and cpu_mt.wasm and nothing else, and no
+"""The CPU module has one name: wasm/build.sh writes cpu.wasm and cpu_mt.wasm (and their relaxed-SIMD twins
+cpu_relaxed.wasm, cpu_mt_relaxed.wasm) and nothing else, and no
 code in the repository loads a module by the names of the old separate builds (docs/champion_wasm.md)."""
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ CODE = (".py", ".mjs", ".js", ".sh", ".json", ".html")
 
 def test_build_writes_only_the_cpu_module(tmp_path):
     subprocess.run(["bash", str(REPO_ROOT / "wasm" / "build.sh"), str(tmp_path)], check=True, capture_output=True, timeout=300)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.wasm", "cpu_mt.wasm"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.wasm", "cpu_mt.wasm", "cpu_mt_relaxed.wasm",
+                                                           "cpu_relaxed.wasm"]
+    # i32x4.relaxed_dot_i8x16_i7x16_add_s is opcode 0xfd 0x113 (LEB128: fd 93 02): only in the relaxed builds
+    relaxed_dot = b"\xfd\x93\x02"
+    for name in ("cpu", "cpu_mt"):
+        assert relaxed_dot not in (tmp_path / f"{name}.wasm").read_bytes()
+        assert relaxed_dot in (tmp_path / f"{name}_relaxed.wasm").read_bytes()
 
 
 def old_module_paths(paths: list[Path]) -> list[str]:

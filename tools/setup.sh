@@ -4,7 +4,7 @@
 #   bash tools/setup.sh
 #
 # Installs (only what is missing):
-#   - Debian packages: chromium (browser tests), clang + lld (wasm32 SIMD draft kernels),
+#   - Debian packages: chromium (browser tests), clang-19 + lld-19 (the wasm32 SIMD / relaxed-SIMD CPU module),
 #     nodejs + npm (only if `node`/`npm` are missing), python3-venv (only if venv can't work)
 #   - .venv/ with `pip install -e .[test]` (torch 2.13.0 CPU comes from the local wheel dir)
 #   - node_modules/ from package-lock.json (`npm ci`): pyodide 314.0.7
@@ -84,7 +84,7 @@ pkg_installed() {
 
 step "system packages"
 missing=()
-for p in chromium clang lld fonts-liberation; do
+for p in chromium clang-19 lld-19 fonts-liberation; do
     pkg_installed "$p" || missing+=("$p")
 done
 if ! command -v node >/dev/null 2>&1; then missing+=(nodejs); fi
@@ -94,7 +94,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 fi
 step "check system tools"
-for tool in /usr/bin/chromium clang wasm-ld node npm; do
+for tool in /usr/bin/chromium clang-19 /usr/lib/llvm-19/bin/wasm-ld node npm; do
     command -v "$tool" >/dev/null 2>&1 || { log "missing after install: $tool"; false; }
 done
 

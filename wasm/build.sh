@@ -5,12 +5,16 @@
 #   wasm/common.c + champion.c + draft.c + cpu.c -> cpu.wasm     (one thread)
 #                                                -> cpu_mt.wasm  (the champion's thread pool:
 #                                                   atomics, an imported shared memory)
+#                                                -> cpu_relaxed.wasm, cpu_mt_relaxed.wasm  (the same
+#                                                   with relaxed SIMD: the Q4 formats' dot products,
+#                                                   the same bits; loaded where the browser has it)
 #   bash wasm/build.sh [OUT_DIR]
+# clang 19 (Debian 12's clang-19: relaxed-SIMD intrinsics; tools/setup.sh installs it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-$ROOT/web/build}"
 mkdir -p "$OUT_DIR"
-CLANG="${CLANG:-clang}"
+CLANG="${CLANG:-clang-19}"
 SOURCES=("$ROOT/wasm/common.c" "$ROOT/wasm/champion.c" "$ROOT/wasm/draft.c" "$ROOT/wasm/cpu.c" "$ROOT/wasm/qmatmul.c")
 # -ffp-contract=off: no fused multiply-add, so the portable log matches NumPy bit for bit.
 # -ffreestanding: no libc (and no implicit memset/memcpy calls).
@@ -24,7 +28,11 @@ build() {   # build OUT_NAME [extra flags...]
     mv "$out.tmp" "$out"
     echo "built $out ($(wc -c < "$out") bytes)"
 }
-build cpu
 # helpers are instances of the same module over one shared memory; each sets its own stack
-build cpu_mt -DCHAMPION_THREADS -matomics -mbulk-memory -mmutable-globals \
-    -Wl,--import-memory -Wl,--shared-memory -Wl,--max-memory=4294967296 -Wl,--export=__stack_pointer
+THREADS=(-DCHAMPION_THREADS -matomics -mbulk-memory -mmutable-globals
+    -Wl,--import-memory -Wl,--shared-memory -Wl,--max-memory=4294967296 -Wl,--export=__stack_pointer)
+RELAXED=(-mrelaxed-simd -DQMATMUL_RELAXED=1)
+build cpu
+build cpu_mt "${THREADS[@]}"
+build cpu_relaxed "${RELAXED[@]}"
+build cpu_mt_relaxed "${THREADS[@]}" "${RELAXED[@]}"

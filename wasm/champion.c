@@ -169,6 +169,7 @@ static int build_run_state(void) {
     uint32_t k_max = D > F ? D : F;
     if (q_dim > k_max) k_max = q_dim;
     st.qact.q = (int16_t *)arena_alloc(B * k_max * 2u);
+    st.qact.q8 = (int8_t *)arena_alloc(B * k_max);
     st.qact.d = alloc_floats(B * (k_max / 32u + 1u));
     st.qact.s = (int32_t *)arena_alloc(B * (k_max / 32u + 1u) * 4u);
     st.key_cache = alloc_floats(cache_n);
@@ -179,7 +180,7 @@ static int build_run_state(void) {
     st.n_cached = 0;
     st.n_rows = 0;
     if (!st.x || !st.xb || !st.qkv || !st.att || !st.gate_up || !st.act || !st.scores || !st.logits ||
-        !st.qact.q || !st.qact.d || !st.qact.s ||
+        !st.qact.q || !st.qact.q8 || !st.qact.d || !st.qact.s ||
         !st.key_cache || !st.value_cache || !st.rope_cos || !st.rope_sin || !st.residual)
         return ERR_OUT_OF_MEMORY;
     build_rope_tables(st.rope_cos, st.rope_sin, cfg.max_context, cfg.head_dim, cfg.rope_theta);
@@ -894,9 +895,10 @@ int champion_qmatmul(int fmt, const uint8_t *w, const float *scale, const float 
     uint32_t need = (uint32_t)n * (uint32_t)cols;
     if (need > test_act_capacity) {
         test_act.q = (int16_t *)arena_alloc(need * 2u);
+        test_act.q8 = (int8_t *)arena_alloc(need);
         test_act.d = (float *)arena_alloc((need / 32u + 1u) * 4u);
         test_act.s = (int32_t *)arena_alloc((need / 32u + 1u) * 4u);
-        if (!test_act.q || !test_act.d || !test_act.s) { test_act_capacity = 0; return ERR_OUT_OF_MEMORY; }
+        if (!test_act.q || !test_act.q8 || !test_act.d || !test_act.s) { test_act_capacity = 0; return ERR_OUT_OF_MEMORY; }
         test_act_capacity = need;
     }
     QLin L = { w, scale, fmt, rows, cols };

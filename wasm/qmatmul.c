@@ -78,7 +78,11 @@ void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
                 v128_t q0 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i), vinv)));
                 v128_t q1 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i + 4), vinv)));
                 sum = wasm_i32x4_add(sum, wasm_i32x4_add(q0, q1));
-                wasm_v128_store(qt + 32 * b + i, wasm_i16x8_narrow_i32x4(q0, q1));
+                v128_t q16 = wasm_i16x8_narrow_i32x4(q0, q1);
+                wasm_v128_store(qt + 32 * b + i, q16);
+#if QMATMUL_RELAXED
+                wasm_v128_store64_lane(a->q8 + (uint32_t)t * (uint32_t)K + 32 * b + i, wasm_i8x16_narrow_i16x8(q16, q16), 0);
+#endif
             }
             sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 2, 3, 0, 1));
             sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 1, 0, 3, 2));
@@ -93,7 +97,18 @@ void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
  * 24-31) with its float scale dw and min mw (0 when the format has none).
  * ========================================================================================== */
 
-typedef struct { v128_t w[4]; float dw, mw; } Dec;
+typedef struct {
+    v128_t w[4];
+    v128_t b8[2];                /* relaxed build, Q4 formats: the nibbles of elements 0-15, 16-31 (u8) */
+    uint16_t hd, hm;             /* the f16 bits of the block's scale d and min m (Q4_K: d, dmin) */
+    int isc, im;                 /* Q4_K: the sub-block's 6-bit scale and min; else 1, 0 */
+} Dec;
+
+/* 4 IEEE halves (the low 16 bits of each lane) -> float32, exact as f16_f32 */
+static inline v128_t f16x4_f32(v128_t h) {
+    v128_t mag = wasm_f32x4_mul(wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x7fff)), 13), wasm_f32x4_splat(0x1p112f));
+    return wasm_v128_or(mag, wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x8000)), 16));
+}
 
 static inline void widen_s8(const v128_t lo16, const v128_t hi16, Dec *o) {   /* 2 x 16 int8 */
     o->w[0] = wasm_i16x8_extend_low_i8x16(lo16);
@@ -110,32 +125,36 @@ static inline void q4k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
 
 static inline __attribute__((always_inline)) void decode(int fmt, const uint8_t *row, int b, Dec *o) {
     const v128_t low4 = wasm_i8x16_splat(0x0F);
-    o->mw = 0.0f;
+    o->hd = 0x3c00;              /* 1.0 */
+    o->hm = 0;
+    o->isc = 1;
+    o->im = 0;
     switch (fmt) {
         case QF_ROWQ8: {
             const uint8_t *p = row + 32 * b;
             widen_s8(wasm_v128_load(p), wasm_v128_load(p + 16), o);
-            o->dw = 1.0f;
             break;
         }
         case QF_Q8_0: {
             const uint8_t *p = row + 34 * b;
-            o->dw = f16_f32(load_u16(p));
+            o->hd = load_u16(p);
             widen_s8(wasm_v128_load(p + 2), wasm_v128_load(p + 18), o);
             break;
         }
         case QF_Q4_0: {
             const uint8_t *p = row + 18 * b;
             v128_t v = wasm_v128_load(p + 2), eight = wasm_i8x16_splat(8);
-            o->dw = f16_f32(load_u16(p));
+            o->hd = load_u16(p);
+            if (QMATMUL_RELAXED) { o->b8[0] = wasm_v128_and(v, low4); o->b8[1] = wasm_u8x16_shr(v, 4); break; }
             widen_s8(wasm_i8x16_sub(wasm_v128_and(v, low4), eight), wasm_i8x16_sub(wasm_u8x16_shr(v, 4), eight), o);
             break;
         }
         case QF_Q4_1: {
             const uint8_t *p = row + 20 * b;
             v128_t v = wasm_v128_load(p + 4);
-            o->dw = f16_f32(load_u16(p));
-            o->mw = f16_f32(load_u16(p + 2));
+            o->hd = load_u16(p);
+            o->hm = load_u16(p + 2);
+            if (QMATMUL_RELAXED) { o->b8[0] = wasm_v128_and(v, low4); o->b8[1] = wasm_u8x16_shr(v, 4); break; }
             widen_s8(wasm_v128_and(v, low4), wasm_u8x16_shr(v, 4), o);   /* 0..15: signed = unsigned */
             break;
         }
@@ -143,12 +162,16 @@ static inline __attribute__((always_inline)) void decode(int fmt, const uint8_t 
             const uint8_t *p = row + 144 * (b >> 3);
             int j = b & 7, sc, m;
             q4k_scale_min(p + 4, j, &sc, &m);
-            o->dw = f16_f32(load_u16(p)) * (float)sc;                 /* exact: 11 x 6 bits */
-            o->mw = -(f16_f32(load_u16(p + 2)) * (float)m);
+            o->hd = load_u16(p);
+            o->hm = load_u16(p + 2);
+            o->isc = sc;
+            o->im = m;
             const uint8_t *qs = p + 16 + 32 * (j >> 1);
             v128_t v0 = wasm_v128_load(qs), v1 = wasm_v128_load(qs + 16);
-            if (j & 1) widen_s8(wasm_u8x16_shr(v0, 4), wasm_u8x16_shr(v1, 4), o);
-            else widen_s8(wasm_v128_and(v0, low4), wasm_v128_and(v1, low4), o);
+            if (j & 1) { v0 = wasm_u8x16_shr(v0, 4); v1 = wasm_u8x16_shr(v1, 4); }
+            else { v0 = wasm_v128_and(v0, low4); v1 = wasm_v128_and(v1, low4); }
+            if (QMATMUL_RELAXED) { o->b8[0] = v0; o->b8[1] = v1; break; }
+            widen_s8(v0, v1, o);
             break;
         }
         case QF_Q6_K: {
@@ -156,7 +179,7 @@ static inline __attribute__((always_inline)) void decode(int fmt, const uint8_t 
             int g8 = b & 7, h = g8 >> 2, g = g8 & 3;
             const uint8_t *ql = p + 64 * h + 32 * (g & 1), *qh = p + 128 + 32 * h;
             const int8_t *sc = (const int8_t *)(p + 192) + 8 * h + 2 * g;
-            o->dw = f16_f32(load_u16(p + 208));
+            o->hd = load_u16(p + 208);
             v128_t l0 = wasm_v128_load(ql), l1 = wasm_v128_load(ql + 16);
             if (g >> 1) { l0 = wasm_u8x16_shr(l0, 4); l1 = wasm_u8x16_shr(l1, 4); }
             else { l0 = wasm_v128_and(l0, low4); l1 = wasm_v128_and(l1, low4); }
@@ -189,6 +212,19 @@ static inline v128_t dot32(const Dec *d, const v128_t *x) {
     return wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(d->w[3], wasm_v128_load(x + 3)));
 }
 
+/* the relaxed build's Q4 formats: nibbles (0..15, the 7-bit operand) times int8 activations */
+#define RELAXED_Q4(fmt) (QMATMUL_RELAXED && ((fmt) == QF_Q4_0 || (fmt) == QF_Q4_1 || (fmt) == QF_Q4_K))
+
+static inline v128_t dot32_relaxed(const Dec *d, const int8_t *x8) {
+#if QMATMUL_RELAXED
+    v128_t s = wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8), d->b8[0], wasm_i32x4_splat(0));
+    return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8 + 16), d->b8[1], s);
+#else
+    (void)d; (void)x8;
+    return wasm_i32x4_splat(0);
+#endif
+}
+
 enum { QMAX_COLUMNS = 64 };      /* the largest block (champion maxBlock) */
 
 /* rows r..r+3 (rows beyond r_end - 1 repeat the last row; only lanes < r_end - r are stored) */
@@ -207,12 +243,26 @@ static inline __attribute__((always_inline)) void group4(const QLin *L, const QA
         decode(fmt, row[1], b, &d1);
         decode(fmt, row[2], b, &d2);
         decode(fmt, row[3], b, &d3);
-        v128_t dw = wasm_f32x4_make(d0.dw, d1.dw, d2.dw, d3.dw);
-        v128_t mw = wasm_f32x4_make(d0.mw, d1.mw, d2.mw, d3.mw);
+        v128_t dw, mw = wasm_f32x4_splat(0.0f);
+        if (fmt == QF_ROWQ8) dw = wasm_f32x4_splat(1.0f);
+        else dw = f16x4_f32(wasm_i32x4_make(d0.hd, d1.hd, d2.hd, d3.hd));
+        if (fmt == QF_Q4_1) mw = f16x4_f32(wasm_i32x4_make(d0.hm, d1.hm, d2.hm, d3.hm));
+        if (fmt == QF_Q4_K) {    /* dw = d * sc, mw = -(dmin * m): exact products */
+            dw = wasm_f32x4_mul(dw, wasm_f32x4_convert_i32x4(wasm_i32x4_make(d0.isc, d1.isc, d2.isc, d3.isc)));
+            mw = wasm_f32x4_neg(wasm_f32x4_mul(f16x4_f32(wasm_i32x4_make(d0.hm, d1.hm, d2.hm, d3.hm)),
+                                               wasm_f32x4_convert_i32x4(wasm_i32x4_make(d0.im, d1.im, d2.im, d3.im))));
+        }
         for (int t = 0; t < n; t++) {
             const v128_t *x = (const v128_t *)(a->q + (uint32_t)t * (uint32_t)a->K + 32u * (uint32_t)b);
-            v128_t isum = hsum4_i32(dot32(&d0, x), dot32(&d1, x), dot32(&d2, x), dot32(&d3, x));
             uint32_t ib = (uint32_t)t * (uint32_t)nb + (uint32_t)b;
+            v128_t isum;
+            if (RELAXED_Q4(fmt)) {
+                const int8_t *x8 = a->q8 + (uint32_t)t * (uint32_t)a->K + 32u * (uint32_t)b;
+                isum = hsum4_i32(dot32_relaxed(&d0, x8), dot32_relaxed(&d1, x8), dot32_relaxed(&d2, x8), dot32_relaxed(&d3, x8));
+                if (fmt == QF_Q4_0) isum = wasm_i32x4_sub(isum, wasm_i32x4_splat(8 * a->s[ib]));   /* q - 8 */
+            } else {
+                isum = hsum4_i32(dot32(&d0, x), dot32(&d1, x), dot32(&d2, x), dot32(&d3, x));
+            }
             v128_t dx = wasm_f32x4_splat(a->d[ib]);
             v128_t c = wasm_f32x4_mul(wasm_f32x4_mul(dw, dx), wasm_f32x4_convert_i32x4(isum));
             if (has_min)
@@ -280,11 +330,17 @@ void qlin_dequant_row(const QLin *L, int r, float *out) {
     for (int b = 0; b < L->cols / 32; b++) {
         Dec d;
         decode(L->fmt, row, b, &d);
+        if (RELAXED_Q4(L->fmt)) {    /* nibbles -> int16 lanes as the SIMD128 decode has them */
+            v128_t lo = d.b8[0], hi = d.b8[1];
+            if (L->fmt == QF_Q4_0) { lo = wasm_i8x16_sub(lo, wasm_i8x16_splat(8)); hi = wasm_i8x16_sub(hi, wasm_i8x16_splat(8)); }
+            widen_s8(lo, hi, &d);
+        }
         int16_t w[32];
         for (int k = 0; k < 4; k++) wasm_v128_store(w + 8 * k, d.w[k]);
+        float dw = f16_f32(d.hd) * (float)d.isc, mw = L->fmt == QF_Q4_K ? -(f16_f32(d.hm) * (float)d.im) : f16_f32(d.hm);
         for (int i = 0; i < 32; i++) {
-            float v = d.dw * (float)w[i];
-            out[32 * b + i] = has_min ? v + d.mw : v;
+            float v = dw * (float)w[i];
+            out[32 * b + i] = has_min ? v + mw : v;
         }
     }
 }

@@ -9,6 +9,13 @@
 #include <stdint.h>
 #include <wasm_simd128.h>
 
+/* QMATMUL_RELAXED (cpu_relaxed.wasm, cpu_mt_relaxed.wasm): the Q4 formats' dot products with
+ * i32x4.relaxed_dot_i8x16_i7x16_add_s (the nibbles 0..15 are the 7-bit operand, so the result is
+ * deterministic and exact: the same int32 sums, the same bits, as the SIMD128 build) */
+#ifndef QMATMUL_RELAXED
+#define QMATMUL_RELAXED 0
+#endif
+
 /* weight formats: GGUF type ids for GGUF blocks; F32 / I8F are the float function
  * (docs/champion_wasm.md "q8 arithmetic"), everything else q8act */
 enum { QF_F32 = 0, QF_Q4_0 = 2, QF_Q4_1 = 3, QF_Q8_0 = 8, QF_Q4_K = 12, QF_Q6_K = 14,
@@ -29,6 +36,7 @@ typedef struct {
 /* quantised activations of n rows of K (K % 32 == 0) */
 typedef struct {
     int16_t *q;                  /* (n, K) the int8 values, held as int16 */
+    int8_t *q8;                  /* (n, K) the same as int8 (the relaxed-SIMD build's Q4 dot products) */
     float *d;                    /* (n, K/32) the block scales: 2^e, 0 (zero block) or NaN */
     int32_t *s;                  /* (n, K/32) the sums of q per block */
     int n, K;
