@@ -393,3 +393,223 @@ def test_q8_missing_scale_refused(tmp_path):
     save_numpy(arrays, str(tmp_path / "model.q8.safetensors"))
     (tmp_path / "config.json").write_bytes((directory / "config.json").read_bytes())
     _expect(E_MODEL_LOAD, lambda: LlamaReference.from_dir(tmp_path, weights="q8"), dropped)
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul="q8act": the quantised linears on their blocks (docs/quant_kernels.md)
+# ---------------------------------------------------------------------------------------------
+
+from exactspec.reference import block_linear                                     # noqa: E402
+from exactspec.reference.reference_llama import apply_rope, rms_norm, silu, softmax_rows  # noqa: E402
+from exactspec.twins import qmatmul_twins as twin                                # noqa: E402
+
+Q8ACT_GGUF_TYPES = {"token_embd.weight": "Q8_0", "output.weight": "Q6_K", "attn_q.weight": "Q4_K",
+                    "attn_k.weight": "Q4_1", "attn_v.weight": "Q4_0", "attn_output.weight": "F16",
+                    "ffn_gate.weight": "Q8_0", "ffn_up.weight": "Q4_1", "ffn_down.weight": "Q6_K"}
+
+
+def q8act_model(directory: Path, layers: int = 2, seed: int = 8) -> Path:
+    """A q8 artifact written directly: every linear and the tied embedding int8 + row scale,
+    V = 301 (not a multiple of 4), GQA 4/2, head_dim 16, non-unit norms, default RoPE."""
+    from safetensors.numpy import save_file as save_numpy
+    V, D, F, H, KV, hd = 301, 64, 96, 4, 2, 16
+    rs = np.random.default_rng(seed)
+    t = {"model.norm.weight": 1 + 0.3 * rs.normal(size=D)}
+    t["model.embed_tokens.weight.q8"], t["model.embed_tokens.weight.scale"] = \
+        synthetic_models.quantize_rows(rs.normal(0, 0.6, (V, D)))
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        t[p + "input_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.3 * rs.normal(size=D)
+        for name, shape in synthetic_models._linear_shapes(D, F, H, KV, hd):
+            t[p + name + ".weight.q8"], t[p + name + ".weight.scale"] = \
+                synthetic_models.quantize_rows(rs.normal(0, 0.25, shape))
+    config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
+              "num_hidden_layers": layers, "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": hd,
+              "max_position_embeddings": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": True, "hidden_act": "silu"}
+    directory.mkdir(parents=True, exist_ok=True)
+    save_numpy({k: np.ascontiguousarray(v, dtype=np.int8 if v.dtype == np.int8 else np.float32) for k, v in t.items()},
+               str(directory / "model.q8.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def composed_q8act_forward(directory: Path, ids) -> np.ndarray:
+    """The q8act-v1 forward of q8act_model's folder composed by hand from twin calls: the gather
+    through twin.dequantize_rows, every linear and the tied head through twin.qmatmul on the
+    int8 rows as stored, everything else float64 (the reference's functions)."""
+    from exactspec.formats.safetensors import load_safetensors
+    raw = load_safetensors(str(directory / "model.q8.safetensors"))
+    c = json.loads((directory / "config.json").read_text())
+    H, KV, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+
+    def f64(name):
+        return np.frombuffer(raw[name].data, dtype="<f4").astype(np.float64)
+
+    def lin(name, x):
+        rows, cols = raw[name + ".q8"].shape
+        return twin.qmatmul("ROWQ8", raw[name + ".q8"].data, x.astype(np.float32), rows, cols,
+                            row_scale=np.frombuffer(raw[name + ".scale"].data, "<f4")).astype(np.float64)
+
+    ids = np.asarray(ids)
+    n = ids.size
+    embed_q8 = np.frombuffer(raw["model.embed_tokens.weight.q8"].data, np.int8).reshape(c["vocab_size"], -1)
+    embed_scale = np.frombuffer(raw["model.embed_tokens.weight.scale"].data, "<f4")
+    x = twin.dequantize_rows("ROWQ8", embed_q8[ids].tobytes(), n, c["hidden_size"], embed_scale[ids]).astype(np.float64)
+    inv_freq = 1.0 / (c["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate((angles, angles), axis=-1)[:, None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    mask = np.where(np.arange(n)[None, :] <= np.arange(n)[:, None], 0.0, -np.inf)
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        h = rms_norm(x, f64(p + "input_layernorm.weight"), eps)
+        q = apply_rope(lin(p + "self_attn.q_proj.weight", h).reshape(n, H, hd), cos, sin)
+        k = apply_rope(lin(p + "self_attn.k_proj.weight", h).reshape(n, KV, hd), cos, sin)
+        v = lin(p + "self_attn.v_proj.weight", h).reshape(n, KV, hd)
+        qg = q.reshape(n, KV, H // KV, hd).transpose(1, 2, 0, 3)
+        keys, values = k.transpose(1, 0, 2)[:, None], v.transpose(1, 0, 2)[:, None]
+        scores = (qg @ keys.transpose(0, 1, 3, 2)) * hd ** -0.5 + mask
+        attn = (softmax_rows(scores) @ values).transpose(2, 0, 1, 3).reshape(n, H * hd)
+        x = x + lin(p + "self_attn.o_proj.weight", attn)
+        h = rms_norm(x, f64(p + "post_attention_layernorm.weight"), eps)
+        x = x + lin(p + "mlp.down_proj.weight",
+                    silu(lin(p + "mlp.gate_proj.weight", h)) * lin(p + "mlp.up_proj.weight", h))
+    return lin("model.embed_tokens.weight", rms_norm(x, f64("model.norm.weight"), eps))
+
+
+def test_q8act_reference_is_the_composition_of_twin_calls(tmp_path):
+    """from_dir(weights="q8", matmul="q8act") computes every linear, the gather and the tied head
+    with the twin on the stored int8 rows: the logits are the hand composition's (float64
+    elsewhere, same functions), and visibly not the float function's."""
+    directory = q8act_model(tmp_path / "m")
+    ids = np.random.default_rng(1).integers(0, 301, 23)
+    ref = LlamaReference.from_dir(directory, weights="q8", matmul="q8act")
+    assert (ref.matmul, ref.matmul_function) == ("q8act", "q8act-v1")
+    got, want = ref.forward(ids, 0), composed_q8act_forward(directory, ids)
+    assert np.array_equal(got, want), np.abs(got - want).max()
+    assert np.array_equal(got.astype(np.float32).astype(np.float64), got)        # the head's float32 outputs
+    f32 = LlamaReference.from_dir(directory, weights="q8").forward(ids, 0)
+    assert np.abs(f32 - got).max() > 1e-4                                       # another function
+    # incremental decode with a rollback: each position's logits as in one block
+    ref.reset()
+    rows = [ref.forward(ids[:9], 0), ref.forward(ids[9:10], 9), ref.forward(ids[5:23], 5)]
+    assert np.allclose(np.concatenate([rows[0][:5], rows[2]]), want, rtol=0, atol=1e-9)
+
+
+def element_magnitudes(lin) -> tuple:
+    """(exact float64 weights, |d q| + |m| per element) of a BlockLinear from its decoded blocks."""
+    q, dw, mw, sub = twin.decode_blocks(lin.fmt, lin.raw, lin.rows, lin.cols)
+    scale = np.repeat(dw.astype(np.float64), 32, axis=1)
+    if sub is not None:                                                           # Q6_K sub-scales
+        scale = scale * np.repeat(sub, 16, axis=1)
+    dq = scale * q
+    m = np.zeros_like(dq) if mw is None else np.repeat(mw.astype(np.float64), 32, axis=1)
+    rs = np.ones(lin.rows) if lin.row_scale is None else lin.row_scale.astype(np.float64)
+    return (dq + m) * rs[:, None], (np.abs(dq) + np.abs(m)) * np.abs(rs)[:, None]
+
+
+def q8act_bound(lin, x32) -> np.ndarray:
+    """|q8act(x) - W x| <= sum_j |w_j| |x_j - dx qx_j| (the activations' rounding, half a step at
+    >= 64 levels) + (blocks + 4) u sum_j (|d q_j| + |m_j|) |dx qx_j| (float32 rounding: one per
+    block term and its min term, one per accumulation, one for the row scale; u = 2^-24)."""
+    w, mag = element_magnitudes(lin)
+    qx, dx, _ = twin.quantize_activations(x32)
+    xq = qx.astype(np.float64) * np.repeat(dx.astype(np.float64), 32, axis=1)
+    x = x32.astype(np.float64)
+    return np.abs(x - xq) @ np.abs(w).T + (lin.cols // 32 + 4) * 2.0 ** -24 * (np.abs(xq) @ mag.T) + 1e-300
+
+
+def test_q8act_linears_within_the_quantisation_error_of_the_float_ones(tmp_path):
+    """Every linear call of a q8act forward (the activations the model really makes): the q8act
+    output within the derived bound of the exact float64 product of its weights; the whole
+    model's logits then close to the float function's (same argmax where the margin is clear)."""
+    directory = q8act_model(tmp_path / "m", layers=3, seed=9)
+    ref = LlamaReference.from_dir(directory, weights="q8", matmul="q8act")
+    calls = []
+    original = block_linear.BlockLinear.matmul
+
+    def checked(self, x):
+        out = original(self, x)
+        x32 = np.asarray(x).astype(np.float32)
+        w, _ = element_magnitudes(self)
+        err = np.abs(out - x32.astype(np.float64) @ w.T)
+        bound = q8act_bound(self, x32)
+        assert np.all(err <= bound), (self.fmt, self.rows, self.cols, float((err - bound).max()))
+        calls.append(float((err / bound).max()))
+        return out
+
+    ids = np.random.default_rng(2).integers(0, 301, 30)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(block_linear.BlockLinear, "matmul", checked)
+    try:
+        got = ref.forward(ids, 0)
+    finally:
+        mp.undo()
+    assert len(calls) == 3 * 7 + 1 and max(calls) > 0.05                       # every linear; the bound is not slack
+    assert np.isfinite(got).all()
+
+
+def test_q8act_on_the_shipped_champion_is_close_to_the_float_function():
+    """On the trained champion the activations' int8 rounding moves the logits about as much as
+    the weights' int8 rounding does (measured 0.28 against 0.11, logits to ~17): at most 4x, and
+    the same argmax wherever the float function's top-2 margin exceeds twice the difference."""
+    from tokenizers import Tokenizer
+    directory = SHIPPED / "champion"
+    ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(SHIPPED_PROMPTS[1]).ids
+    got = LlamaReference.from_dir(directory, weights="q8", matmul="q8act").forward(ids, 0)
+    want = LlamaReference.from_dir(directory, weights="q8").forward(ids, 0)
+    weights_error = np.abs(want - LlamaReference.from_dir(directory).forward(ids, 0)).max()
+    diff = np.abs(got - want).max()
+    print(f"[err] q8act vs f32 matmul on the shipped champion: {diff:.3g}; q8 vs f32 weights: {weights_error:.3g}")
+    assert 0 < diff <= 4 * weights_error, (diff, weights_error)
+    top2 = np.sort(want, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * diff
+    assert clear.sum() >= len(ids) // 2 and np.array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_q8act_reads_blocks_in_hf_order(tmp_path, arch):
+    """load_reference(gguf, matmul="q8act"): the block tensors stay in their blocks, their rows in
+    HF order (llama's q/k un-permuted: a row's blocks move whole), the gather and the element
+    formula the float reader's bits; the forward is another function than the float one."""
+    from gguf import GGMLQuantizationType as Q
+    from exactspec.formats.gguf_model import GGUFModel, load_reference
+    path = str(tmp_path / f"{arch}.gguf")
+    synthetic_models.write_tiny_model(path, arch=arch, types={k: Q[v] for k, v in Q8ACT_GGUF_TYPES.items()})
+    with GGUFModel(path) as model:
+        formats = {}
+        for name in model.names:
+            lin = model.read_blocks(name)
+            formats[model.names[name].split(".", 2)[-1] if name.startswith("model.layers.") else model.names[name]] = \
+                None if lin is None else lin.fmt
+            if lin is not None:
+                dense = lin.rows_float32(np.arange(lin.rows))
+                assert np.array_equal(dense.view(np.uint32), model.read_float32(name).view(np.uint32)), name
+                x = np.random.default_rng(0).normal(size=(3, lin.cols)).astype(np.float32)
+                err = np.abs(lin.matmul(x) - x.astype(np.float64) @ model.read_float32(name).astype(np.float64).T)
+                assert np.all(err <= q8act_bound(lin, x) * 1.01 + 1e-6), name   # + the float reader's element rounding
+    want = {k: (v if v != "F16" else None) for k, v in Q8ACT_GGUF_TYPES.items()}
+    assert {k: formats[k] for k in want} == want
+    ref, f32 = load_reference(path, matmul="q8act"), load_reference(path)
+    assert ref.identity == f32.identity and ref.matmul_function == "q8act-v1"
+    ids = np.random.default_rng(3).integers(0, ref.vocab_size, 12)
+    got, want_logits = ref.forward(ids, 0), f32.forward(ids, 0)
+    assert np.array_equal(got.astype(np.float32).astype(np.float64), got)      # untied Q6_K head: float32 outputs
+    assert 0 < np.abs(got - want_logits).max() < 0.05 * np.abs(want_logits).max()
+
+
+def test_q8act_refusals(tmp_path):
+    """A width that is not a multiple of the 32-block, a non-finite f16 scale and an unknown
+    matmul are refused, coded and named."""
+    _expect(E_BAD_ARGUMENT, lambda: LlamaReference.from_dir(q8act_model(tmp_path / "m"), weights="q8",
+                                                            matmul="int4"), "matmul")
+    _expect(E_MODEL_LOAD, lambda: LlamaReference.from_dir(synthetic_models.odd_q8(), weights="q8", matmul="q8act"),
+            "model.layers.0.mlp.down_proj.weight.q8", "176 columns", "multiple")
+    raw = bytearray(twin.random_blocks("Q4_1", 2, 64, np.random.default_rng(0)))
+    raw[20 + 2:20 + 4] = np.array([np.inf], "<f2").tobytes()                    # block 1's min: inf
+    _expect(E_MODEL_LOAD, lambda: block_linear.BlockLinear("Q4_1", bytes(raw), 2, 64, name="blk.0.ffn_up.weight",
+                                                           source="x.gguf"), "blk.0.ffn_up.weight", "non-finite")
+    _expect(E_MODEL_LOAD, lambda: block_linear.BlockLinear("Q4_1", bytes(raw[:-1]), 2, 64, name="t", source="x"),
+            "bytes")

@@ -9,8 +9,12 @@ float32; for llama, q/k rows are put back from llama.cpp's RoPE order (convert_h
 rotate-half order. qwen2 files are stored unpermuted (llama.cpp runs them with NEOX RoPE).
 FLOAT32 metadata (rms_norm_eps, rope_theta) is read back as the shortest decimal that rounds to
 the same float32, the value config.json held (1e-05, not 9.999999747378752e-06).
-`load_reference(path)` is the NumPy reference model (reference_llama.LlamaReference) on the
-file's dequantised weights, its identity the file's sha256. Refusals: `E_MODEL_LOAD: <file>:
+`read_blocks(hf_name)` returns a quantised matrix (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) as its raw blocks
+(reference.block_linear.BlockLinear, q/k rows put back the same way, a row's blocks moving whole),
+or None for a float tensor. `load_reference(path)` is the NumPy reference model
+(reference_llama.LlamaReference) on the file's dequantised weights, its identity the file's sha256;
+`load_reference(path, matmul="q8act")` computes the block tensors with q8act-v1 on their blocks
+(docs/quant_kernels.md) instead. Refusals: `E_MODEL_LOAD: <file>:
 <field>: what is wrong`, the field being the GGUF metadata key or tensor name.
 """
 from __future__ import annotations
@@ -229,6 +233,24 @@ class GGUFModel:
             w = unpermute_rope_rows(w, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
         return w
 
+    def read_blocks(self, name: str):
+        """The matrix `name` (HF name) in its GGUF blocks as a BlockLinear in HF row order, or None
+        when the tensor is stored as floats (F32/F16/BF16) or is not a matrix."""
+        import numpy as np                       # CPython only, as the reference
+        from ..reference.block_linear import BLOCK_FORMATS, BlockLinear
+        gguf_name = self.names[name]
+        t = self.file.tensors[gguf_name]
+        if t.type_name not in BLOCK_FORMATS or len(t.shape) != 2:
+            return None
+        rows, cols = t.shape
+        blocks = BlockLinear(t.type_name, self.file.read_raw(gguf_name, 0, rows), rows, cols,
+                             name=gguf_name, source=self.path)
+        if self.architecture == "llama" and name.endswith((".q_proj.weight", ".k_proj.weight")):
+            c = self.llama_config
+            heads = c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads
+            blocks = blocks.permuted_rows(unpermute_rope_rows(np.arange(rows), heads))
+        return blocks
+
     def close(self) -> None:
         self.file.close()
 
@@ -250,11 +272,13 @@ def _gguf_name(name: str) -> str:
     return f"blk.{layer}.{short}.{suffix}"
 
 
-def load_reference(path):
+def load_reference(path, matmul: str = "f32"):
     """reference_llama.LlamaReference on the file's weights (dequantised to float32, read one
-    tensor at a time), identified by the file's sha256."""
+    tensor at a time), identified by the file's sha256. matmul="q8act": the block tensors stay in
+    their blocks (read_blocks) and are computed with q8act-v1."""
     from .manifest import sha256_file
     from ..reference.reference_llama import LlamaReference
     with GGUFModel(path) as model:
         identity, _ = sha256_file(model.path)
-        return LlamaReference(model.config, model.read_float32, identity, source=model.path)
+        return LlamaReference(model.config, model.read_float32, identity, source=model.path, matmul=matmul,
+                              blocks=model.read_blocks if matmul == "q8act" else None)

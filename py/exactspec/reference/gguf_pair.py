@@ -20,12 +20,13 @@ from .models import LoadedPair
 from ..core.orchestrator import Orchestrator
 
 
-def load_gguf_pair(path) -> LoadedPair:
+def load_gguf_pair(path, matmul: str = "f32") -> LoadedPair:
+    """matmul: the reference champion's ("q8act": the block tensors with q8act-v1, load_reference)."""
     with GGUFFile(path) as f:
         tokenizer, spec = load_tokenizer(f), tokenizer_spec(f)
         tok_config = tokenizer_config(f)
         stop_ids = stop_token_ids(f)
-    champion = load_reference(path)
+    champion = load_reference(path, matmul=matmul)
     canonical = json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     identities = {"tokenizer": hashlib.sha256(canonical).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}

@@ -10,6 +10,10 @@ reference champion and draft through the "runner" protocol:
 The KV cache is positional: forward() writes positions [start_pos, start_pos+n) and attends over
 [0, start_pos+i]; anything beyond start_pos+n is forgotten, so rollback is just a smaller
 start_pos on the next call. See docs/reference_model.md for tolerances and speed.
+
+`matmul="q8act"` computes every quantised linear (q8 artifact int8 rows, GGUF Q8_0/Q4_0/Q4_1/Q4_K/
+Q6_K blocks) with the declared q8act-v1 function on its stored blocks (block_linear.BlockLinear,
+the NumPy twin, docs/quant_kernels.md): float32 outputs, every other step in float64 as above.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ REFERENCE_TOLERANCES = {
     "vs_hf_float32_abs": 1e-4,        # max |logit diff| vs stock HF float32
     "block_vs_single_rel": 1e-12,     # n-token block vs n single-token calls, relative to max |logit|
 }
+
+# LlamaReference(matmul=...) -> the function's name and version as reported (docs/quant_kernels.md)
+MATMUL_FUNCTIONS = {"f32": "f32", "q8act": "q8act-v1"}
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -105,6 +112,19 @@ def _q8_fetcher(ckpt, path: str):
         rows, cols = ckpt.entry(name + ".q8")[1]
         return q8_product(ckpt.read_bytes(name + ".q8"), rows, cols, ckpt.read_float32(name + ".scale"))
     return fetch
+
+
+def _q8_blocks(ckpt, path: str):
+    """name -> block_linear.BlockLinear over an open q8 artifact (ROWQ8: ``<n>.q8`` int8 as stored,
+    ``<n>.scale`` its row scales), or None for a tensor stored as floats (matmul="q8act")."""
+    from .block_linear import BlockLinear
+    def blocks(name: str):
+        if name + ".q8" not in ckpt:
+            return None
+        rows, cols = ckpt.entry(name + ".q8")[1]
+        return BlockLinear("ROWQ8", ckpt.read_bytes(name + ".q8"), rows, cols, ckpt.read_float32(name + ".scale"),
+                           name=name + ".q8", source=path)
+    return blocks
 
 
 def _parse_config(config: dict, path: str) -> dict:
@@ -246,6 +266,16 @@ def softmax_rows(scores: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def _apply(x: np.ndarray, w) -> np.ndarray:
+    """x (n, in) float64 times a linear: a float64 (in, out) matrix (one BLAS call), or a tuple of
+    parts whose outputs lie side by side, each such a matrix or a block_linear.BlockLinear
+    (q8act-v1 on float32(x), float32 results)."""
+    if isinstance(w, np.ndarray):
+        return x @ w
+    parts = [x @ part if isinstance(part, np.ndarray) else part.matmul(x) for part in w]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
 # ---------------------------------------------------------------------------------------------
 # The runner
 # ---------------------------------------------------------------------------------------------
@@ -254,10 +284,20 @@ class LlamaReference:
     """Float64 Llama forward pass with a positional KV cache (see module docstring)."""
 
     def __init__(self, config: dict, tensors, identity: str, source: str = "<memory>", present=(),
-                 role: str = "draft"):
+                 role: str = "draft", matmul: str = "f32", blocks=None):
         """tensors: name -> float32-valued array (the restricted-vocabulary tensors: integer
         arrays), or a callable name -> array (read on demand, one tensor at a time: from_dir
-        passes the checkpoint's reader and the names its header lists as `present`)."""
+        passes the checkpoint's reader and the names its header lists as `present`).
+        matmul: "f32" (every linear a float64 matmul of its float32 values) or "q8act" (with
+        blocks, a callable name -> block_linear.BlockLinear, or None for a float tensor: those
+        linears and the embedding gather use their blocks; see the module docstring)."""
+        if matmul not in MATMUL_FUNCTIONS:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"matmul must be one of {', '.join(MATMUL_FUNCTIONS)}, got {matmul!r}")
+        if (matmul == "q8act") != (blocks is not None):
+            raise ExactSpecError(E_BAD_ARGUMENT, "matmul='q8act' needs the blocks reader, and only it")
+        self.matmul = matmul
+        self.matmul_function = MATMUL_FUNCTIONS[matmul]    # the function's name and version, as reported
+        self._blocks = blocks or (lambda name: None)
         hp = _parse_config(config, source)
         self.config = dict(config)
         self.identity = identity
@@ -274,19 +314,24 @@ class LlamaReference:
             self._load_weights(tensors.__getitem__, frozenset(tensors))
         self._inv_freq = np.array(config_rope_inv_freq(hp["config"]), dtype=np.float64)  # (head_dim/2,)
         self._scale = hp["head_dim"] ** -0.5   # same Python expression HF uses
+        self._blocks = None                    # the reader is not kept (it may hold the file open)
         self.reset()
 
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, model_dir, weights: str = "f32", role: str = "draft") -> "LlamaReference":
+    def from_dir(cls, model_dir, weights: str = "f32", role: str = "draft", matmul: str = "f32") -> "LlamaReference":
         """Load a Hugging Face folder: config.json + its weights as published (model.safetensors
         or the shards of model.safetensors.index.json; F32, F16 or BF16), or with weights="q8"
         model.q8.safetensors dequantised as the browser champion sees it (``W = q8 *
         scale[:, None]`` in float32). Weights are read one tensor at a time. role "champion"
-        refuses the drafts-only restricted-vocabulary tensors (q8 weights are a champion's)."""
+        refuses the drafts-only restricted-vocabulary tensors (q8 weights are a champion's).
+        matmul="q8act" (with weights="q8"): the int8 linears stay int8 + row scale (ROWQ8) and are
+        computed with q8act-v1; a folder with no int8 tensor has nothing it changes."""
         if weights not in ("f32", "q8"):
             raise ExactSpecError(E_BAD_ARGUMENT, f"weights must be 'f32' or 'q8', got {weights!r}")
+        if matmul not in MATMUL_FUNCTIONS:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"matmul must be one of {', '.join(MATMUL_FUNCTIONS)}, got {matmul!r}")
         model_dir = os.fspath(model_dir)
         config_path = os.path.join(model_dir, CONFIG_FILE)
         # Config first (bounded JSON, every size checked), then the weights headers against it:
@@ -309,7 +354,11 @@ class LlamaReference:
                     return fetch_float(name)
                 return decode_index_tensor(name, ckpt.read_bytes(name), int(header[name]["shape"][0]),
                                            lambda message, tensor: _refuse_in(weights_path, message, tensor))
-            return cls(config, fetch, checkpoint_digest(ckpt)[0], source=weights_path, present=header)
+            blocks = None
+            if matmul == "q8act":                 # float weights hold no blocks: nothing changes
+                blocks = _q8_blocks(ckpt, weights_path) if weights == "q8" else (lambda name: None)
+            return cls(config, fetch, checkpoint_digest(ckpt)[0], source=weights_path, present=header,
+                       matmul=matmul, blocks=blocks)
 
     def _load_weights(self, fetch, present: frozenset) -> None:
         """Weights in float64 (the compute dtype: 8 bytes per parameter), each built from one
@@ -324,21 +373,34 @@ class LlamaReference:
             # HF stores (out, in); keep (in, out) contiguous so x @ W is one BLAS call.
             return np.ascontiguousarray(w64(name).T)
 
+        def weight(*names: str):
+            """The linear of the names' outputs side by side: one fused float64 (in, out) matrix
+            (matmul "f32", or no name in blocks), else a tuple of parts, each a BlockLinear or a
+            float64 (in, out) matrix (see _apply)."""
+            parts = [self._blocks(name) for name in names]
+            if all(part is None for part in parts):
+                return np.concatenate([linear(name) for name in names], axis=1) if len(names) > 1 else linear(names[0])
+            return tuple(linear(name) if part is None else part for name, part in zip(names, parts))
+
         # The embedding is only gathered from, so it is not kept in float64: tied, the rows are
         # read from the (D, V) head (one copy of the vocabulary matrix); untied, it stays float32
         # (its values exactly; gathered rows are widened). Same float64 values either way.
+        # matmul "q8act": an embedding held in blocks is gathered through them (BlockLinear.rows_float32)
+        # and, tied, is the LM head's blocks too.
         self._final_norm = w64("model.norm.weight")                         # (D,)
+        embed_blocks = self._blocks("model.embed_tokens.weight")
         if hp["tie_word_embeddings"]:
-            self._lm_head = linear("model.embed_tokens.weight")             # (D, V)
-            self._embed = None
+            self._lm_head = weight("model.embed_tokens.weight")             # (D, V) or (BlockLinear,)
+            self._embed = embed_blocks
         else:
-            self._lm_head = linear("lm_head.weight")                        # (D, V), or (D, N) restricted
-            self._embed = np.asarray(fetch("model.embed_tokens.weight"), dtype=np.float32)  # (V, D) or (M, D)
+            self._lm_head = weight("lm_head.weight")                        # (D, V), or (D, N) restricted
+            self._embed = (embed_blocks if embed_blocks is not None         # (V, D) or (M, D)
+                           else np.asarray(fetch("model.embed_tokens.weight"), dtype=np.float32))
         # restricted vocabulary (drafts): values checked before any use; None when absent
         refuse = lambda message, tensor: _refuse_in(self._source, message, tensor)  # noqa: E731
         self._head_ids = (check_restricted_values(HEAD_IDS, fetch(HEAD_IDS), hp["vocab_size"], refuse)
                           if HEAD_IDS in present else None)                 # (N,) ascending ids
-        self._embed_rows = (check_restricted_values(EMBED_ROWS, fetch(EMBED_ROWS), self._embed.shape[0], refuse)
+        self._embed_rows = (check_restricted_values(EMBED_ROWS, fetch(EMBED_ROWS), np.shape(self._embed)[0], refuse)
                             if EMBED_ROWS in present else None)             # (V,) rows of the embedding
         self._layers = []
         for i in range(hp["num_layers"]):
@@ -347,15 +409,11 @@ class LlamaReference:
             layer = {
                 "attn_norm": w64(p + "input_layernorm.weight"),            # (D,)
                 "mlp_norm": w64(p + "post_attention_layernorm.weight"),    # (D,)
-                "w_qkv": np.concatenate([linear(p + "self_attn.q_proj.weight"),
-                                         linear(p + "self_attn.k_proj.weight"),
-                                         linear(p + "self_attn.v_proj.weight")], axis=1),
-                                                                           # (D, (H+2KV)*hd)
-                "w_o": linear(p + "self_attn.o_proj.weight"),              # (H*hd, D)
-                "w_gate_up": np.concatenate([linear(p + "mlp.gate_proj.weight"),
-                                             linear(p + "mlp.up_proj.weight")], axis=1),
-                                                                           # (D, 2F)
-                "w_down": linear(p + "mlp.down_proj.weight"),              # (F, D)
+                "w_qkv": weight(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                p + "self_attn.v_proj.weight"),            # (D, (H+2KV)*hd)
+                "w_o": weight(p + "self_attn.o_proj.weight"),              # (H*hd, D)
+                "w_gate_up": weight(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),   # (D, 2F)
+                "w_down": weight(p + "mlp.down_proj.weight"),              # (F, D)
                 "b_qkv": None,
             }
             if hp["qkv_bias"]:
@@ -424,10 +482,14 @@ class LlamaReference:
 
         q_dim, kv_dim, f_dim = n_heads * hd, n_kv * hd, hp["intermediate_size"]
         rows = ids if self._embed_rows is None else self._embed_rows[ids]  # (n,) embedding rows
-        x = (self._lm_head[:, ids].T if self._embed is None                # (n, D) float64
-             else self._embed[rows].astype(np.float64))
+        if self._embed is None:                                            # (n, D) float64
+            x = self._lm_head[:, ids].T
+        elif isinstance(self._embed, np.ndarray):
+            x = self._embed[rows].astype(np.float64)
+        else:                                                              # a BlockLinear (q8act)
+            x = self._embed.rows_float32(rows).astype(np.float64)
         for layer, w in enumerate(self._layers):
-            qkv = rms_norm(x, w["attn_norm"], eps) @ w["w_qkv"]               # (n, (H+2KV)*hd)
+            qkv = _apply(rms_norm(x, w["attn_norm"], eps), w["w_qkv"])       # (n, (H+2KV)*hd)
             if w["b_qkv"] is not None:
                 qkv = qkv + w["b_qkv"]                                        # Qwen2 q/k/v biases
             q = apply_rope(qkv[:, :q_dim].reshape(n, n_heads, hd), cos, sin)  # (n, H, hd)
@@ -443,11 +505,11 @@ class LlamaReference:
             scores = (qg @ keys.transpose(0, 1, 3, 2)) * self._scale + mask   # (KV, G, n, T)
             attn = softmax_rows(scores) @ values                              # (KV, G, n, hd)
             attn = attn.transpose(2, 0, 1, 3).reshape(n, q_dim)               # (n, H*hd)
-            x = x + attn @ w["w_o"]
-            gate_up = rms_norm(x, w["mlp_norm"], eps) @ w["w_gate_up"]        # (n, 2F)
-            x = x + (silu(gate_up[:, :f_dim]) * gate_up[:, f_dim:]) @ w["w_down"]
+            x = x + _apply(attn, w["w_o"])
+            gate_up = _apply(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])  # (n, 2F)
+            x = x + _apply(silu(gate_up[:, :f_dim]) * gate_up[:, f_dim:], w["w_down"])
         self.length = end   # positions beyond end from earlier calls are forgotten
-        head = rms_norm(x, self._final_norm, eps) @ self._lm_head        # (n, V), or (n, N) restricted
+        head = _apply(rms_norm(x, self._final_norm, eps), self._lm_head)  # (n, V), or (n, N) restricted
         if self._head_ids is None:
             return head
         logits = np.full((n, self.vocab_size), -np.inf)                  # (n, V): -inf off the head
