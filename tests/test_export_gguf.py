@@ -1,5 +1,7 @@
 """tools/export_gguf.py: the GGUF read back with gguf.GGUFReader has llama.cpp's names, shapes,
-types and metadata; de-permuting q/k gives our tensors exactly (F32); Q8_0 is within its bound."""
+types and metadata; de-permuting q/k gives our tensors exactly (F32); Q8_0 is within its bound;
+Q4_0 / Q4_1 / Q8_0 blocks are llama.cpp's reference quantisers' bytes (gguf-py's port of
+quantize_row_*_ref) and our GGUF decoder reads them back as gguf-py does, the embedding in Q8_0."""
 import importlib.util
 import os
 
@@ -90,7 +92,7 @@ def test_tensor_names_and_unknown_name_refused():
 
 
 def test_bad_type_and_weights_are_coded(tmp_path):
-    for kwargs in ({"export_type": "q4_0"}, {"weights": "f16"}):
+    for kwargs in ({"export_type": "q5_0"}, {"weights": "f16"}):
         with pytest.raises(ExactSpecError) as e:
             export_gguf.export_gguf(os.path.join(MODELS, "draft"), str(tmp_path / "x.gguf"), **kwargs)
         assert e.value.code == "E_BAD_ARGUMENT"
@@ -195,3 +197,87 @@ def test_cli_writes_file_and_refuses_missing_source(tmp_path, capsys):
     assert out.stat().st_size > 0 and "q8_0" in capsys.readouterr().out
     assert export_gguf.main([str(tmp_path / "nowhere"), str(tmp_path / "e.gguf")]) == 1
     assert "E_" in capsys.readouterr().err
+
+
+# ---- block formats: llama.cpp's bytes, read back exactly, written tensor by tensor ----
+
+@pytest.fixture(scope="module", params=["q4_0", "q4_1", "q8_0"])
+def block_export(request, tmp_path_factory):
+    """(type, source tensors, reader) of the toy champion exported in a block format."""
+    source = export_gguf.read_source(os.path.join(MODELS, "champion"), "f32")
+    return request.param, source, _export(tmp_path_factory, "champion", request.param)
+
+
+def test_block_tensors_are_llama_cpp_reference_bytes(block_export):
+    from exactspec.reference.gguf_dequant import dequantize as our_dequantize
+    export_type, (config, tensors, _, _), reader = block_export
+    linear = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
+              "q8_0": gguf.GGMLQuantizationType.Q8_0}[export_type]
+    assert field(reader, "general.file_type") == getattr(gguf.LlamaFileType, "MOSTLY_" + export_type.upper())
+    want = expected_tensors(config)
+    assert sorted(t.name for t in reader.tensors) == sorted(want)
+    for t in reader.tensors:
+        hf_name, hf_shape = want[t.name]
+        if len(hf_shape) == 1:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32 and np.array_equal(np.asarray(t.data), tensors[hf_name])
+            continue
+        qtype = gguf.GGMLQuantizationType.Q8_0 if t.name == "token_embd.weight" else linear
+        assert t.tensor_type == qtype, t.name
+        w = tensors[hf_name]
+        if ".attn_q." in t.name or ".attn_k." in t.name:
+            heads = config["num_attention_heads"] if ".attn_q." in t.name else config["num_key_value_heads"]
+            w = export_gguf.permute_rope_rows(w, heads)
+        raw = np.asarray(t.data).reshape(-1)
+        assert np.array_equal(raw, gguf.quants.quantize(np.ascontiguousarray(w), qtype).reshape(-1)), t.name
+        back = our_dequantize(raw.tobytes(), qtype.name)
+        assert np.array_equal(back, gguf.quants.dequantize(raw, qtype).reshape(-1)), t.name
+        # and it is w within the block format's error, per block of 32 (f16: relative 2^-11, normal):
+        # Q8_0 d = amax/127: half a step + 127 f16 errors of d; Q4_0 d = amax/8: a whole step (the
+        # sign opposite the largest element clips at 7 d, not 8 d) + 8 f16 errors; Q4_1 d = (max-min)/15:
+        # half a step + 15 f16 errors of d + the f16 error of min.
+        blocks = w.reshape(-1, 32)
+        err = np.abs(back.reshape(-1, 32) - blocks).max(axis=1)
+        amax, lo = np.abs(blocks).max(axis=1), blocks.min(axis=1)
+        bound = {gguf.GGMLQuantizationType.Q8_0: amax / 127 * (0.51 + 127 * 2.0 ** -11),
+                 gguf.GGMLQuantizationType.Q4_0: amax / 8 * (1.01 + 8 * 2.0 ** -11),
+                 gguf.GGMLQuantizationType.Q4_1: np.ptp(blocks, axis=1) / 15 * (0.51 + 15 * 2.0 ** -11)
+                 + np.abs(lo) * 2.0 ** -11}[qtype]
+        assert (err <= bound + 2.0 ** -20).all(), (t.name, float((err - bound).max()))
+        assert err.max() > 0, t.name
+
+
+def test_export_in_row_chunks_is_the_same_file(tmp_path, monkeypatch):
+    """A tensor read, converted and quantised a few rows at a time gives the same file (the 1.7B
+    export's memory): chunks of 1000 values split every 2-D tensor (the q8 source too)."""
+    whole = tmp_path / "whole.gguf"
+    export_gguf.export_gguf(os.path.join(MODELS, "draft"), str(whole), "q4_1", "q8")
+    monkeypatch.setattr(export_gguf, "CHUNK_VALUES", 1000)
+    chunked = tmp_path / "chunked.gguf"
+    export_gguf.export_gguf(os.path.join(MODELS, "draft"), str(chunked), "q4_1", "q8")
+    assert whole.read_bytes() == chunked.read_bytes()
+
+
+def test_block_format_needs_widths_of_whole_blocks(tmp_path):
+    """A 2-D tensor whose width is not a multiple of 32 cannot be stored in blocks: E_BAD_ARGUMENT
+    naming the tensor (F32 still exports)."""
+    import json
+    import shutil
+    from safetensors.numpy import save_file
+    src = os.path.join(MODELS, "draft")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    config = dict(read_json_file(os.path.join(src, "config.json")), hidden_size=80, intermediate_size=96,
+                  num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=80)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    shapes = {"model.embed_tokens.weight": (4096, 80), "model.norm.weight": (80,)}
+    p = "model.layers.0."
+    shapes.update({p + "input_layernorm.weight": (80,), p + "post_attention_layernorm.weight": (80,),
+                   p + "self_attn.q_proj.weight": (80, 80), p + "self_attn.k_proj.weight": (80, 80),
+                   p + "self_attn.v_proj.weight": (80, 80), p + "self_attn.o_proj.weight": (80, 80),
+                   p + "mlp.gate_proj.weight": (96, 80), p + "mlp.up_proj.weight": (96, 80), p + "mlp.down_proj.weight": (80, 96)})
+    save_file({k: rng.normal(0, 0.1, v).astype(np.float32) for k, v in shapes.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ExactSpecError) as e:
+        export_gguf.export_gguf(str(tmp_path), str(tmp_path / "x.gguf"), "q4_1")
+    assert e.value.code == "E_BAD_ARGUMENT" and "80 columns" in e.value.message and "32" in e.value.message
+    assert export_gguf.export_gguf(str(tmp_path), str(tmp_path / "y.gguf"), "f32")["formats"] == {"F32": len(shapes)}

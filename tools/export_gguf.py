@@ -4,12 +4,18 @@ tensor names, q/k rows permuted to its RoPE layout, our byte-level BPE as tokeni
     python tools/export_gguf.py web/models/champion build/gguf/champion.f32.gguf --type f32
     python tools/export_gguf.py web/models/champion build/gguf/champion.q8_0.gguf --type q8_0
     python tools/export_gguf.py web/models/champion build/gguf/champion.q8src.f32.gguf --weights q8
+    python tools/export_gguf.py build/widened/champion-1.7b build/widened/champion-1.7b.q4_1.gguf --type q4_1
 
 --weights picks the source file: f32 (model.safetensors, default) or q8 (model.q8.safetensors
 dequantised exactly as our browser champion and the reference see it, W = q8 * scale in float32),
 so an F32 export of the q8 source computes the same function as our browser engine.
---type: f32 keeps every value; q8_0 stores every 2-D tensor as llama.cpp Q8_0 (blocks of 32 int8
-with one float16 scale each); 1-D norms stay F32, as llama.cpp's converter does.
+--type: f32 keeps every value; q8_0 / q4_0 / q4_1 store every 2-D linear in that GGUF block
+format and the embedding (token_embd, also the tied head; an untied output.weight likewise) as
+Q8_0, quantised by llama.cpp's reference quantisers (quantize_row_*_ref, bit for bit: the encoders
+of exactspec.twins.qmatmul_twins); 1-D norms stay F32, as llama.cpp's converter does. A block
+format needs every 2-D tensor's width a multiple of 32 (E_BAD_ARGUMENT naming the tensor).
+The file is written one tensor at a time (large ones in row chunks), read from the safetensors
+one tensor at a time: a 1.7B float32 folder exports in about its largest tensor's memory.
 Exports belong under build/ (gitignored): the repository carries no GGUF files.
 """
 from __future__ import annotations
@@ -23,11 +29,16 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 from exactspec.formats.config import read_json_file, validate_config  # noqa: E402
 from exactspec.core.errors import E_BAD_ARGUMENT, E_IO, E_MODEL_LOAD, ExactSpecError  # noqa: E402
-from exactspec.reference.reference_llama import _dequantise_q8, _tensor_to_float32  # noqa: E402  (the browser's view of q8)
-from exactspec.formats.safetensors import load_safetensors  # noqa: E402
+from exactspec.reference.reference_llama import _dequantise_q8, _tensor_to_float32, q8_product  # noqa: E402  (the browser's view of q8)
+from exactspec.formats.safetensors import SafetensorsReader, Tensor, load_safetensors  # noqa: E402
+from exactspec.twins.qmatmul_twins import quantize_weights  # noqa: E402  (llama.cpp's reference quantisers)
 
 SOURCE_FILES = {"f32": "model.safetensors", "q8": "model.q8.safetensors"}
-EXPORT_TYPES = ("f32", "q8_0")
+# --type -> (general.file_type name in gguf.LlamaFileType, 2-D linears' format, the embedding's format)
+EXPORT_TYPES = {"f32": ("ALL_F32", "F32", "F32"), "q8_0": ("MOSTLY_Q8_0", "Q8_0", "Q8_0"),
+                "q4_0": ("MOSTLY_Q4_0", "Q4_0", "Q8_0"), "q4_1": ("MOSTLY_Q4_1", "Q4_1", "Q8_0")}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}   # per 32 values
+CHUNK_VALUES = 1 << 22          # a large tensor is read, converted and quantised this many values at a time
 MAX_TOKENIZER_CONFIG_BYTES = 1 << 24
 
 # HF name inside layer i -> llama.cpp name inside blk.i
@@ -107,18 +118,74 @@ def read_source(model_dir: str, weights: str) -> tuple[dict, dict[str, np.ndarra
     return config, tensors, tok, tok_config
 
 
+def source_entries(reader: SafetensorsReader, weights: str) -> dict:
+    """HF name -> (shape, how to read rows [a, b) of it as float32) of a model file opened tensor by
+    tensor: as read_source decodes it (q8: `<n>.q8` times `<n>.scale` in float32), a range of rows
+    at a time."""
+    header, path = reader.entries, reader.path
+
+    def plain(name):
+        dtype, shape = header[name][0], tuple(header[name][1])
+        return shape, lambda a, b: _tensor_to_float32(name, Tensor(name, dtype, (b - a,) + shape[1:],
+                                                                   memoryview(reader.read(name, a, b))), path)
+
+    def q8(base):
+        (dtype, shape), scale_name = header[base + ".q8"][:2], base + ".scale"
+        if str(dtype).upper() != "I8" or len(shape) != 2:
+            raise ExactSpecError(E_MODEL_LOAD, f"tensor {base + '.q8'!r} in {path} must be 2-D I8")
+        if scale_name not in header or tuple(header[scale_name][1]) != (shape[0],):
+            raise ExactSpecError(E_MODEL_LOAD, f"{path}: {base + '.q8'!r} needs {scale_name!r} of shape ({shape[0]},)")
+        scale = plain(scale_name)[1](0, shape[0])
+        return tuple(shape), lambda a, b: q8_product(reader.read(base + ".q8", a, b), b - a, shape[1], scale[a:b])
+
+    out = {}
+    for name in header:
+        if weights == "q8" and name.endswith(".scale") and name[:-6] + ".q8" in header:
+            continue
+        if weights == "q8" and name.endswith(".q8"):
+            out[name[:-3]] = q8(name[:-3])
+        else:
+            out[name] = plain(name)
+    return out
+
+
+def tensor_format(hf_name: str, shape: tuple, export_type: str) -> str:
+    """The GGUF format one tensor is written in: norms (1-D) F32, the embedding and an untied head
+    the type's embedding format, every other 2-D tensor the type's linear format."""
+    _, linear, embedding = EXPORT_TYPES[export_type]
+    if len(shape) != 2:
+        return "F32"
+    return embedding if hf_name in ("model.embed_tokens.weight", "lm_head.weight") else linear
+
+
+def encode(fmt: str, w: np.ndarray) -> np.ndarray:
+    """float32 (rows, cols) -> the bytes of fmt (uint8), llama.cpp's reference quantiser for blocks."""
+    if fmt == "F32":
+        return np.ascontiguousarray(w, dtype="<f4").reshape(-1).view(np.uint8)
+    return np.frombuffer(quantize_weights(fmt, np.ascontiguousarray(w, dtype=np.float32)), dtype=np.uint8)
+
+
 def export_gguf(model_dir: str, out_path: str, export_type: str = "f32", weights: str = "f32") -> dict:
-    """Write out_path; returns a summary {tensors, bytes, type, weights}."""
+    """Write out_path; returns a summary {tensors, bytes, type, weights, formats (format -> tensor count)}."""
     import gguf   # only the exporter needs it ([test] extra)
     if export_type not in EXPORT_TYPES:
         raise ExactSpecError(E_BAD_ARGUMENT, f"--type must be one of {', '.join(EXPORT_TYPES)}, got {export_type!r}")
-    config, tensors, tok, tok_config = read_source(model_dir, weights)
+    if weights not in SOURCE_FILES:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"--weights must be one of {', '.join(SOURCE_FILES)}, got {weights!r}")
+    config = read_json_file(os.path.join(model_dir, "config.json"))
+    tok = read_json_file(os.path.join(model_dir, "tokenizer.json"), max_bytes=1 << 28)
+    tok_config = read_json_file(os.path.join(model_dir, "tokenizer_config.json"), max_bytes=MAX_TOKENIZER_CONFIG_BYTES)
     c = validate_config(config, source=os.path.join(model_dir, "config.json"))
+    with SafetensorsReader(os.path.join(model_dir, SOURCE_FILES[weights])) as reader:
+        return _write(gguf, reader, model_dir, out_path, export_type, weights, c, tok, tok_config)
+
+
+def _write(gguf, reader, model_dir, out_path, export_type, weights, c, tok, tok_config) -> dict:
     tokens, token_types, merges = vocab_tables(tok, c.vocab_size)
 
     writer = gguf.GGUFWriter(out_path, arch="llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if export_type == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(getattr(gguf.LlamaFileType, EXPORT_TYPES[export_type][0]))
     writer.add_vocab_size(c.vocab_size)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
@@ -148,37 +215,55 @@ def export_gguf(model_dir: str, out_path: str, export_type: str = "f32", weights
     if tok_config.get("chat_template"):
         writer.add_chat_template(tok_config["chat_template"])
 
-    for hf_name, w in tensors.items():
+    entries = source_entries(reader, weights)
+    plan = []                                   # (gguf name, HF name, shape, format, bytes), in file order
+    for hf_name, (shape, _) in entries.items():
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue   # tied: llama.cpp reuses token_embd when there is no output tensor
-        name = gguf_tensor_name(hf_name)
-        if hf_name.endswith("q_proj.weight"):
-            w = permute_rope_rows(w, c.num_attention_heads)
-        elif hf_name.endswith("k_proj.weight"):
-            w = permute_rope_rows(w, c.num_key_value_heads)
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        if export_type == "q8_0" and w.ndim == 2:
-            writer.add_tensor(name, gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(name, w)
+        name, fmt = gguf_tensor_name(hf_name), tensor_format(hf_name, shape, export_type)
+        values = int(np.prod(shape, dtype=np.int64))
+        if fmt != "F32" and shape[-1] % 32:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--type {export_type}: tensor {hf_name!r} has {shape[-1]} columns, "
+                                                 f"not a multiple of 32 (a {fmt} block)")
+        plan.append((name, hf_name, shape, fmt, values * 4 if fmt == "F32" else values // 32 * BLOCK_BYTES[fmt]))
+    for name, _, shape, fmt, nbytes in plan:
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes,
+                               raw_dtype=None if fmt == "F32" else getattr(gguf.GGMLQuantizationType, fmt))
+    formats: dict = {}
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for name, hf_name, shape, fmt, nbytes in plan:
+            read = entries[hf_name][1]
+            rows = shape[0] if shape else 1
+            heads = (c.num_attention_heads if hf_name.endswith("q_proj.weight") else
+                     c.num_key_value_heads if hf_name.endswith("k_proj.weight") else None)
+            # a chunk of whole rows (q/k: whole, their RoPE permutation moves rows within a head)
+            step = rows if heads or len(shape) < 2 else max(1, CHUNK_VALUES // shape[1])
+            parts = []
+            for a in range(0, rows, step):
+                w = read(a, min(rows, a + step)).reshape((-1,) + tuple(shape[1:]))
+                if heads:
+                    w = permute_rope_rows(w, heads)
+                parts.append(encode(fmt, w.reshape(len(w), -1)) if len(shape) == 2 else encode("F32", w))
+            data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            assert data.nbytes == nbytes, (name, data.nbytes, nbytes)
+            writer.write_tensor_data(data)
+            formats[fmt] = formats.get(fmt, 0) + 1
         writer.close()
     except OSError as exc:
         raise ExactSpecError(E_IO, f"cannot write {out_path}: {exc.strerror or exc}") from None
-    return {"tensors": len(writer.tensors[0]) if writer.tensors else 0, "bytes": os.path.getsize(out_path),
-            "type": export_type, "weights": weights}
+    return {"tensors": len(plan), "bytes": os.path.getsize(out_path), "type": export_type, "weights": weights,
+            "formats": formats}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src_dir", help="model folder: config.json, model(.q8).safetensors, tokenizer files")
     ap.add_argument("out", help="output .gguf path (under build/)")
-    ap.add_argument("--type", choices=EXPORT_TYPES, default="f32")
+    ap.add_argument("--type", choices=tuple(EXPORT_TYPES), default="f32")
     ap.add_argument("--weights", choices=tuple(SOURCE_FILES), default="f32")
     args = ap.parse_args(argv)
     try:
@@ -186,7 +271,8 @@ def main(argv=None) -> int:
     except ExactSpecError as exc:
         print(f"export_gguf: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
-    print(f"export_gguf: wrote {args.out} ({summary['bytes']} bytes, {args.type}, from {SOURCE_FILES[args.weights]})")
+    print(f"export_gguf: wrote {args.out} ({summary['bytes']} bytes, {args.type}: "
+          + ", ".join(f"{n} {fmt}" for fmt, n in sorted(summary["formats"].items())) + f" tensors, from {SOURCE_FILES[args.weights]})")
     return 0
 
 
