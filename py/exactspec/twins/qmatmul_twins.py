@@ -171,15 +171,13 @@ def _q8act(name, raw, x, rows, cols, row_scale):
     q, dw, mw, sub = decode_blocks(name, raw, rows, cols)
     qx, dx, xsum = quantize_activations(x)
     n = qx.shape[0]
-    acc = None
+    acc = np.zeros((n, rows), F32)                            # +0.0 (docs/quant_kernels.md §3)
     for b in range(cols // 32):
         isum = block_sums(q, sub, qx, b).astype(F32)          # exact: |isum| < 2^24
         c = (dw[None, :, b] * dx[:, b, None]) * isum          # (n, rows): f32(f32(dw dx) * isum)
         if mw is not None:
             c = c + (mw[None, :, b] * dx[:, b, None]) * xsum[:, b, None].astype(F32)
-        acc = c if acc is None else acc + c                   # block order; acc starts at c_0
-    if acc is None:
-        acc = np.zeros((n, rows), F32)
+        acc = acc + c                                         # block order, from +0.0
     if row_scale is not None:
         acc = acc * row_scale[None, :]
     return acc.astype(F32, copy=False)
