@@ -255,7 +255,18 @@ export class WasmChampion {
       await new Promise((resolve) => setTimeout(resolve, 2));
     }
     check(this.wasm.champion_threads_start(threads), "threads_start");
-    this.threads = threads;
+    this.threads = this.poolThreads = threads;
+  }
+
+  /** Share every later step among n threads: 1 (the helpers sleep) or the pool's size (every
+   *  helper wakes for every step, so no count in between). A share changes which elements a
+   *  thread computes, never how, so the bits do not change. */
+  setThreads(n) {
+    this._alive();
+    const pool = this.poolThreads ?? 1;
+    if (n !== 1 && n !== pool) throw badArgument(`threads ${n}: 1 or the pool's size ${pool}`);
+    if (pool > 1) check(this.wasm.champion_threads_start(n), "threads_start");
+    this.threads = n;
   }
 
   _place(kind, layer, tensor, isQ8) {

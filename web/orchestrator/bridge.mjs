@@ -41,6 +41,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   choice ??= await chooseChampionBackend(championBackend);
   const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
+  const tOpen = performance.now();
+  const championWarmup = champ.warmUp?.() ?? null;   // WASM: every forward path warmed, threads calibrated
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0, closed = false;
   let epoch = 0;
@@ -56,7 +58,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.
   let draftLoading = null, backgroundDraft = null;
-  const timing = { champion_load: t1 - t0, draft_load: 0 };
+  const timing = { champion_load: tOpen - t0, champion_warmup: t1 - tOpen, draft_load: 0 };
   if (draftUrl) {
     const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
     const attempt = (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
@@ -195,7 +197,9 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     info: {
       champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings,
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
-        backend: champ.kind, backend_why: choice.why },
+        backend: champ.kind, backend_why: choice.why,
+        ...(champ.threads ? { threads: champ.threads().count, threads_why: champ.threads().why } : {}),
+        ...(championWarmup ? { warmup_ms: championWarmup } : {}) },
       draft: draftInfo(),
       draft_error: draftError,
       draft_loading: draftLoading !== null,
@@ -216,6 +220,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       if (champ.lost) {
         const old = champ;
         champ = await openChampion(old.kind, openOpts);
+        champ.warmUp?.();
         try { old.close(); } catch { /* already destroyed */ }
       }
       if (draft?.dead && draftUrl) {

@@ -37,18 +37,68 @@ export async function chooseChampionBackend(requested = "auto") {
     : { kind: "webgpu", why: "hardware WebGPU adapter" };
 }
 
-/** Champion threads for `requested` ("auto" or a count): the draft worker keeps one core and the
- *  page one, so "auto" is hardwareConcurrency - 2, at most 4, and 1 below 4 cores (measured on 2
- *  cores: a second champion thread made the median forward ~10x slower whenever the other core
- *  was busy, docs/champion_wasm.md). Threads need a cross-origin isolated page. */
+/** The WASM champion's thread plan for `requested` ("auto" or a count) -> {count, calibrate, why}.
+ *  "auto": min(navigator.hardwareConcurrency, 4) threads where the page is cross-origin isolated
+ *  (SharedArrayBuffer), else 1; with more than one, the load times a forward at 1 thread and at
+ *  `count` (calibrateThreads) and keeps the faster, since on a loaded machine a descheduled helper
+ *  stalls every step (docs/champion_wasm.md, Threads). The bits are the same at any count. */
 export function championThreads(requested = "auto") {
   if (requested !== "auto") {
     if (!(Number.isInteger(requested) && requested >= 1)) throw codedError("E_BAD_ARGUMENT", `threads must be "auto" or >= 1, got ${JSON.stringify(requested)}`);
-    return requested;
+    return { count: requested, calibrate: false, why: "requested" };
   }
   const cores = globalThis.navigator?.hardwareConcurrency ?? 1;
-  if (!globalThis.crossOriginIsolated || cores < 4) return 1;
-  return Math.min(cores - 2, 4);
+  if (!globalThis.crossOriginIsolated || typeof SharedArrayBuffer === "undefined") {
+    return { count: 1, calibrate: false, why: "auto: the page is not cross-origin isolated (no SharedArrayBuffer)" };
+  }
+  if (cores < 2) return { count: 1, calibrate: false, why: `auto: ${cores} core` };
+  return { count: Math.min(cores, 4), calibrate: true, why: `auto: ${cores} cores, cross-origin isolated` };
+}
+
+/** Token ids for warm-up and calibration forwards (any valid ids: the outputs are discarded). */
+const warmIds = (champion) => Int32Array.from({ length: champion.maxBlock }, (_, i) => (i * 7919 + 13) % champion.vocabSize);
+
+/** Run the WASM champion on blocks of 1..maxBlock at position 0, so that every forward path is
+ *  compiled and tiered up before the first request (whose prefill starts again at 0). -> ms. */
+export function warmForwards(champion) {
+  const t0 = performance.now();
+  const ids = warmIds(champion);
+  for (let n = 1; n <= Math.min(champion.maxBlock, champion.maxContext); n++) champion.forwardNow(ids.subarray(0, n), 0);
+  return performance.now() - t0;
+}
+
+const quantile = (xs, q) => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(q * s.length))]; };
+
+/** Time a decode step (a block of 1) plus a verification block (5) at 1 thread and at the pool's
+ *  size, interleaved, for up to `reps` pairs within about `budgetMs` (at least 3, and no more once
+ *  the medians differ by 2x); keep the pool's
+ *  size only when its median is at least 10% faster and its upper quartile no slower.
+ *  -> {threads, ms: {1: median, n: median}, reps}; the champion is left at the chosen count. */
+export function calibrateThreads(champion, { reps = 9, budgetMs = 1500 } = {}) {
+  const pool = champion.poolThreads ?? 1;
+  const ids = warmIds(champion), B = Math.min(5, champion.maxBlock);
+  if (pool <= 1 || champion.maxContext <= B) return { threads: champion.threads, ms: {}, reps: 0 };
+  const times = { 1: [], [pool]: [] };
+  const t0 = performance.now();
+  champion.forwardNow(ids.subarray(0, B), 0);
+  const clear = () => {   // 3 pairs settle a gap of 2x either way
+    const ratio = quantile(times[pool], 0.5) / quantile(times[1], 0.5);
+    return ratio > 2 || ratio < 0.5;
+  };
+  let r = 0;
+  for (; r < reps && (r < 3 || (performance.now() - t0 < budgetMs && !clear())); r++) {
+    for (const n of r % 2 ? [1, pool] : [pool, 1]) {
+      champion.setThreads(n);
+      const s = performance.now();
+      champion.forwardNow(ids.subarray(B - 1, B), B);
+      champion.forwardNow(ids.subarray(0, B), 0);
+      times[n].push(performance.now() - s);
+    }
+  }
+  const med1 = quantile(times[1], 0.5), medN = quantile(times[pool], 0.5);
+  const threads = medN < 0.9 * med1 && quantile(times[pool], 0.75) <= quantile(times[1], 0.75) ? pool : 1;
+  champion.setThreads(threads);
+  return { threads, ms: { 1: +med1.toFixed(3), [pool]: +medN.toFixed(3) }, reps: r };
 }
 
 const cpuBucket = () => {
@@ -115,14 +165,14 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
 }
 
 async function openWasm({ championUrl, championConfig = null, maxContext, maxBlock, wasmUrl, threads = "auto" }) {
-  threads = championThreads(threads);
+  const plan = championThreads(threads);
   let mod;
   try {
     mod = await import("../champion_wasm/champion_wasm.mjs");
   } catch (err) {
     throw codedError("E_MODEL_LOAD", `the WASM champion module did not load: ${err.message ?? err}`);
   }
-  const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads,
+  const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads: plan.count,
     configJson: championConfig, ...(isGgufUrl(championUrl) ? { ggufUrl: championUrl } : { modelUrl: championUrl }) });
   let nanRows = 0;
   const backend = {
@@ -153,7 +203,22 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     },
     loseDevice() { backend.lost = true; },
     memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
-    hardwareClass: () => `wasm-simd/threads-${threads}/cpu-${cpuBucket()}`,
+    hardwareClass: () => `wasm-simd/threads-${champion.threads}/cpu-${cpuBucket()}`,
+    /** Threads in use and why (the plan, and a calibration's medians when there was one). */
+    threads: () => ({ count: champion.threads, why: backend.threadsWhy }),
+    threadsWhy: plan.why,
+    /** At load: every forward path warmed, then (threads "auto" with a pool) the thread count
+     *  calibrated. -> {forwards_ms, calibrate_ms} */
+    warmUp() {
+      if (plan.calibrate) champion.setThreads(1);   // warm on the calling thread alone; calibrate after
+      const forwardsMs = warmForwards(champion);
+      if (!plan.calibrate) return { forwards_ms: forwardsMs, calibrate_ms: 0 };
+      const t0 = performance.now();
+      const c = calibrateThreads(champion);
+      backend.threadsWhy = `${plan.why}; ms per step (a block of 1 + a block of 5), median of ${c.reps}: ` +
+        Object.entries(c.ms).map(([n, ms]) => `${n} thread${n === "1" ? "" : "s"} ${ms}`).join(", ") + `: ${c.threads} kept`;
+      return { forwards_ms: forwardsMs, calibrate_ms: performance.now() - t0 };
+    },
     close() { champion.destroy(); },
   };
   return backend;

@@ -104,9 +104,14 @@ export class Engine {
    *  draftInBackground: ready as soon as the champion is (ready.info.draft_loading true; until
    *  then speculate "draft" is refused with E_DRAFT_LOST); when the draft has loaded (or failed)
    *  onProgress sees {stage: "draft_ready", draft, draft_error} and ready.info is updated.
-   *  draftDelayMs (tests, with faults) holds the draft back. */
+   *  draftDelayMs (tests, with faults) holds the draft back. warmUp (default true): before ready,
+   *  a few small requests run the whole round path once per mode, outputs dropped, so the first
+   *  request is as fast as the tenth (ready.timing_ms.warmup, ready.info.warmup; web/orchestrator/warmup.mjs).
+   *  threads ("auto" or a count): the WASM champion's; "auto" takes min(cores, 4) in a cross-origin
+   *  isolated page and keeps it only if a forward is faster than at 1 thread
+   *  (ready.info.champion.threads, threads_why; champion_backends.mjs championThreads). */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
-    draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0 } = {}) {
+    draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
@@ -115,7 +120,7 @@ export class Engine {
     this._onDraftReady = onProgress;
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
       champion_backend: championBackend, threads, draft_placement: draftPlacement, assets,
-      draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs } }, timeoutMs, onProgress);
+      draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp } }, timeoutMs, onProgress);
     return this.ready;
   }
 

@@ -9,6 +9,7 @@ import { bootPython, defaultAssets } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
+import { warmUp, warmupRequests } from "./warmup.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
@@ -121,6 +122,16 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       built.close();
       throw err;
     }
+    const chatTemplate = !!(checked.chat_template_jinja || JSON.parse(checked.tokenizer_config_json).chat_template?.length);
+    // warm-up: the whole round path once per mode before ready (not with refuseAllocAfter, which
+    // counts the GPU allocations a test expects of the load itself; nor with options.warm_up false)
+    let warm = null;
+    if (options.warm_up !== false && (options.refuse_alloc_after ?? -1) < 0) {
+      notify({ stage: "warmup" });
+      let n = 0;
+      warm = await warmUp((payload) => runQuiet(payload, `warmup-${n++}`), warmupRequests({
+        maxBlock: built.info.champion.max_block, vocabSize: built.info.champion.vocab_size, draft: !!built.info.draft, chat: chatTemplate }));
+    }
     const late = built.whenDraft();
     lateDraft = late;
     if (late) {                                 // the draft arrives after ready: check it, attach it, say so
@@ -142,9 +153,22 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
           draft_load_ms: built.timing_ms.draft_load });
       });
     }
-    return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, total: performance.now() - t0 },
+    return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, warmup: warm ? warm.ms : 0, total: performance.now() - t0 },
       info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot,
-        chat_template: !!(checked.chat_template_jinja || JSON.parse(checked.tokenizer_config_json).chat_template?.length) } };   // the page's chat default
+        warmup: warm && { requests: warm.requests, rounds: warm.rounds, tokens: warm.tokens, errors: warm.errors },
+        chat_template: chatTemplate } };   // the page's chat default
+  }
+
+  /** One request through the loaded session with its events dropped (the warm-up) -> result JSON. */
+  async function runQuiet(payload, requestId) {
+    await loaded.bridge.beginRequest(0);
+    const env = { kind: "generate", request_id: requestId, seq: 0, epoch: 0, payload };
+    const coro = loaded.generate(loaded.session, JSON.stringify(env), () => {});
+    try {
+      return JSON.parse(await coro);
+    } finally {
+      coro.destroy?.();
+    }
   }
 
   return {

@@ -33,7 +33,8 @@ export function waterfall(loadTiming, answer) {
   const load = loadTiming ?? {};
   const segs = [
     ["Pyodide start", load.pyodide], ["Python install", load.install], ["model checks", load.check],
-    ["champion load", load.champion_load], ["draft load", load.draft_load],
+    ["champion load", load.champion_load], ["champion warm-up", load.champion_warmup], ["draft load", load.draft_load],
+    ["warm-up", load.warmup],
     ["prefills", answer.prefill], ["draft", answer.draft], ["verify", answer.verify],
     ["sampling", answer.sampling], ["sync / other", answer.sync],
   ];

@@ -6,6 +6,7 @@ const STAGES = {
   python: "Starting Python (Pyodide)",
   check: "Checking the model files (configs, tokenizers, manifest)",
   models: "Loading the champion, then the draft (WASM or GPU upload)",
+  warmup: "Warming up: a few small requests through every mode (the first answer runs warm)",
 };
 
 /** rows: Map key -> {label, loaded, total, done}. Returns the same map. */

@@ -1,0 +1,46 @@
+// warmup.mjs — the load's last phase: a few small requests through the whole round path (the Pyodide
+// orchestrator, the JS session, the champion's forward and decide, lookup, the draft; the tokenizer
+// and the chat template), outputs discarded, so that the first user request runs compiled, tiered-up
+// code like the tenth (docs/browser.md, "Warm-up at load").
+
+/** The warm-up requests: greedy alone (a text prompt, in the chat template when the model has one),
+ *  greedy lookup at k = maxBlock - 1 on a repeating prompt, and with a draft greedy and sampled
+ *  draft rounds; a prompt of maxBlock + 2 ids prefills a full block and a partial one. */
+export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = false }) {
+  const k = Math.max(1, Math.min(8, maxBlock - 1));
+  const n = maxBlock + 2;
+  const ids = Array.from({ length: n }, (_, i) => (3 + (i % 3) * 7) % vocabSize);   // a, b, c, a, b, c, ...: lookup finds them
+  const config = (c) => ({ temperature: 0, max_new_tokens: 6, seed: 0, ...c });
+  const out = [
+    { prompt: "Hello", chat, config: config({ speculate: "none" }) },
+    { prompt_ids: ids, config: config({ speculate: "lookup", k }) },
+  ];
+  if (draft) {
+    out.push({ prompt_ids: ids, config: config({ speculate: "draft", k }) });
+    out.push({ prompt_ids: ids, config: config({ speculate: "draft", k: Math.min(4, k), temperature: 1, top_k: 40 }) });
+  }
+  return out;
+}
+
+/** Run the requests with run(payload) -> result, in turn and over again until `minRounds` rounds
+ *  have run or `budgetMs` has passed (at least one pass: JIT tiers need more than one small request),
+ *  a failed one reported, never thrown (warm-up only saves time).
+ *  -> {ms, requests, rounds, tokens, errors: [sentence]} */
+export async function warmUp(run, requests, { minRounds = 48, budgetMs = 2000 } = {}) {
+  const t0 = performance.now();
+  let tokens = 0, rounds = 0, ran = 0;
+  const errors = [];
+  for (let i = 0; i < requests.length || (rounds < minRounds && performance.now() - t0 < budgetMs && !errors.length); i++) {
+    const payload = requests[i % requests.length];
+    ran++;
+    try {
+      const result = await run(payload);
+      if (result?.error) errors.push(`${payload.config.speculate}: ${result.error.code}: ${result.error.message}`);
+      tokens += result?.token_ids?.length ?? 0;
+      rounds += result?.stats?.rounds ?? 0;
+    } catch (err) {
+      errors.push(`${payload.config.speculate}: ${err?.message ?? err}`);
+    }
+  }
+  return { ms: performance.now() - t0, requests: ran, rounds, tokens, errors };
+}
