@@ -5,10 +5,12 @@ import tempfile
 from pathlib import Path
 
 
-def run_harness(harness: Path, cases: dict) -> dict:
+def run_harness(harness: Path, cases: dict, node_flags: tuple = ()) -> dict:
+    """node_flags: e.g. ("--experimental-wasm-relaxed-simd",) for the relaxed-SIMD builds (Node 20's V8
+    has relaxed SIMD behind that flag; Chromium has it on)."""
     with tempfile.TemporaryDirectory() as tmp:
         cin, cout = Path(tmp) / "cases.json", Path(tmp) / "out.json"
         cin.write_text(json.dumps(cases))
-        proc = subprocess.run(["node", str(harness), str(cin), str(cout)], capture_output=True, text=True)
+        proc = subprocess.run(["node", *node_flags, str(harness), str(cin), str(cout)], capture_output=True, text=True)
         assert proc.returncode == 0, f"node harness failed:\n{proc.stdout}\n{proc.stderr}"
         return json.loads(cout.read_text())

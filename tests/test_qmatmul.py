@@ -19,6 +19,8 @@ import base64
 import math
 import struct
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,8 @@ from exactspec.twins import qmatmul_twins as qt
 
 F32 = np.float32
 HARNESS = REPO_ROOT / "web" / "tests" / "qmatmul_harness.mjs"
+WASM_RELAXED = WASM.with_name("cpu_relaxed.wasm")            # relaxed-SIMD builds (wasm/build.sh)
+WASM_THREADS_RELAXED = WASM.with_name("cpu_mt_relaxed.wasm")
 U = 2.0 ** -24                       # float32 unit roundoff
 U64 = 2.0 ** -53
 GGUF = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
@@ -172,7 +176,7 @@ def scalar_block(fmt: str, blk: bytes):
 @np.errstate(over="ignore", invalid="ignore")
 def scalar_qmatmul(fmt: str, raw: bytes, x, rows: int, cols: int, scale) -> np.ndarray:
     """Section 3 element by element: int block sums, c_b = f32(f32(dw dx) isum) [+ f32(f32(mw dx) xsum)],
-    acc = c_0 + c_1 + ... in order, ROWQ8: * s_r. F32 / I8F: the f32x4 lanes of docs/champion_wasm.md."""
+    acc = +0.0 + c_0 + c_1 + ... in order, ROWQ8: * s_r. F32 / I8F: the f32x4 lanes of docs/champion_wasm.md."""
     n = x.shape[0]
     y = np.zeros((n, rows), F32)
     rb = qt.row_bytes(fmt, cols)
@@ -199,7 +203,7 @@ def scalar_qmatmul(fmt: str, raw: bytes, x, rows: int, cols: int, scale) -> np.n
                 if sub is not None:
                     sub += bsub
         for t in range(n):
-            acc = None
+            acc = F32(0)
             for b in range(cols // 32):
                 qx, dx = scalar_activations(x[t, 32 * b:32 * b + 32])
                 qb = q[32 * b:32 * b + 32]
@@ -212,7 +216,7 @@ def scalar_qmatmul(fmt: str, raw: bytes, x, rows: int, cols: int, scale) -> np.n
                 c = F32(F32(dw * dx) * F32(isum))
                 if mw is not None:
                     c = F32(c + F32(F32(mw * dx) * F32(sum(qx))))
-                acc = c if acc is None else F32(acc + c)
+                acc = F32(acc + c)
             y[t, r] = acc if fmt != "ROWQ8" else F32(acc * scale[r])
     return y
 
@@ -222,8 +226,8 @@ def test_twin_equals_scalar_reading_of_the_doc(fmt):
     """The vectorised twin == the scalar transcription, bit for bit (NaN rows as NaN), on small
     cases with every special input and weight."""
     rng = np.random.default_rng(11)
-    cols = 512 if qt.block_elems(fmt) == 256 else 128
-    for n, rows in [(7, 3), (2, 5)]:
+    big, small = (512, 256) if qt.block_elems(fmt) == 256 else (128, 32)
+    for n, rows, cols in [(7, 3, big), (2, 5, big), (7, 3, small)]:    # small: row 0 all zero blocks (signed zeros)
         raw = special_weights(fmt, qt.random_blocks(fmt, rows, cols, rng), rows, cols)
         s, x = row_scales(fmt, rows, rng), special_inputs(n, cols, rng)
         assert_same_bits(qt.qmatmul(fmt, raw, x, rows, cols, s), scalar_qmatmul(fmt, raw, x, rows, cols, s),
@@ -422,7 +426,8 @@ def run_wasm(cases: list, wasm=WASM, threads: int = 1, fmt_code=None) -> dict:
          "w": base64.b64encode(raw).decode(), "scale": None if s is None else b64(s.astype("<f4")),
          "x": b64(x.astype("<f4"))}
         for fmt, (n, rows, cols, raw, s, x) in cases]}
-    out = run_harness(HARNESS, spec)
+    relaxed = "relaxed" in Path(wasm).name
+    out = run_harness(HARNESS, spec, ("--experimental-wasm-relaxed-simd",) if relaxed else ())
     assert out["exports"], f"{wasm.name} has no champion_qmatmul export (wasm/qmatmul.c)"
     return out
 
@@ -470,20 +475,39 @@ def test_wasm_equals_twin_bitwise(fmt):
     """champion_qmatmul == the twin, every element's bits, n = 1..9, rows 1, 3, 12, 37, 64,
     cols 32..1536, with every special input (a NaN or an infinity makes its row NaN)."""
     cases, got = wasm_results(fmt)
+    differ = []
     for (_, (n, rows, cols, raw, s, x)), y in zip(cases, got):
-        want = qt.qmatmul(fmt, raw, x, rows, cols, s)
-        assert_same_bits(y, want, f"{fmt} (n, rows, cols) = ({n}, {rows}, {cols})")
+        diff = first_difference(y, qt.qmatmul(fmt, raw, x, rows, cols, s))
+        if diff:
+            differ.append(f"{fmt} (n, rows, cols) = ({n}, {rows}, {cols}): {diff}")
         if n > 3:
             assert np.isnan(y[3]).all()     # the NaN input row
+    assert not differ, "\n".join(differ)
 
 
 @pytest.mark.parametrize("fmt", ("Q8_0", "Q4_K", "Q6_K", "ROWQ8", "F32"))
 def test_wasm_threads_equal_twin_bitwise(fmt):
     """cpu_mt.wasm with a pool of 1, 2 and 3 threads: the same bits as the twin."""
+    differ = []
     for threads in (1, 2, 3):
         cases, got = wasm_results(fmt, WASM_THREADS, threads)
         for (_, (n, rows, cols, raw, s, x)), y in zip(cases, got):
-            assert_same_bits(y, qt.qmatmul(fmt, raw, x, rows, cols, s), f"{fmt} {threads} threads ({n}, {rows}, {cols})")
+            diff = first_difference(y, qt.qmatmul(fmt, raw, x, rows, cols, s))
+            if diff:
+                differ.append(f"{fmt} {threads} threads ({n}, {rows}, {cols}): {diff}")
+    assert not differ, "\n".join(differ)
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_relaxed_simd_build_gives_the_same_bits(fmt):
+    """cpu_relaxed.wasm (the Q4 formats' dot products with relaxed_dot_i8x16_i7x16_add) and
+    cpu_mt_relaxed.wasm at 2 threads: every output the same bits as the SIMD128 build and the twin."""
+    cases, plain = wasm_results(fmt)
+    for wasm, threads in ((WASM_RELAXED, 1), (WASM_THREADS_RELAXED, 2)):
+        _, got = wasm_results(fmt, wasm, threads)
+        for (_, (n, rows, cols, raw, s, x)), y, y_plain in zip(cases, got, plain):
+            assert_same_bits(y, y_plain, f"{fmt} {wasm.name} x{threads} vs cpu.wasm ({n}, {rows}, {cols})")
+            assert_same_bits(y, qt.qmatmul(fmt, raw, x, rows, cols, s), f"{fmt} {wasm.name} vs twin")
 
 
 def twin_amax_127(fmt, raw, x, rows, cols, s):
@@ -494,12 +518,12 @@ def twin_amax_127(fmt, raw, x, rows, cols, s):
         qx = np.where(d[..., None] > 0, np.rint(xb / d[..., None]), 0).astype(np.int8).reshape(x.shape)
     q, dw, mw, sub = qt.decode_blocks(fmt, raw, rows, cols)
     xsum = qx.reshape(x.shape[0], -1, 32).astype(np.int32).sum(2)
-    acc = None
+    acc = np.zeros((x.shape[0], rows), F32)
     for b in range(cols // 32):
         c = (dw[None, :, b] * d[:, b, None]) * qt.block_sums(q, sub, qx, b).astype(F32)
         if mw is not None:
             c = c + (mw[None, :, b] * d[:, b, None]) * xsum[:, b, None].astype(F32)
-        acc = c if acc is None else acc + c
+        acc = acc + c
     return acc if fmt != "ROWQ8" else acc * s[None, :]
 
 
@@ -507,12 +531,12 @@ def twin_reversed_blocks(fmt, raw, x, rows, cols, s):
     """A broken twin: the block terms summed last block first."""
     qx, dx, xsum = qt.quantize_activations(x)
     q, dw, mw, sub = qt.decode_blocks(fmt, raw, rows, cols)
-    acc = None
+    acc = np.zeros((x.shape[0], rows), F32)
     for b in reversed(range(cols // 32)):
         c = (dw[None, :, b] * dx[:, b, None]) * qt.block_sums(q, sub, qx, b).astype(F32)
         if mw is not None:
             c = c + (mw[None, :, b] * dx[:, b, None]) * xsum[:, b, None].astype(F32)
-        acc = c if acc is None else acc + c
+        acc = acc + c
     return acc if fmt != "ROWQ8" else acc * s[None, :]
 
 
@@ -532,12 +556,17 @@ def test_a_broken_twin_is_caught(fmt, broken):
 
 def test_wasm_refuses_what_the_format_cannot_hold():
     """A K-quant whose cols are not a multiple of 256, a block format with cols not a multiple of 32
-    and an unknown format code: a nonzero status, nothing computed."""
+    and an unknown format code: a nonzero status; a non-finite f16 scale (Q8_0's d = inf, Q4_1's
+    m = NaN): E_MODEL_LOAD, as a weight file with one is refused at load (docs/quant_kernels.md 2)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 32)).astype(F32)
+    inf_d = bytearray(qt.random_blocks("Q8_0", 2, 32, rng))
+    inf_d[34:36] = np.array([np.inf], "<f2").tobytes()
+    nan_m = bytearray(qt.random_blocks("Q4_1", 2, 32, rng))
+    nan_m[2:4] = np.array([np.nan], "<f2").tobytes()
     cases = [("Q4_K", (1, 2, 32, bytes(2 * 18), None, x)), ("Q4_0", (1, 2, 16, bytes(2 * 9), None, x[:, :16])),
-             ("Q8_0", (1, 2, 32, bytes(2 * 34), None, x))]
-    out = run_wasm(cases[:2])
-    statuses = [r["status"] for r in out["results"]]
-    unknown = run_wasm(cases[2:], fmt_code=7)["results"][0]["status"]
-    assert all(st != 0 for st in statuses + [unknown]), (statuses, unknown)
+             ("Q8_0", (1, 2, 32, bytes(inf_d), None, x)), ("Q4_1", (1, 2, 32, bytes(nan_m), None, x))]
+    statuses = [r["status"] for r in run_wasm(cases)["results"]]
+    unknown = run_wasm([("Q8_0", (1, 2, 32, bytes(2 * 34), None, x))], fmt_code=7)["results"][0]["status"]
+    assert statuses[0] != 0 and statuses[1] != 0 and unknown != 0, (statuses, unknown)
+    assert statuses[2:] == [4, 4]           # ERR_MODEL_LOAD (wasm/wasm_status.h)

@@ -73,17 +73,19 @@ void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
                 dx = bits_f32((uint32_t)(127 + e) << 23);
                 inv = bits_f32((uint32_t)(127 - e) << 23);
             }
-            v128_t vinv = wasm_f32x4_splat(inv), sum = wasm_i32x4_splat(0);
-            for (int i = 0; i < 32; i += 8) {
-                v128_t q0 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i), vinv)));
-                v128_t q1 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + i + 4), vinv)));
+            v128_t vinv = wasm_f32x4_splat(inv), sum = wasm_i32x4_splat(0), q16[4];
+            for (int i = 0; i < 4; i++) {
+                v128_t q0 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + 8 * i), vinv)));
+                v128_t q1 = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(xb + 8 * i + 4), vinv)));
                 sum = wasm_i32x4_add(sum, wasm_i32x4_add(q0, q1));
-                v128_t q16 = wasm_i16x8_narrow_i32x4(q0, q1);
-                wasm_v128_store(qt + 32 * b + i, q16);
-#if QMATMUL_RELAXED
-                wasm_v128_store64_lane(a->q8 + (uint32_t)t * (uint32_t)K + 32 * b + i, wasm_i8x16_narrow_i16x8(q16, q16), 0);
-#endif
+                q16[i] = wasm_i16x8_narrow_i32x4(q0, q1);
+                wasm_v128_store(qt + 32 * b + 8 * i, q16[i]);
             }
+#if QMATMUL_RELAXED
+            int8_t *q8 = a->q8 + (uint32_t)t * (uint32_t)K + 32u * (uint32_t)b;
+            wasm_v128_store(q8, wasm_i8x16_narrow_i16x8(q16[0], q16[1]));
+            wasm_v128_store(q8 + 16, wasm_i8x16_narrow_i16x8(q16[2], q16[3]));
+#endif
             sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 2, 3, 0, 1));
             sum = wasm_i32x4_add(sum, wasm_i32x4_shuffle(sum, sum, 1, 0, 3, 2));
             a->d[(uint32_t)t * (uint32_t)nb + (uint32_t)b] = dx;
@@ -217,8 +219,11 @@ static inline v128_t dot32(const Dec *d, const v128_t *x) {
 
 static inline v128_t dot32_relaxed(const Dec *d, const int8_t *x8) {
 #if QMATMUL_RELAXED
-    v128_t s = wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8), d->b8[0], wasm_i32x4_splat(0));
-    return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8 + 16), d->b8[1], s);
+    /* two separate dots, then an add: Node 20's V8 computes a chained accumulator wrongly (the first
+     * dot is lost and the second doubled; tests/test_qmatmul.py caught it) */
+    const v128_t zero = wasm_i32x4_splat(0);
+    return wasm_i32x4_add(wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8), d->b8[0], zero),
+                          wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(x8 + 16), d->b8[1], zero));
 #else
     (void)d; (void)x8;
     return wasm_i32x4_splat(0);
