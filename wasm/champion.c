@@ -400,16 +400,18 @@ static void attend_pairs(const Step *s, int p0, int p1, float *scores) {
     }
 }
 
-/* thread `index` of `n_threads` computes its share of the step */
-static void run_share(const Step *s, int index, int n_threads) {
+/* a step's work in chunks: 8-row chunks of a matmul (tile boundaries), or (row, head) pairs of
+ * the attention; chunk c of `chunks` runs on thread `index` (its attention scratch) */
+static int step_chunks(const Step *s) {
+    return s->kind == STEP_MATMUL ? (s->mm.rows + 7) / 8 : s->n * cfg.num_heads;
+}
+
+static void run_chunks(const Step *s, int c0, int c1, int index) {
     if (s->kind == STEP_MATMUL) {
-        int chunks = (s->mm.rows + 7) / 8;                   /* 8-row chunks: tile boundaries */
-        int r0 = chunks * index / n_threads * 8, r1 = chunks * (index + 1) / n_threads * 8;
-        matmul_rows(&s->mm, r0, r1 < s->mm.rows ? r1 : s->mm.rows);
+        int r1 = c1 * 8 < s->mm.rows ? c1 * 8 : s->mm.rows;
+        matmul_rows(&s->mm, c0 * 8, r1);
     } else {
-        int pairs = s->n * cfg.num_heads;
-        attend_pairs(s, pairs * index / n_threads, pairs * (index + 1) / n_threads,
-                     st.scores + (uint32_t)index * (uint32_t)cfg.max_context);
+        attend_pairs(s, c0, c1, st.scores + (uint32_t)index * (uint32_t)cfg.max_context);
     }
 }
 
@@ -417,31 +419,53 @@ static void run_share(const Step *s, int index, int n_threads) {
 /* ============================================================================================
  * Thread pool: helpers are other instances of this module over the same shared memory, each
  * looping in champion_worker(index). The calling thread publishes a step, bumps `generation`,
- * computes share 0 and spins until every helper has counted itself `done`. A helper that starts
- * late still sees the current generation (the caller cannot move on without it).
+ * and then every thread CLAIMS chunks until none is left: `claim` packs the step's generation
+ * (high 16 bits) with the next chunk (low 16), so a helper that wakes late claims nothing of a
+ * later step. The caller waits only until every chunk is done, never for a helper to show up (a
+ * descheduled helper costs nothing but its own claimed chunk). Which thread computes a chunk
+ * changes nothing in its arithmetic: the same bits for any thread count.
  * ========================================================================================== */
 
 static struct {
     int32_t generation;          /* bumped once per step (and once to stop) */
-    int32_t done;                /* helpers finished with the current step */
+    int32_t claim;               /* (generation & 0xffff) << 16 | next chunk of the current step */
+    int32_t chunks;              /* chunks of the current step */
+    int32_t finished;            /* chunks of the current step done */
     int32_t n_threads;           /* 1 + helpers */
     int32_t ready;               /* helpers that entered their loop */
     int32_t stop;                /* 1: helpers return */
-} pool = { 0, 0, 1, 0, 0 };
+} pool = { 0, 0, 0, 0, 1, 0, 0 };
 static Step pool_step;
 
-static void run_step(const Step *s) {
-    int n = __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST);
-    if (n <= 1) { run_share(s, 0, 1); return; }
-    pool_step = *s;
-    __atomic_store_n(&pool.done, 0, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_SEQ_CST);
-    __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)n);
-    run_share(s, 0, n);
-    while (__atomic_load_n(&pool.done, __ATOMIC_SEQ_CST) < n - 1) {}
+/* claim and run chunks of the step of generation `gen` until none is left; 1 chunk at a time */
+static void claim_chunks(int32_t gen, int index) {
+    const int32_t tag = (gen & 0xffff) << 16;
+    for (;;) {
+        int32_t w = __atomic_load_n(&pool.claim, __ATOMIC_SEQ_CST);
+        if ((w & (int32_t)0xffff0000) != tag) return;              /* another step's word */
+        int32_t c = w & 0xffff;
+        if (c >= __atomic_load_n(&pool.chunks, __ATOMIC_SEQ_CST)) return;
+        if (!__atomic_compare_exchange_n(&pool.claim, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
+        run_chunks(&pool_step, c, c + 1, index);
+        __atomic_add_fetch(&pool.finished, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
-/* helper thread `index` (1..n_threads-1): runs shares until champion_threads_stop() */
+static void run_step(const Step *s) {
+    int n = __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST), chunks = step_chunks(s);
+    if (n <= 1 || chunks <= 1) { run_chunks(s, 0, chunks, 0); return; }
+    pool_step = *s;
+    int32_t gen = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST) + 1;
+    __atomic_store_n(&pool.chunks, chunks, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.finished, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.claim, (gen & 0xffff) << 16, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.generation, gen, __ATOMIC_SEQ_CST);
+    __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)n);
+    claim_chunks(gen, 0);
+    while (__atomic_load_n(&pool.finished, __ATOMIC_SEQ_CST) < chunks) {}
+}
+
+/* helper thread `index` (1..n_threads-1): claims chunks of each step until champion_threads_stop() */
 EXPORT("champion_worker") void champion_worker(int index) {
     int32_t seen = 0;                                        /* generation before any step */
     __atomic_add_fetch(&pool.ready, 1, __ATOMIC_SEQ_CST);
@@ -451,8 +475,7 @@ EXPORT("champion_worker") void champion_worker(int index) {
             if (spin > 200000) __builtin_wasm_memory_atomic_wait32(&pool.generation, seen, -1);
         seen = g;
         if (__atomic_load_n(&pool.stop, __ATOMIC_SEQ_CST)) return;
-        run_share(&pool_step, index, __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST));
-        __atomic_add_fetch(&pool.done, 1, __ATOMIC_SEQ_CST);
+        claim_chunks(g, index);
     }
 }
 
@@ -472,7 +495,7 @@ EXPORT("champion_threads_stop") void champion_threads_stop(void) {
     __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)MAX_THREADS);
 }
 #else
-static void run_step(const Step *s) { run_share(s, 0, 1); }
+static void run_step(const Step *s) { run_chunks(s, 0, step_chunks(s), 0); }
 #endif
 
 /* out (n, out_stride) (+)= the linears lin[0..n_lin) side by side applied to x (n, x_stride); the
