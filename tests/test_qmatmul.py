@@ -19,6 +19,8 @@ import base64
 import math
 import struct
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,8 @@ from exactspec.twins import qmatmul_twins as qt
 
 F32 = np.float32
 HARNESS = REPO_ROOT / "web" / "tests" / "qmatmul_harness.mjs"
+WASM_RELAXED = WASM.with_name("cpu_relaxed.wasm")            # relaxed-SIMD builds (wasm/build.sh)
+WASM_THREADS_RELAXED = WASM.with_name("cpu_mt_relaxed.wasm")
 U = 2.0 ** -24                       # float32 unit roundoff
 U64 = 2.0 ** -53
 GGUF = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
@@ -422,7 +426,8 @@ def run_wasm(cases: list, wasm=WASM, threads: int = 1, fmt_code=None) -> dict:
          "w": base64.b64encode(raw).decode(), "scale": None if s is None else b64(s.astype("<f4")),
          "x": b64(x.astype("<f4"))}
         for fmt, (n, rows, cols, raw, s, x) in cases]}
-    out = run_harness(HARNESS, spec)
+    relaxed = "relaxed" in Path(wasm).name
+    out = run_harness(HARNESS, spec, ("--experimental-wasm-relaxed-simd",) if relaxed else ())
     assert out["exports"], f"{wasm.name} has no champion_qmatmul export (wasm/qmatmul.c)"
     return out
 
@@ -491,6 +496,18 @@ def test_wasm_threads_equal_twin_bitwise(fmt):
             if diff:
                 differ.append(f"{fmt} {threads} threads ({n}, {rows}, {cols}): {diff}")
     assert not differ, "\n".join(differ)
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_relaxed_simd_build_gives_the_same_bits(fmt):
+    """cpu_relaxed.wasm (the Q4 formats' dot products with relaxed_dot_i8x16_i7x16_add) and
+    cpu_mt_relaxed.wasm at 2 threads: every output the same bits as the SIMD128 build and the twin."""
+    cases, plain = wasm_results(fmt)
+    for wasm, threads in ((WASM_RELAXED, 1), (WASM_THREADS_RELAXED, 2)):
+        _, got = wasm_results(fmt, wasm, threads)
+        for (_, (n, rows, cols, raw, s, x)), y, y_plain in zip(cases, got, plain):
+            assert_same_bits(y, y_plain, f"{fmt} {wasm.name} x{threads} vs cpu.wasm ({n}, {rows}, {cols})")
+            assert_same_bits(y, qt.qmatmul(fmt, raw, x, rows, cols, s), f"{fmt} {wasm.name} vs twin")
 
 
 def twin_amax_127(fmt, raw, x, rows, cols, s):
