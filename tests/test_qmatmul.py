@@ -419,7 +419,8 @@ def b64(a) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
 
 
-def run_wasm(cases: list, wasm=WASM, threads: int = 1, fmt_code=None) -> dict:
+def run_wasm(cases: list, wasm=WASM, threads: int = 1, fmt_code=None, node_flags: tuple = ()) -> dict:
+    """node_flags: V8 flags beyond the relaxed builds' own (e.g. one wasm tier only)."""
     ensure_wasm()
     spec = {"wasm": str(wasm), "threads": threads, "cases": [
         {"fmt": qt.FORMATS[fmt] if fmt_code is None else fmt_code, "n": n, "rows": rows, "cols": cols,
@@ -427,7 +428,7 @@ def run_wasm(cases: list, wasm=WASM, threads: int = 1, fmt_code=None) -> dict:
          "x": b64(x.astype("<f4"))}
         for fmt, (n, rows, cols, raw, s, x) in cases]}
     relaxed = "relaxed" in Path(wasm).name
-    out = run_harness(HARNESS, spec, ("--experimental-wasm-relaxed-simd",) if relaxed else ())
+    out = run_harness(HARNESS, spec, (("--experimental-wasm-relaxed-simd",) if relaxed else ()) + tuple(node_flags))
     assert out["exports"], f"{wasm.name} has no champion_qmatmul export (wasm/qmatmul.c)"
     return out
 
@@ -461,12 +462,12 @@ def assert_same_bits(got, want, what: str) -> None:
 _runs: dict = {}
 
 
-def wasm_results(fmt: str, wasm=WASM, threads: int = 1) -> tuple:
-    """(cases, WASM outputs) of make_cases(fmt), one Node run per (format, module, threads)."""
-    key = (fmt, wasm, threads)
+def wasm_results(fmt: str, wasm=WASM, threads: int = 1, node_flags: tuple = ()) -> tuple:
+    """(cases, WASM outputs) of make_cases(fmt), one Node run per (format, module, threads, flags)."""
+    key = (fmt, wasm, threads, node_flags)
     if key not in _runs:
         cases = [(fmt, c) for c in make_cases(fmt, seed=100 + qt.FORMATS[fmt])]
-        _runs[key] = (cases, outputs(run_wasm(cases, wasm, threads), cases))
+        _runs[key] = (cases, outputs(run_wasm(cases, wasm, threads, node_flags=node_flags), cases))
     return _runs[key]
 
 
@@ -508,6 +509,17 @@ def test_relaxed_simd_build_gives_the_same_bits(fmt):
         for (_, (n, rows, cols, raw, s, x)), y, y_plain in zip(cases, got, plain):
             assert_same_bits(y, y_plain, f"{fmt} {wasm.name} x{threads} vs cpu.wasm ({n}, {rows}, {cols})")
             assert_same_bits(y, qt.qmatmul(fmt, raw, x, rows, cols, s), f"{fmt} {wasm.name} vs twin")
+
+
+@pytest.mark.parametrize("tier", ("--liftoff-only", "--no-liftoff"))
+def test_relaxed_q4_dots_in_each_wasm_tier(tier):
+    """The relaxed build's Q4 dot products compiled by each of V8's wasm tiers alone (which one runs
+    is otherwise a matter of timing): Node 20's Liftoff computes relaxed_dot_i8x16_i7x16_add wrongly
+    in some forms (2x the sums), so each tier must give the twin's bits on its own."""
+    for fmt in ("Q4_0", "Q4_1", "Q4_K"):
+        cases, got = wasm_results(fmt, WASM_RELAXED, 1, (tier,))
+        for (_, (n, rows, cols, raw, s, x)), y in zip(cases, got):
+            assert_same_bits(y, qt.qmatmul(fmt, raw, x, rows, cols, s), f"{fmt} {tier} ({n}, {rows}, {cols})")
 
 
 def twin_amax_127(fmt, raw, x, rows, cols, s):
