@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
-from test_gpu_champion import b64, unb64
+from test_gpu_champion import b64, gpu_page, split, unb64, url_of  # noqa: F401
 
 from exactspec.twins import qmatmul_twins as twin
 
@@ -261,3 +261,160 @@ def test_a_fused_multiply_add_would_be_caught(blocks_page):
         acc = p * isum if acc is None else (acc.astype(np.float64) + p.astype(np.float64) * isum).astype(F32)
     assert_bitwise(y, twin.qmatmul("Q8_0", raw, x, rows, cols), "Q8_0")
     assert (bits(acc) != bits(y)).sum() > rows * n // 10, "the fused variant gave the same bits: the test is blind to fusion"
+
+
+# ----------------------------------------------------------------------------- the champion, matmul "q8act"
+# The page keeps its own device and champion (window.f32t, as tests/test_gpu_f32_linears.py), so
+# forward_map reads the champion loaded here.
+LOAD_URL_JS = """async ([url, options]) => {
+  const { requestDevice } = await import('/web/gpu/device.mjs');
+  const { compileChampionPipelines, createChampion } = await import('/web/gpu/champion.mjs');
+  const t = (window.f32t ??= {});
+  if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
+  t.champion?.destroy();
+  t.champion = null;
+  t.champion = await createChampion({ device: t.device, modelUrl: url, pipelinesPromise: t.pipelines, maxBlock: 9, ...options });
+  const c = t.champion;
+  return { forms: c.forms, matmulFunction: c.matmulFunction, dot4: c.dot4, memoryPlan: c.memoryPlan };
+}"""
+LOAD_MAP_JS = """async ([config, entries, options]) => {
+  const { requestDevice } = await import('/web/gpu/device.mjs');
+  const { compileChampionPipelines, createChampionFromTensors } = await import('/web/gpu/champion.mjs');
+  const t = (window.f32t ??= {});
+  if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
+  t.champion?.destroy();
+  t.champion = null;
+  const bytes = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+  const tensors = new Map(Object.entries(entries).map(([name, e]) => {
+    const entry = { dtype: e.dtype, shape: e.shape, bytes: bytes(e.b64) };   // a block entry as ggufTensorMap's {blocks: true}
+    if (e.f32) entry.float32 = () => ({ dtype: "F32", shape: e.shape, bytes: bytes(e.f32) });
+    return [name, entry];
+  }));
+  t.champion = await createChampionFromTensors({ device: t.device, config, tensors, identity: "ab".repeat(32), label: "a blocks map",
+                                                 pipelinesPromise: t.pipelines, maxBlock: 9, ...options });
+  const c = t.champion;
+  return { forms: c.forms, matmulFunction: c.matmulFunction, dot4: c.dot4, memoryPlan: c.memoryPlan };
+}"""
+
+# GGUF formats of the tiny Llama's linears in the blocks map: every kernel, a tied Q8_0 embedding (the
+# gather reads its float32 entry, the head its blocks) and, in layer 1, a q|k|v group of mixed formats
+# (uploaded as float32: the reference computes those parts in float too)
+BLOCK_PLAN = {
+    0: {"q_proj": "Q8_0", "k_proj": "Q8_0", "v_proj": "Q8_0", "o_proj": "Q4_0", "gate_proj": "Q4_1", "up_proj": "Q4_1", "down_proj": "Q8_0"},
+    1: {"q_proj": "Q4_0", "k_proj": "Q8_0", "v_proj": "Q4_1", "o_proj": "Q4_1", "gate_proj": "Q4_0", "up_proj": "Q4_0", "down_proj": "Q4_1"},
+}
+MIXED = {"model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight"}
+
+
+@pytest.fixture(scope="module")
+def tiny_q8():
+    import synthetic_models
+    return synthetic_models.tiny_llama()
+
+
+def blocks_model(model_dir):
+    """(config, page entries, reference tensors, reference blocks) of the tiny Llama's float32 weights
+    with every linear and the embedding encoded in BLOCK_PLAN's GGUF format (llama.cpp's quantisers)."""
+    import json
+
+    from exactspec.reference.hf import open_safetensors_files
+    from exactspec.reference.block_linear import BlockLinear
+    config = json.loads((model_dir / "config.json").read_text())
+    with open_safetensors_files([str(model_dir / "model.safetensors")]) as ckpt:
+        floats = {name: np.asarray(ckpt.read_float32(name), F32) for name in ckpt.header()}
+    fmt_of = {"model.embed_tokens.weight": "Q8_0"}
+    for layer, parts in BLOCK_PLAN.items():
+        for part, fmt in parts.items():
+            group = "self_attn" if part.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            fmt_of[f"model.layers.{layer}.{group}.{part}.weight"] = fmt
+    entries, ref_tensors, ref_blocks = {}, {}, {}
+    for name, w in floats.items():
+        if name not in fmt_of:
+            entries[name] = {"dtype": "F32", "shape": list(w.shape), "b64": b64(w)}
+            ref_tensors[name] = w
+            continue
+        fmt, (rows, cols) = fmt_of[name], w.shape
+        raw = twin.quantize_weights(fmt, w)
+        dequant = twin.dequantize_rows(fmt, raw, rows, cols)
+        entries[name] = {"dtype": fmt, "shape": [rows, cols], "b64": b64(np.frombuffer(raw, np.uint8)), "f32": b64(dequant)}
+        ref_tensors[name] = dequant
+        if name not in MIXED:
+            ref_blocks[name] = BlockLinear(fmt, raw, rows, cols, name=name, source="a blocks map")
+    return config, entries, ref_tensors, ref_blocks
+
+
+def q8act_vs_reference(page, ref, vocab, seed, what):
+    """Logits of blocks of several sizes vs the q8act reference; returns the max abs error."""
+    from test_gpu_f32_linears import forward_map
+    from tolerances import max_error, within
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for length, sizes in ((17, [9, 1, 7]), (40, [8, 9, 3])):
+        ids = rng.integers(0, vocab, length)
+        blocks = split(ids, sizes)
+        ref.reset()
+        for (block, start), logits in zip(blocks, forward_map(page, blocks, vocab)):
+            want = ref.forward(block, start)
+            worst = max(worst, max_error(logits, want, "champion_logits_q8act"))
+            assert within(logits, want, "champion_logits_q8act"), (what, worst)
+    print(f"[err] {what}: q8act champion vs q8act reference max abs {worst:.3e}")
+    return worst
+
+
+def test_q8act_champion_on_the_q8_artifact(gpu_page, tiny_q8):
+    """createChampion(modelUrl, {matmul: "q8act"}): every int8 linear (and the tied int8 head) on
+    qmatmul_rowq8; logits vs LlamaReference(weights="q8", matmul="q8act") within the stated
+    tolerance; blocks bit for bit equal to single positions; both integer paths the same bits."""
+    from test_gpu_f32_linears import assert_blocks_bitwise, forward_map
+    from exactspec.reference.reference_llama import LlamaReference
+    ref = LlamaReference.from_dir(tiny_q8, weights="q8", role="champion", matmul="q8act")
+    assert ref.matmul_function == "q8act-v1"
+    info = gpu_page.evaluate(LOAD_URL_JS, [url_of(tiny_q8), {"matmul": "q8act"}])
+    assert info["matmulFunction"] == "q8act-v1" and info["dot4"] is True
+    assert info["forms"]["head"] == "tied" and {f for layer in info["forms"]["layers"] for f in layer.values()} == {"q8"}
+    vocab = ref.vocab_size
+    q8act_vs_reference(gpu_page, ref, vocab, 3, "tiny q8 artifact")
+    ids, singles = assert_blocks_bitwise(gpu_page, vocab, 4, "q8act tiny (dot4)")
+    gpu_page.evaluate(LOAD_URL_JS, [url_of(tiny_q8), {"matmul": "q8act", "dot4": False}])
+    unpacked = np.concatenate(forward_map(gpu_page, split(ids, [9, 9, 9]), vocab))
+    assert np.array_equal(bits(unpacked), bits(singles)), "the unpacking path gave other bits"
+    f32 = gpu_page.evaluate(LOAD_URL_JS, [url_of(tiny_q8), {}])          # the default is unchanged: the float kernels
+    assert f32["matmulFunction"] == "f32" and f32["dot4"] is None
+
+
+def test_q8act_champion_on_gguf_blocks(gpu_page, tiny_q8):
+    """createChampionFromTensors with GGUF Q8_0 / Q4_0 / Q4_1 entries in their blocks under matmul
+    "q8act": those linears run on their kernels (forms say so), a mixed q|k|v group and the
+    embedding's gather use the exact float32 entries, the tied head the embedding's blocks; logits
+    vs the reference computing the same (BlockLinear parts) within the stated tolerance, blocks bit
+    for bit equal to single positions."""
+    from test_gpu_f32_linears import assert_blocks_bitwise, validated
+    from exactspec.reference.reference_llama import LlamaReference
+    config, entries, ref_tensors, ref_blocks = blocks_model(tiny_q8)
+    ref = LlamaReference(config, ref_tensors, "ab" * 32, role="champion", matmul="q8act", blocks=ref_blocks.get)
+    info = gpu_page.evaluate(LOAD_MAP_JS, [validated(config), entries, {"matmul": "q8act"}])
+    assert info["matmulFunction"] == "q8act-v1"
+    assert info["forms"]["embed"] == "f32" and info["forms"]["head"] == "Q8_0"
+    assert info["forms"]["layers"] == [{"qkv": "Q8_0", "o": "Q4_0", "gateUp": "Q4_1", "down": "Q8_0"},
+                                       {"qkv": "f32", "o": "Q4_1", "gateUp": "Q4_0", "down": "Q4_1"}]
+    q8act_vs_reference(gpu_page, ref, ref.vocab_size, 5, "tiny GGUF blocks")
+    assert_blocks_bitwise(gpu_page, ref.vocab_size, 6, "q8act GGUF blocks")
+    plain = gpu_page.evaluate(LOAD_MAP_JS, [validated(config), entries, {}])   # matmul "f32": every block entry as float32
+    assert plain["forms"]["head"] == "tied" and {f for layer in plain["forms"]["layers"] for f in layer.values()} == {"f32"}
+
+
+def test_q8act_champion_refusals(gpu_page, tiny_q8):
+    from test_gpu_f32_linears import validated
+    config, entries, _, _ = blocks_model(tiny_q8)
+    bad = dict(entries)
+    name = "model.layers.0.mlp.down_proj.weight"
+    bad[name] = {**entries[name], "b64": b64(np.frombuffer(base64_bytes(entries[name]["b64"])[:-2], np.uint8))}
+    with pytest.raises(Exception, match=r"E_MODEL_LOAD: a blocks map: tensor model\.layers\.0\.mlp\.down_proj\.weight holds"):
+        gpu_page.evaluate(LOAD_MAP_JS, [validated(config), bad, {"matmul": "q8act"}])
+    with pytest.raises(Exception, match=r"E_BAD_ARGUMENT: matmul \"q4\" is not one of f32, q8act"):
+        gpu_page.evaluate(LOAD_MAP_JS, [validated(config), entries, {"matmul": "q4"}])
+
+
+def base64_bytes(s):
+    import base64
+    return base64.b64decode(s)

@@ -4,7 +4,8 @@ import {
 } from "./device.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
 import { gpuHyperParameters, readValidatedConfig, resolveMaxContext, ropeTable } from "../formats/model_config.mjs";
-import { bindingLimit, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
+import { bindingLimit, formRowBytes, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
+import { compileQmatmulPipelines, QMATMUL_FORMATS, QOPS } from "./qmatmul.mjs";
 import { sha256Hex } from "../sha256.mjs";
 import { modelLoadError } from "../formats/model_checks.mjs";
 
@@ -12,8 +13,13 @@ export const KERNELS = [
   "embed_gather", "rmsnorm_f32", "matmul_q8", "rope_qkv", "attention_scores",
   "attention_softmax", "attention_values", "swiglu_f32", "matmul_f32", "embed_gather_q8", "bias_add_f32",
 ];
+/** The matmul option -> the function's name and version as reported (docs/quant_kernels.md): "f32"
+ *  (the float kernels on int8 or float32 weights: the default) or "q8act" (q8 and GGUF Q8_0 / Q4_0 /
+ *  Q4_1 linears on the q8act-v1 kernels, docs/gpu.md "Weights in their blocks"). */
+export const MATMUL_FUNCTIONS = { f32: "f32", q8act: "q8act-v1" };
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
+const isBlockForm = (form) => Object.hasOwn(QMATMUL_FORMATS, form) && form !== "ROWQ8";
 
 /** Meta fields and dispatch grid of each kernel, from its dims: the one place both the forward
  *  and the test harness compute them. `matmul_q8`/`matmul_f32` dims: {n, rows: out, cols: in},
@@ -48,6 +54,8 @@ export const OPS = {
     grid: [cdiv(d.n * d.heads * d.headDim / 4, 64), 1, 1],
   }),
   swiglu_f32: (d) => ({ meta: [u(d.n), u(d.inter)], grid: [cdiv(d.inter, 64), d.n, 1] }),
+  quantize_act: QOPS.quantize_act,        // matmul "q8act" only (web/gpu/qmatmul.mjs)
+  qmatmul: QOPS.qmatmul,
 };
 
 /** Compile the champion's pipelines (no model needed: the kernels take their shapes at run time). */
@@ -55,13 +63,39 @@ export function compileChampionPipelines(device, shaderUrl = null) {
   return createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), KERNELS);
 }
 
-/** Stored form of one weight in a tensor map: "q8" (`<name>.q8` int8 + `<name>.scale`) or "f32"
- *  (`<name>` F32, under its Hugging Face name). */
-function formOf(tensors, name, where) {
+/** Stored form of one weight in a tensor map: "q8" (`<name>.q8` int8 + `<name>.scale`), "f32"
+ *  (`<name>` F32, under its Hugging Face name), or with matmul "q8act" a GGUF block form ("Q8_0",
+ *  "Q4_0", "Q4_1": `<name>` in its blocks, as ggufTensorMap(..., {blocks: true}) gives). A block
+ *  entry of another type (Q4_K, Q6_K: no WGSL kernel yet) or under matmul "f32" is "f32": its
+ *  float32() entry (the exact dequantisation) is uploaded. */
+function formOf(tensors, name, where, matmul = "f32") {
   const q8 = tensors.has(`${name}.q8`), f32 = tensors.has(name);
   if (q8 && f32) throw modelLoadError(`${where}: tensor ${name} is stored twice (F32 and ${name}.q8)`);
   if (!q8 && !f32) throw modelLoadError(`${where}: missing tensor ${name} (F32, or ${name}.q8 + ${name}.scale)`);
-  return q8 ? "q8" : "f32";
+  if (q8) return "q8";
+  const dtype = tensors.get(name).dtype;
+  return matmul === "q8act" && isBlockForm(dtype) ? dtype : "f32";
+}
+
+/** A tensor's float32 entry: itself, or a block entry's exact dequantisation (its float32()). */
+function float32Entry(tensors, name, shape, where) {
+  const t = tensors.get(name);
+  if (t && t.dtype !== "F32" && typeof t.float32 === "function") return expectTensor(new Map([[name, t.float32()]]), name, "F32", shape, where);
+  return expectTensor(tensors, name, "F32", shape, where);
+}
+
+/** A block-form tensor's raw bytes (rows of cols / 32 blocks), checked against its shape. */
+function blockBytes(tensors, name, form, rows, cols, where) {
+  const t = tensors.get(name);
+  const want = rows * formRowBytes(form, cols);
+  if (!(t.dtype === form && Array.isArray(t.shape) && t.shape.length === 2 && t.shape[0] === rows && t.shape[1] === cols)) {
+    throw modelLoadError(`${where}: tensor ${name} is ${t.dtype} ${JSON.stringify(t.shape)}, expected ${form} [${rows}, ${cols}]`);
+  }
+  const bytes = t.bytes;
+  if (!(bytes instanceof Uint8Array) || bytes.byteLength !== want) {
+    throw modelLoadError(`${where}: tensor ${name} holds ${bytes?.byteLength} bytes, ${rows} rows of ${form} need ${want}`);
+  }
+  return bytes;
 }
 
 /** [HF name, rows] of the parts of each fused linear of layer i (q|k|v and gate|up stacked by rows). */
@@ -75,16 +109,33 @@ function linearParts(hp, i) {
   };
 }
 
-/** The stored forms planChampion sizes: embed "f32" | "q8"; head "tied" | "f32" | "q8"; per layer
- *  each fused linear "q8" when all its parts are q8, else "f32" (q8 parts dequantised at upload). */
-function tensorForms(tensors, hp, where) {
+/** The stored forms planChampion sizes: embed "f32" | "q8"; head "tied" | "f32" | "q8" | a block
+ *  form; per layer each fused linear the form all its parts share ("q8", or with matmul "q8act" a
+ *  block form), else "f32" (the other parts dequantised at upload). An embedding in blocks is
+ *  gathered from its float32 entry; tied, under "q8act", the head is its blocks (head = the form). */
+function tensorForms(tensors, hp, where, matmul) {
   const layers = Array.from({ length: hp.layers }, (_, i) => Object.fromEntries(Object.entries(linearParts(hp, i)).map(
-    ([group, parts]) => [group, parts.map(([name]) => formOf(tensors, name, where)).every((f) => f === "q8") ? "q8" : "f32"])));
-  return {
-    embed: formOf(tensors, "model.embed_tokens.weight", where),
-    head: hp.tied ? "tied" : formOf(tensors, "lm_head.weight", where),
+    ([group, parts]) => {
+      const fs = parts.map(([name]) => formOf(tensors, name, where, matmul));
+      return [group, fs.every((f) => f === fs[0]) ? fs[0] : "f32"];
+    })));
+  const embed = formOf(tensors, "model.embed_tokens.weight", where, matmul);
+  const forms = {
+    embed: embed === "q8" ? "q8" : "f32",
+    head: hp.tied ? (isBlockForm(embed) ? embed : "tied") : formOf(tensors, "lm_head.weight", where, matmul),
     layers,
   };
+  if (matmul === "q8act") {        // q8act-v1 quantises its input in blocks of 32 (docs/quant_kernels.md)
+    const shapes = linearShapes(hp);
+    const inputs = [["the LM head", hp.tied ? embed : forms.head, hp.hidden],
+      ...layers.flatMap((f, i) => LINEAR_GROUPS.map((g) => [`layer ${i} ${g}`, f[g], shapes[g][1]]))];
+    for (const [what, form, cols] of inputs) {
+      if (form !== "f32" && cols % 32 !== 0) {
+        throw modelLoadError(`${where}: ${what} has ${cols} input columns, not a multiple of 32: matmul "q8act" cannot run it`);
+      }
+    }
+  }
+  return forms;
 }
 
 /** (rows, cols) int8 + per-row scale as float32 bytes of q8 * scale: one float32 rounding of an
@@ -100,22 +151,24 @@ function dequantisedQ8(q8, scale, rows, cols) {
 }
 
 /** Upload a (rows, cols) tensor made of row-stacked parts [[name, rows]] in `form` (q8: int8
- *  weights + one scale buffer; f32: float32 weights, q8 parts dequantised) into pieces of rows
- *  ({row0, rows}), each its own buffers. */
+ *  weights + one scale buffer; f32: float32 weights, q8 and block parts dequantised; a block form:
+ *  the raw blocks, 4 bytes of padding for the kernels' word reads) into pieces of rows ({row0,
+ *  rows}), each its own buffers; each piece says its `form`. */
 function uploadPieces(device, tensors, parts, cols, form, pieces, where) {
-  const rowBytes = form === "q8" ? cols : 4 * cols;
+  const rowBytes = formRowBytes(form, cols), pad = isBlockForm(form) ? 4 : 0;
   const sources = [];
   let at = 0;
   for (const [name, rows] of parts) {
-    const q8 = formOf(tensors, name, where) === "q8";
+    const q8 = tensors.has(`${name}.q8`);
     const w = q8 ? expectTensor(tensors, `${name}.q8`, "I8", [rows, cols], where).bytes
-      : expectTensor(tensors, name, "F32", [rows, cols], where).bytes;
+      : isBlockForm(form) ? blockBytes(tensors, name, form, rows, cols, where)
+        : float32Entry(tensors, name, [rows, cols], where).bytes;
     const s = q8 ? expectTensor(tensors, `${name}.scale`, "F32", [rows], where).bytes : null;
     sources.push(q8 && form === "f32" ? { row0: at, rows, w: dequantisedQ8(w, s, rows, cols) } : { row0: at, rows, w, s });
     at += rows;
   }
   return pieces.map(({ row0, rows }) => {
-    const piece = { row0, rows, cols, stride: at, w: storageBuffer(device, rows * rowBytes, null, `${parts[0][0]}[${row0}:]`) };
+    const piece = { form, row0, rows, cols, stride: at, w: storageBuffer(device, rows * rowBytes + pad, null, `${parts[0][0]}[${row0}:]`) };
     if (form === "q8") piece.s = storageBuffer(device, rows * 4, null, `${parts[0][0]}.scale[${row0}:]`);
     for (const src of sources) {   // copy the overlap of [src.row0, +src.rows) and [row0, +rows)
       const a = Math.max(row0, src.row0), b = Math.min(row0 + rows, src.row0 + src.rows);
@@ -154,13 +207,16 @@ function uploadLayer(device, tensors, hp, i, forms, pieces, where) {
 /** What both entry points check before any weight is touched: the validated config's
  *  hyper-parameters, the resolved maxContext, maxBlock, and the plan options at this device's
  *  binding limit. */
-function loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes }) {
+function loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes, matmul }) {
+  if (!Object.hasOwn(MATMUL_FUNCTIONS, matmul)) {
+    throw new Error(`E_BAD_ARGUMENT: matmul ${JSON.stringify(matmul)} is not one of ${Object.keys(MATMUL_FUNCTIONS).join(", ")}`);
+  }
   const hp = gpuHyperParameters(config);
   maxContext = resolveMaxContext(hp, maxContext);
   if (!(maxBlock >= 1 && maxBlock <= 64)) throw new Error(`E_BAD_ARGUMENT: maxBlock ${maxBlock} outside [1, 64]`);
-  const planOptions = { maxBlock, maxContext, limit: bindingLimit(device.limits),
+  const planOptions = { maxBlock, maxContext, limit: bindingLimit(device.limits), q8act: matmul === "q8act",
                         weightLimit: bindingLimit(device.limits, maxBindingBytes), budgetBytes: memoryBudgetBytes };
-  return { hp, maxContext, planOptions };
+  return { hp, maxContext, planOptions, matmul };
 }
 
 /** The pipelines: `pipelinesPromise` (from compileChampionPipelines, started earlier, e.g. while
@@ -175,14 +231,15 @@ function pipelinesFor(device, shaderUrl, pipelinesPromise) {
  *  validated config (web/formats/model_config.mjs: the engine's model check hands over Pyodide's;
  *  absent, the folder's config.json is read through the validator's JS port). maxContext: KV positions (default min(max_position_embeddings, 4096)); maxBindingBytes: a
  *  smaller split threshold for the weights than the device's (tests); memoryBudgetBytes: refuse a
- *  plan above it (E_OUT_OF_MEMORY saying which maxContext would fit). */
+ *  plan above it (E_OUT_OF_MEMORY saying which maxContext would fit). matmul: "f32" (default) or
+ *  "q8act" (MATMUL_FUNCTIONS; dot4: that path's integer dot, default where WGSL has dot4I8Packed). */
 export async function createChampion({ device, modelUrl, config = null, maxBlock = 9, maxContext = 0, shaderUrl = null, pipelinesPromise = null,
-                                       maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
+                                       maxBindingBytes = 0, memoryBudgetBytes = 0, matmul = "f32", dot4 = undefined }) {
   const base = new URL(modelUrl.endsWith("/") ? modelUrl : modelUrl + "/", location.href);
   const t0 = performance.now();
   const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
   config ??= await readValidatedConfig(new URL("config.json", base).href, fetch);
-  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes });
+  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes, matmul });
   // refuse before the download what cannot fit even in the smallest forms (every weight q8)
   planChampion(setup.hp, { embed: "q8", head: setup.hp.tied ? "tied" : "q8" }, setup.planOptions);
   const weightsUrl = new URL("model.q8.safetensors", base);
@@ -193,7 +250,7 @@ export async function createChampion({ device, modelUrl, config = null, maxBlock
   const identity = await sha256Hex(fileBytes);
   return buildChampion(device, {
     config, setup, tensors, identity, artifactBytes: fileBytes.byteLength, where: `safetensors file ${weightsUrl.pathname}`,
-    pipelinesReady, times: { t0, t1, t2: performance.now() },
+    pipelinesReady, times: { t0, t1, t2: performance.now() }, shaderUrl, dot4,
   });
 }
 
@@ -202,10 +259,11 @@ export async function createChampion({ device, modelUrl, config = null, maxBlock
  *  Map(name -> {dtype, shape, bytes}) as parseSafetensors gives, any linear, the embedding and the
  *  head either F32 `<name>` or `<name>.q8` + `<name>.scale`; `identity` the sha256 hex of the file
  *  the weights came from; `label` names it in refusals; `artifactBytes` its size (default: the
- *  tensors' bytes). Other options as createChampion. */
+ *  tensors' bytes). Other options as createChampion; with matmul "q8act" a tensor may also come in its
+ *  GGUF blocks (ggufTensorMap's {blocks: true} entries: Q8_0 / Q4_0 / Q4_1 run on their kernels). */
 export async function createChampionFromTensors({ device, config, tensors, identity, label, artifactBytes = 0, maxBlock = 9,
                                                   maxContext = 0, shaderUrl = null, pipelinesPromise = null,
-                                                  maxBindingBytes = 0, memoryBudgetBytes = 0 }) {
+                                                  maxBindingBytes = 0, memoryBudgetBytes = 0, matmul = "f32", dot4 = undefined }) {
   if (!(tensors instanceof Map)) throw new Error("E_BAD_ARGUMENT: tensors must be a Map(name -> {dtype, shape, bytes})");
   if (!(typeof identity === "string" && /^[0-9a-f]{64}$/.test(identity))) {
     throw new Error("E_BAD_ARGUMENT: identity must be the sha256 of the weights' file, 64 lowercase hex digits");
@@ -213,20 +271,21 @@ export async function createChampionFromTensors({ device, config, tensors, ident
   if (!(typeof label === "string" && label !== "")) throw new Error("E_BAD_ARGUMENT: label must name the weights' source");
   const t0 = performance.now();
   const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
-  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes });
+  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes, matmul });
   const bytes = artifactBytes || [...tensors.values()].reduce((sum, t) => sum + t.bytes.byteLength, 0);
   return buildChampion(device, {
-    config, setup, tensors, identity, artifactBytes: bytes, where: label, pipelinesReady, times: { t0, t1: t0, t2: t0 },
+    config, setup, tensors, identity, artifactBytes: bytes, where: label, pipelinesReady, times: { t0, t1: t0, t2: t0 }, shaderUrl, dot4,
   });
 }
 
 /** Plan, upload and wire a champion from a parsed tensor map (both entry points). */
-async function buildChampion(device, { config, setup, tensors, identity, artifactBytes, where, pipelinesReady, times }) {
-  const { hp, maxContext, planOptions } = setup;
+async function buildChampion(device, { config, setup, tensors, identity, artifactBytes, where, pipelinesReady, times, shaderUrl, dot4 }) {
+  const { hp, maxContext, planOptions, matmul } = setup;
   const { t0, t1, t2 } = times;
-  const forms = tensorForms(tensors, hp, where);
+  const forms = tensorForms(tensors, hp, where, matmul);
   const plan = planChampion(hp, forms, planOptions);
-  const pipelines = await pipelinesReady;
+  const q8act = matmul === "q8act" ? await compileQmatmulPipelines(device, { dot4, shaderUrl }) : null;
+  const pipelines = { ...(await pipelinesReady), ...(q8act ? { q8act: q8act.pipelines } : {}) };
   const t3 = performance.now();
   const maxBlock = planOptions.maxBlock;
   device.pushErrorScope("validation");
@@ -253,6 +312,8 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
   let length = 0;   // positions [0, length) hold valid K/V
   const champion = {
     config, identity, artifactBytes, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    matmulFunction: MATMUL_FUNCTIONS[matmul],                 // "f32" | "q8act-v1": part of the champion's identity
+    dot4: q8act ? q8act.dot4 : null,                          // q8act: the integer path (dot4I8Packed or unpacking)
     logitsBuffer: bufs.logits,
     memoryPlan: plan.bytes,                                   // bytes: weights, kvCache, activations, total
     pieces: Object.fromEntries(Object.entries(plan.pieces).map(([k, v]) => [k, v && v.length])),   // buffers per tensor (linears: the most over layers)
@@ -326,8 +387,10 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
   const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, where);
-  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
+  const head = forms.head === "tied" ? embed
+    : uploadPieces(device, tensors, [[hp.tied ? "model.embed_tokens.weight" : "lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
   const kvBytes = maxContext * kvHeads * hd * 4;
+  const maxIn = Math.max(H, qDim, F);
   const bufs = {
     finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], where).bytes, "norm"),
     ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp.config, maxContext), "rope"),
@@ -341,6 +404,10 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
     gateUp: storageBuffer(device, B * 2 * F * 4, null, "gate_up"),      // (B, 2F)
     act: storageBuffer(device, B * F * 4, null, "act"),                 // (B, F)
     logits: storageBuffer(device, B * V * 4, null, "logits"),           // (B, V)
+    ...(pipelines.q8act ? {
+      qx: storageBuffer(device, B * maxIn, null, "qx"),                 // (B, in) int8: the input of the q8act matmul
+      xb: storageBuffer(device, B * (maxIn / 32) * 8, null, "xb"),      // (B, in / 32) (dx, xsum)
+    } : {}),
     kCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `k_cache.${l}`)),   // L x (ctx, KV, hd)
     vCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `v_cache.${l}`)),
   };
@@ -349,11 +416,16 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
   // rewrites the Meta slab and re-encodes the same bind groups.
   const steps = [];
-  const step = (op, tensorsOf, dims) => steps.push({ op, tensorsOf, dims });
+  const step = (op, tensorsOf, dims, pipeline = pipelines[op]) => steps.push({ op, tensorsOf, dims, pipeline });
   const mm = (pieces, xBuf, yBuf, accumulate) => {
+    // matmul "q8act": the q8 and block linears quantise their input once (quantize_act), then one qmatmul a piece
+    const q8act = pipelines.q8act && pieces[0].form !== "f32";
+    if (q8act) step("quantize_act", [xBuf, bufs.qx, bufs.xb], (n) => ({ n, cols: pieces[0].cols }), pipelines.q8act.quantize_act);
     for (const w of pieces) {
       const dims = (n) => ({ n, rows: w.rows, cols: w.cols, accumulate, row0: w.row0, stride: w.stride });
-      if (w.s) step("matmul_q8", [w.w, w.s, xBuf, yBuf], dims);
+      if (q8act && w.s) step("qmatmul", [w.w, w.s, bufs.qx, bufs.xb, yBuf], dims, pipelines.q8act.ROWQ8);
+      else if (q8act) step("qmatmul", [w.w, bufs.qx, bufs.xb, yBuf], dims, pipelines.q8act[w.form]);
+      else if (w.s) step("matmul_q8", [w.w, w.s, xBuf, yBuf], dims);
       else step("matmul_f32", [w.w, xBuf, yBuf], dims);
     }
   };
@@ -385,7 +457,6 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
 
   const metas = metaBuffer(device, steps.length, "meta");
   for (const [slot, s] of steps.entries()) {
-    s.pipeline = pipelines[s.op];
     s.groups = bindGroups(device, s.pipeline, s.tensorsOf, metas, slot);
   }
   return { bufs, steps, metas };

@@ -1,4 +1,5 @@
 // Memory plan of the WebGPU champion (pure): tensors split by rows to fit a binding, bytes by category, refusals.
+import { QMATMUL_FORMATS } from "./qmatmul.mjs";
 
 const MiB = 1024 * 1024;
 const mib = (b) => `${(b / MiB).toFixed(1)} MiB`;
@@ -30,25 +31,35 @@ export function linearShapes(hp) {
 
 const LINEAR_NAMES = { qkv: "self_attn.q|k|v_proj", o: "self_attn.o_proj", gateUp: "mlp.gate|up_proj", down: "mlp.down_proj" };
 
+/** Bytes of one stored row of `cols` weights: "q8" int8, "f32" float32, a GGUF block form
+ *  (Q8_0 | Q4_0 | Q4_1: the q8act kernels, web/gpu/qmatmul.mjs) its blocks. */
+export function formRowBytes(form, cols) {
+  if (form === "q8") return cols;
+  if (form === "f32") return 4 * cols;
+  if (Object.hasOwn(QMATMUL_FORMATS, form) && form !== "ROWQ8") return (cols / 32) * QMATMUL_FORMATS[form].blockBytes;
+  throw new Error(`E_BAD_ARGUMENT: weight form ${JSON.stringify(form)} is not "q8", "f32", "Q8_0", "Q4_0" or "Q4_1"`);
+}
+
 /** The whole plan for hyper-parameters `hp` (web/formats/model_config.mjs gpuHyperParameters) and the stored forms
- *  of the weights: `forms.embed` "f32" | "q8"; `forms.head` "tied" | "f32" | "q8"; `forms.layers`
- *  (optional, default every linear "q8") one {qkv, o, gateUp, down} of "q8" | "f32" per layer.
+ *  of the weights: `forms.embed` "f32" | "q8"; `forms.head` "tied" | "f32" | "q8" | a block form;
+ *  `forms.layers` (optional, default every linear "q8") one {qkv, o, gateUp, down} of "q8" | "f32" |
+ *  a block form (formRowBytes) per layer. `q8act`: the activation quantiser's scratch is counted.
  *  Refuses (E_OUT_OF_MEMORY, saying what would fit) a row wider than a binding, a per-layer KV
  *  cache, attention scratch or logits buffer over a binding, and a total over `budgetBytes`.
  *  `weightLimit` (default `limit`): a smaller piece size for the weights only (tests force splits).
  *  Returns {pieces: {embed, head, qkv, o, gateUp, down} (each linear: its longest piece list over
  *  the layers), layerPieces: per layer {qkv, o, gateUp, down}, bytes}. */
-export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, weightLimit = limit, budgetBytes = 0 }) {
+export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, weightLimit = limit, budgetBytes = 0, q8act = false }) {
   const { vocab: V, hidden: H, inter: F, heads, kvHeads: KV, headDim: hd, layers: L } = hp;
   const qDim = heads * hd, qkvDim = (heads + 2 * KV) * hd;
-  const rowBytes = (form, cols) => (form === "q8" ? cols : 4 * cols);
+  const rowBytes = formRowBytes;
   const shapes = linearShapes(hp);
   const layerForms = forms.layers ?? Array.from({ length: L }, () => ({ qkv: "q8", o: "q8", gateUp: "q8", down: "q8" }));
   if (layerForms.length !== L) throw new Error(`E_BAD_ARGUMENT: forms.layers has ${layerForms.length} entries for ${L} layers`);
-  const byForm = { q8: {}, f32: {} };     // row pieces depend only on the form: computed once per (group, form)
+  const byForm = {};                      // row pieces depend only on the form: computed once per (group, form)
   const linearPieces = (group, form) => {
-    if (!(form in byForm)) throw new Error(`E_BAD_ARGUMENT: linear form ${JSON.stringify(form)} is not "q8" or "f32"`);
     const [rows, cols] = shapes[group];
+    byForm[form] ??= {};
     byForm[form][group] ??= rowPieces(LINEAR_NAMES[group], rows, rowBytes(form, cols), weightLimit);
     return byForm[form][group];
   };
@@ -60,13 +71,14 @@ export function planChampion(hp, forms, { maxBlock: B, maxContext: ctx, limit, w
     ...Object.fromEntries(LINEAR_GROUPS.map((g) => [g, longest(g)])),
   };
   const q8 = (rows, cols) => rows * cols + rows * 4;
-  const linearBytes = (form, [rows, cols]) => (form === "q8" ? q8(rows, cols) : 4 * rows * cols);
-  const big = (form) => (form === "q8" ? q8(V, H) : form === "f32" ? 4 * V * H : 0);
+  const linearBytes = (form, [rows, cols]) => (form === "q8" ? q8(rows, cols) : rows * rowBytes(form, cols));
+  const big = (form) => (form === "tied" ? 0 : linearBytes(form, [V, H]));
   const weights = big(forms.embed) + big(forms.head) + 4 * H * (2 * L + 1) + L * (hp.qkvBias ? 4 * qkvDim : 0)
     + layerForms.reduce((sum, f) => sum + LINEAR_GROUPS.reduce((s, g) => s + linearBytes(f[g], shapes[g]), 0), 0);
   const kvPerPosition = 2 * L * KV * hd * 4;            // K and V of every layer
   const perPosition = kvPerPosition + B * heads * 4 + hd * 4;   // + attention scratch + RoPE table
-  const fixedActs = 4 * B * (1 + 2 * H + qkvDim + 2 * qDim + 3 * F + V);
+  const maxIn = Math.max(H, qDim, F);                   // q8act: the quantised activations (int8 + a vec2 per 32)
+  const fixedActs = 4 * B * (1 + 2 * H + qkvDim + 2 * qDim + 3 * F + V) + (q8act ? B * maxIn + B * (maxIn / 32) * 8 : 0);
   const fits = (perPositionBytes) => Math.floor(limit / perPositionBytes);
   const perBinding = [
     ["the KV cache of one layer", KV * hd * 4], ["the attention scratch", B * heads * 4], ["the RoPE table", hd * 4],
