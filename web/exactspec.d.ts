@@ -22,6 +22,10 @@ export interface EngineOptions {
   manifest?: string | null;             // a pair manifest URL; null: none (the pair is still checked)
   championBackend?: "auto" | "webgpu" | "wasm";
   threads?: "auto" | number;            // WASM champion threads
+  /** The WASM champion's quantised matmul: "q8act" (q8act-v1, weights in their blocks,
+   *  docs/quant_kernels.md), "f32" (the float function, blocks dequantised at load), "auto" (q8act
+   *  where the weights allow it). ready.info.champion.matmul says which ran. */
+  matmul?: "auto" | "q8act" | "f32";
   draftPlacement?: "auto" | "inline" | "worker";
   /** Ready as soon as the champion is; the draft follows ("draft_ready" progress). Default false. */
   draftInBackground?: boolean;
@@ -99,7 +103,8 @@ export interface GenerateResult {
 export interface ReadyInfo {
   timing_ms: Record<string, number>;
   info: {
-    champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number };
+    champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number;
+                matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null };   // WASM: the matmul function, weight bytes held
     draft: { identity: string; placement: "inline" | "worker" } | null;
     draft_error: { code: ErrorCode; message: string } | null;
     draft_loading: boolean;             // draftInBackground: true until "draft_ready"
@@ -116,7 +121,7 @@ export interface ExactSpecEngine {
   generate(prompt: string | number[] | ChatMessage[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
   cancel(): boolean;
   memory(): Promise<Record<string, number | string | boolean>>;
-  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "draftPlacement" | "onProgress">): Promise<ReadyInfo>;
+  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "matmul" | "draftPlacement" | "onProgress">): Promise<ReadyInfo>;
   terminate(): Promise<void>;
 }
 

@@ -1,7 +1,10 @@
 // champion_wasm.mjs — JS side of the WASM-SIMD champion (wasm/champion.c): loads config.json +
 // model.q8.safetensors, or a tensor map (a GGUF's, web/gguf/gguf_tensors.mjs), into the module's memory
-// (q8 linears kept int8 or widened to exact float32; a float32 linear `<name>` with no scale runs as
-// float32 rows times a scale of exactly 1.0), runs the
+// with each linear in the format its matmul reads (docs/champion_wasm.md "Weight formats"): the
+// q8act-v1 function (docs/quant_kernels.md) on the q8 artifact's int8 rows + row scales and on a
+// GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks, written as they are in the file; or the float function
+// (matmul "f32": q8 linears kept int8 or widened to exact float32; a float32 linear `<name>` with no
+// scale runs as float32 rows times a scale of exactly 1.0). It runs the
 // batch-invariant forward over a block and decides the round on the CPU with the semantics of
 // exactspec.core.acceptance.decide_round (docs/champion_wasm.md). Works in a page, a module worker and
 // Node (pass bytes instead of URLs there).
@@ -20,13 +23,19 @@ import { checkedPolicy } from "../sampling_policy.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
-import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { BLOCK_TYPE_IDS, fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
 import { CpuSession } from "./cpu_session.mjs";
 import { createDraft } from "../draft/draft.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
+// weight formats of champion_set_format (wasm/qmatmul.h): the float function's F32 and I8F, the
+// q8act function's ROWQ8 (the q8 artifact) and the GGUF block types under their GGUF type ids
+export const FMT = { F32: 0, ROWQ8: 100, I8F: 101 };
+export const MATMULS = ["auto", "q8act", "f32"];
+export const Q8ACT_FUNCTION = "q8act-v1";     // docs/quant_kernels.md: the function's name and version
+const Q8ACT_BLOCK = 32;                      // activations are quantised per 32 inputs
 // "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
 // them int8 beyond (a 1.5B champion, 6 GB widened, fits wasm32's 4 GiB only as int8). Measured
 // (tools/bench/wasm_champion.py --storage both): widening in registers costs more than the bytes
@@ -91,14 +100,23 @@ async function fetchBytes(fetchFn, url) {
  * SharedArrayBuffer, i.e. a cross-origin isolated page or Node). Results
  * are bitwise the same for any thread count. draft: createDraft's arguments (modelUrl, or
  * configJson + weightsBytes): the draft loaded into this same instance (champion.draft), which
- * beginNow / roundNow need for draft rounds (cpu_session.mjs). weightStorage: how the q8 linears are held in WASM memory, "int8" or "f32"
+ * beginNow / roundNow need for draft rounds (cpu_session.mjs).
+ * matmul: the function of the quantised linears (docs/champion_wasm.md "Weight formats"):
+ * "q8act" (docs/quant_kernels.md's q8act-v1: the q8 artifact's int8 rows + row scales and a GGUF's
+ * block tensors held in their blocks, activations quantised per 32, int32 sums; a linear whose input
+ * width is not a multiple of 32 is refused with E_MODEL_LOAD), "f32" (the float function: q8 values
+ * as exact float32 times the row scale; a GGUF's blocks dequantised to float32 at load), or "auto":
+ * q8act where every quantised linear allows it, else f32, and f32 when weightStorage is given.
+ * champion.matmulFunction says which ran ("q8act-v1" or "f32"), champion.weightBytes the weight
+ * bytes held in WASM memory.
+ * weightStorage (the f32 function only): how the q8 linears are held in WASM memory, "int8" or "f32"
  * (widened at load), or "auto": f32 while the widened copy stays within F32_WEIGHTS_LIMIT, int8
  * beyond (what lets a 1.5B champion fit). Bitwise the same results either way.
  */
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
                                            tensors = null, identity = null, ggufUrl = null,
                                            maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl,
-                                           weightStorage = "auto", draft = null } = {}) {
+                                           weightStorage = "auto", matmul = "auto", draft = null } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
     throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
@@ -107,6 +125,10 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (threads > 1 && (typeof SharedArrayBuffer === "undefined" || globalThis.crossOriginIsolated === false)) {
     throw badArgument(`threads ${threads}: WASM threads need SharedArrayBuffer (a cross-origin isolated page)`);
   }
+  if (!MATMULS.includes(matmul)) throw badArgument(`matmul ${matmul}: auto, q8act or f32`);
+  if (!["auto", "int8", "f32"].includes(weightStorage)) throw badArgument(`weightStorage ${weightStorage}: auto, int8 or f32`);
+  if (matmul === "q8act" && weightStorage !== "auto") throw badArgument(`weightStorage ${weightStorage} is the f32 matmul's (matmul q8act holds the blocks as they are)`);
+  if (matmul === "auto" && weightStorage !== "auto") matmul = "f32";
   if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/cpu\.wasm(\?|$)/, "cpu_mt.wasm$1");
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
@@ -125,7 +147,8 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     ({ identity } = file);
     artifactBytes = file.bytes.byteLength;
     try {
-      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl), { lazy: true });   // one float32 tensor at a time
+      // one tensor at a time: block tensors as their raw bytes (q8act), float32 ones dequantised
+      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl), { lazy: true, blocks: matmul !== "f32" });
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }
@@ -149,9 +172,8 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   } catch (err) {
     throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
-  if (!["auto", "int8", "f32"].includes(weightStorage)) throw badArgument(`weightStorage ${weightStorage}: auto, int8 or f32`);
   const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, tensors,
-    { maxBlock, maxContext, weightStorage, artifactBytes });
+    { maxBlock, maxContext, weightStorage, matmul, artifactBytes });
   champion.identity = identity;
   if (threads > 1) await champion._startPool(module, threads);
   if (draft) {                          // the draft into the same instance: one memory, one arena
@@ -165,6 +187,12 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   return champion;
 }
 
+/** A format code's name in refusals: the GGUF type name of a block format. */
+function formatName(fmt) {
+  const named = Object.entries(FMT).find(([, v]) => v === fmt) ?? Object.entries(BLOCK_TYPE_IDS).find(([, v]) => v === fmt);
+  return named ? named[0] : String(fmt);
+}
+
 /** The tensor map of a whole model.q8.safetensors file (views into its bytes). */
 function safetensorsMap(bytes) {
   const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes.buffer : bytes.slice().buffer;
@@ -176,7 +204,7 @@ function safetensorsMap(bytes) {
 }
 
 export class WasmChampion {
-  constructor(exports, memory, config, c, tensors, { maxBlock, maxContext, weightStorage = "auto", artifactBytes }) {
+  constructor(exports, memory, config, c, tensors, { maxBlock, maxContext, weightStorage = "auto", matmul = "auto", artifactBytes }) {
     this.wasm = exports;
     this.memory = memory;                 // exported (one thread) or imported shared (threads)
     this.threads = 1;
@@ -191,17 +219,16 @@ export class WasmChampion {
     this.draft = null;                    // a Draft in this instance (createWasmChampion's draft option)
     this._session = null;
     this._destroyed = false;
-    const q8Bytes = [...tensors.values()].filter((t) => t.dtype === "I8").reduce((n, t) => n + t.bytes.byteLength, 0);
-    this.f32Linears = LAYER_LINEARS.some(([suffix]) => tensors.has(`model.layers.0.${suffix}`)) ||
-      (!c.tie_word_embeddings && tensors.has("lm_head.weight"));
-    if (this.f32Linears && weightStorage === "int8") throw badArgument("weightStorage int8 cannot hold float32 linears (a GGUF's)");
-    this.weightStorage = weightStorage === "auto" ? (this.f32Linears || 4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
-    // the model's features, from config.json and the artifact: an f32 or q8 embedding (convert
-    // --q8-embedding), a tied or untied (q8) head, q|k|v biases (Qwen2)
+    // the model's features, from config.json and the artifact: an f32, q8 (convert --q8-embedding) or
+    // block (a GGUF's) embedding, a tied or untied head, q|k|v biases (Qwen2)
     this.embedQ8 = tensors.has("model.embed_tokens.weight.q8");
+    this._label = tensors.has("model.layers.0.self_attn.q_proj.weight.q8") ? "model.q8.safetensors" : "tensor map";
+    this._linears = this._planFormats(tensors, c, matmul, weightStorage);   // sets matmulFunction, weightStorage
+    const q8Mode = this.matmulFunction === Q8ACT_FUNCTION ? 2 : this.weightStorage === "int8" ? 1 : 0;
     check(this.wasm.champion_build_config(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
-      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, this.weightStorage === "int8" ? 1 : 0,
+      c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, q8Mode,
       c.qkv_bias ? 1 : 0, c.tie_word_embeddings ? 1 : 0, this.embedQ8 ? 1 : 0), "build");
+    this._setFormats();
     if (c.rope_inv_freq) {             // scaled RoPE (linear, llama3): tables from the inverse frequencies
       const ptr = this._alloc(8 * c.rope_inv_freq.length);
       this._view(Float64Array, ptr, c.rope_inv_freq.length).set(c.rope_inv_freq);
@@ -213,6 +240,8 @@ export class WasmChampion {
       throw asCoded(err, "E_MODEL_LOAD");
     }
     check(this.wasm.champion_check(), "check");
+    /** Bytes of weights held in WASM memory (champion_weight_bytes), null for a module without it. */
+    this.weightBytes = this.wasm.champion_weight_bytes ? this.wasm.champion_weight_bytes() >>> 0 : null;
     const V = c.vocab_size;
     this._idsCap = 0;
     this._ensureIds(Math.max(maxContext, 1024));
@@ -269,27 +298,109 @@ export class WasmChampion {
     this.threads = n;
   }
 
-  _place(kind, layer, tensor, isQ8) {
-    const ptr = this.wasm.champion_tensor_ptr(kind, layer);
-    if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind}`);
-    const n = tensor.bytes.byteLength;
-    if (isQ8 && this.weightStorage === "f32") {   // int8 -> float32: exact
-      this._view(Float32Array, ptr, n).set(new Int8Array(tensor.bytes.buffer, tensor.bytes.byteOffset, n));
-    } else {                        // int8 kept as is, or float32 bytes (the file may leave them unaligned)
-      this._view(Uint8Array, ptr, n).set(tensor.bytes);
+  /** Every linear (embedding, untied head, the layers' seven) with the form it comes in ("q8":
+   *  `<name>.q8` + `<name>.scale`; "block": a GGUF block tensor; "f32": float32 `<name>`) and the
+   *  format the module holds it in; sets matmulFunction and weightStorage. */
+  _planFormats(tensors, c, matmul, weightStorage) {
+    const H = c.hidden_size, V = c.vocab_size;
+    const linears = [{ name: "model.embed_tokens.weight", kind: T.embed, scaleKind: T.s_embed, shape: [V, H], layer: 0, embedding: true }];
+    if (!c.tie_word_embeddings) linears.push({ name: "lm_head.weight", kind: T.lm_head, scaleKind: T.s_lm_head, shape: [V, H], layer: 0 });
+    for (let l = 0; l < c.num_layers; l++) {
+      for (const [suffix, kind, scaleKind, shape] of LAYER_LINEARS) {
+        linears.push({ name: `model.layers.${l}.${suffix}`, kind, scaleKind, shape: shape(c), layer: l });
+      }
+    }
+    for (const lin of linears) {
+      const t = tensors.get(lin.name);
+      lin.form = tensors.has(`${lin.name}.q8`) ? "q8" : t && t.ggmlType !== undefined ? "block" : "f32";
+    }
+    const quantised = linears.filter((lin) => lin.form !== "f32");
+    // q8act quantises activations per 32: a q8 linear of another input width cannot run it
+    const narrow = quantised.find((lin) => lin.form === "q8" && lin.shape[1] % Q8ACT_BLOCK !== 0);
+    if (matmul === "q8act" && narrow) {
+      throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${narrow.name}.q8: ${narrow.shape[1]} columns are not a multiple of ${Q8ACT_BLOCK} (matmul q8act)`);
+    }
+    const q8act = matmul !== "f32" && quantised.length > 0 && !narrow;
+    this.matmulFunction = q8act ? Q8ACT_FUNCTION : "f32";
+    if (q8act) {
+      this.weightStorage = "blocks";
+    } else {
+      const f32Linears = linears.some((lin) => lin.form !== "q8" && !lin.embedding);
+      if (f32Linears && weightStorage === "int8") throw badArgument("weightStorage int8 cannot hold float32 linears (a GGUF's)");
+      const q8Bytes = quantised.filter((lin) => lin.form === "q8").reduce((n, lin) => n + lin.shape[0] * lin.shape[1], 0);
+      this.weightStorage = weightStorage === "auto" ? (f32Linears || 4 * q8Bytes <= F32_WEIGHTS_LIMIT ? "f32" : "int8") : weightStorage;
+    }
+    for (const lin of linears) {
+      if (lin.form === "block" && !q8act) lin.form = "f32";            // the f32 function: dequantised at load
+      lin.fmt = lin.form === "f32" ? FMT.F32 : lin.form === "block" ? tensors.get(lin.name).ggmlType
+        : q8act ? FMT.ROWQ8 : this.weightStorage === "int8" ? FMT.I8F : FMT.F32;
+    }
+    return linears;
+  }
+
+  /** Each linear's format into the module (champion_set_format), before its first tensor pointer.
+   *  A module without champion_set_format runs the f32 function only. */
+  _setFormats() {
+    if (!this.wasm.champion_set_format) {
+      if (this.matmulFunction !== "f32") throw codedError("E_MODEL_LOAD", "this CPU module has no q8act matmul (champion_set_format): rebuild it (bash wasm/build.sh)");
+      return;
+    }
+    for (const lin of this._linears) {
+      if (lin.kind === T.embed && lin.form === "f32") continue;       // a float32 embedding: nothing to choose
+      const status = this.wasm.champion_set_format(lin.kind, lin.layer, lin.fmt);
+      if (status !== 0) {
+        throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${lin.name}: the module refuses format ${formatName(lin.fmt)} ` +
+          `for ${lin.shape[0]} x ${lin.shape[1]} (an unsupported format, or columns not a multiple of its block)`);
+      }
     }
   }
 
-  /** A linear of `rows` rows: `<name>.q8` + `<name>.scale`, or float32 `<name>` with scales of 1.0
-   *  (x * 1.0 is x: the same arithmetic, exactly, as a float32 matmul). */
-  _placeLinear(tensors, name, kind, scaleKind, shape, label, layer = 0) {
-    if (!tensors.has(`${name}.q8`) && tensors.has(name)) {
-      this._place(kind, layer, expectTensor(tensors, name, "F32", shape, label), false);
-      this._place(scaleKind, layer, { bytes: this._ones(shape[0]) }, false);
-      return;
+  /** Write `bytes` (the values as they are, or int8 widened to exact float32) where the module
+   *  holds tensor `kind`; the module's byte count must be what is written. */
+  _place(kind, layer, bytes, widen, name) {
+    const n = widen ? 4 * bytes.byteLength : bytes.byteLength;
+    if (this.wasm.champion_tensor_bytes) {
+      const want = this.wasm.champion_tensor_bytes(kind, layer) >>> 0;
+      if (want !== n) throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name}: the module holds ${want} bytes for it, the file gives ${n} (byte count mismatch)`);
     }
-    this._place(kind, layer, expectTensor(tensors, `${name}.q8`, "I8", shape, label), true);
-    this._place(scaleKind, layer, expectTensor(tensors, `${name}.scale`, "F32", [shape[0]], label), false);
+    const ptr = this.wasm.champion_tensor_ptr(kind, layer);
+    if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind} (${name})`);
+    if (widen) {                    // int8 -> float32: exact
+      this._view(Float32Array, ptr, bytes.byteLength).set(new Int8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+    } else {                        // int8 or blocks kept as they are, or float32 bytes (the file may leave them unaligned)
+      this._view(Uint8Array, ptr, n).set(bytes);
+    }
+  }
+
+  /** A float32 tensor: as given, or a block tensor's float32 entry (a norm or bias stored in blocks). */
+  _f32(tensors, name, shape) {
+    const t = tensors.get(name);
+    const entry = t && t.ggmlType !== undefined ? new Map([[name, t.float32()]]) : tensors;
+    return expectTensor(entry, name, "F32", shape, this._label).bytes;
+  }
+
+  /** One linear in its planned format: `<name>.q8` + `<name>.scale` (int8, widened for F32), a
+   *  block tensor's raw bytes (no scale), or float32 `<name>` with scales of 1.0 (x * 1.0 is x: the
+   *  same arithmetic, exactly, as a float32 matmul). */
+  _placeLinear(tensors, lin) {
+    const { name, kind, scaleKind, shape, layer } = lin;
+    if (lin.form === "q8") {
+      this._place(kind, layer, expectTensor(tensors, `${name}.q8`, "I8", shape, this._label).bytes, lin.fmt === FMT.F32, `${name}.q8`);
+      this._place(scaleKind, layer, expectTensor(tensors, `${name}.scale`, "F32", [shape[0]], this._label).bytes, false, `${name}.scale`);
+    } else if (lin.form === "block") {
+      const t = tensors.get(name);
+      if (t.shape.length !== 2 || t.shape[0] !== shape[0] || t.shape[1] !== shape[1]) {
+        throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
+      }
+      const bytes = t.bytes;
+      if (bytes.byteLength !== shape[0] * t.rowBytes) {
+        throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name}: ${t.dtype} holds ${bytes.byteLength} bytes, its shape needs ${shape[0] * t.rowBytes} (byte count mismatch)`);
+      }
+      this._place(kind, layer, bytes, false, name);
+    } else {
+      this._place(kind, layer, this._f32(tensors, name, shape), false, name);
+      if (!lin.embedding) this._place(scaleKind, layer, this._ones(shape[0]), false, `${name} (scales of 1.0)`);
+    }
   }
 
   _ones(n) {
@@ -298,26 +409,18 @@ export class WasmChampion {
   }
 
   _placeAll(tensors, c) {
-    const label = this.f32Linears ? "tensor map" : "model.q8.safetensors";
     const H = c.hidden_size;
-    const V = c.vocab_size;
-    if (this.embedQ8) {
-      this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight.q8", "I8", [V, H], label), true);
-      this._place(T.s_embed, 0, expectTensor(tensors, "model.embed_tokens.weight.scale", "F32", [V], label), false);
-    } else {
-      this._place(T.embed, 0, expectTensor(tensors, "model.embed_tokens.weight", "F32", [V, H], label), false);
-    }
-    if (!c.tie_word_embeddings) this._placeLinear(tensors, "lm_head.weight", T.lm_head, T.s_lm_head, [V, H], label);
-    this._place(T.final_norm, 0, expectTensor(tensors, "model.norm.weight", "F32", [H], label), false);
+    for (const lin of this._linears) this._placeLinear(tensors, lin);
+    this._place(T.final_norm, 0, this._f32(tensors, "model.norm.weight", [H]), false, "model.norm.weight");
     for (let l = 0; l < c.num_layers; l++) {
       const p = `model.layers.${l}.`;
-      this._place(T.attn_norm, l, expectTensor(tensors, `${p}input_layernorm.weight`, "F32", [H], label), false);
-      this._place(T.mlp_norm, l, expectTensor(tensors, `${p}post_attention_layernorm.weight`, "F32", [H], label), false);
-      for (const [suffix, kind, kindScale, shape] of LAYER_LINEARS) this._placeLinear(tensors, `${p}${suffix}`, kind, kindScale, shape(c), label, l);
+      for (const [norm, kind] of [["input_layernorm", T.attn_norm], ["post_attention_layernorm", T.mlp_norm]]) {
+        this._place(kind, l, this._f32(tensors, `${p}${norm}.weight`, [H]), false, `${p}${norm}.weight`);
+      }
       if (c.qkv_bias) {                // Qwen2: q|k|v biases, float32
         for (const [proj, kind] of Object.entries(T.bias)) {
           const rows = (proj === "q_proj" ? c.num_heads : c.num_kv_heads) * c.head_dim;
-          this._place(kind, l, expectTensor(tensors, `${p}self_attn.${proj}.bias`, "F32", [rows], label), false);
+          this._place(kind, l, this._f32(tensors, `${p}self_attn.${proj}.bias`, [rows]), false, `${p}self_attn.${proj}.bias`);
         }
       }
     }

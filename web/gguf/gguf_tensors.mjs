@@ -1,13 +1,21 @@
-// gguf_tensors.mjs — a GGUF file as a champion tensor map: every tensor dequantised to float32 exactly as
-// gguf_dequant.py computes it, under its Hugging Face name, q/k rows put back from llama.cpp's RoPE
-// order (gguf_model.py). The map is what parseSafetensors gives for a safetensors file:
-// Map(name -> {dtype: "F32", shape, bytes: Uint8Array}); both champion loaders take it as is (F32
-// linears with no scale). A row holding inf or NaN is refused naming the tensor and row.
+// gguf_tensors.mjs — a GGUF file as a champion tensor map, under Hugging Face names, q/k rows put back
+// from llama.cpp's RoPE order (gguf_model.py). Two ways to read a tensor:
+// - float32 (every loader can take it): dequantised exactly as gguf_dequant.py computes it. The map is
+//   what parseSafetensors gives for a safetensors file: Map(name -> {dtype: "F32", shape, bytes:
+//   Uint8Array}); both champion loaders take it as is (F32 linears with no scale). A row holding inf
+//   or NaN is refused naming the tensor and row.
+// - in its blocks ({blocks: true}: the WASM champion's q8act matmul, docs/quant_kernels.md): a tensor
+//   of a block type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) comes as {dtype: its type name, ggmlType: the
+//   GGUF type id, shape, rowBytes, bytes: the raw block bytes read straight from the file (rows of
+//   q/k re-ordered as whole rows of blocks), float32(): the float32 entry above}; a block whose f16
+//   scale (or min) is inf or NaN is refused naming the tensor and row. F32/F16/BF16 tensors stay
+//   float32 entries (F16/BF16 widened exactly).
 //
 //   const { bytes, identity } = await fetchGgufFile(fetchFn, url);     // the whole file, and its sha256
 //   const tensors = ggufTensorMap(bytes, config, label);               // config: gguf_model's, validated
+//   const blocks = ggufTensorMap(bytes, config, label, { lazy: true, blocks: true });
 import { dequantize } from "./gguf_dequant.mjs";
-import { parseGgufHeader, refuse, pyRepr } from "./gguf_reader.mjs";
+import { parseGgufHeader, refuse, pyRepr, TENSOR_TYPES } from "./gguf_reader.mjs";
 import { fetchModelFile } from "../formats/safetensors.mjs";
 import { sha256Hex } from "../sha256.mjs";
 
@@ -26,11 +34,14 @@ export function hfName(ggufName) {
   return `model.layers.${m[1]}.${LAYER_NAMES[m[2]]}.${m[3]}`;
 }
 
+/** GGUF type name -> type id, for the block types the WASM champion multiplies in their blocks. */
+export const BLOCK_TYPE_IDS = Object.fromEntries([...TENSOR_TYPES].filter(([, [, per]]) => per > 1).map(([id, [name]]) => [name, id]));
+
 /** llama.cpp's q/k row order (per head: adjacent pairs) back to HF's (per head: halves), as a new
- *  array: w is rows (nHeads * headDim) x cols. */
+ *  array of w's type: w is rows (nHeads * headDim) x cols elements (or, for raw blocks, bytes). */
 export function unpermuteRopeRows(w, nHeads, cols) {
   const headDim = w.length / cols / nHeads, half = headDim / 2;
-  const out = new Float32Array(w.length);
+  const out = new w.constructor(w.length);
   for (let h = 0; h < nHeads; h++) {
     for (let j = 0; j < half; j++) {
       for (let s = 0; s < 2; s++) {        // llama.cpp row 2j + s holds HF row j + s * half
@@ -54,8 +65,9 @@ export async function fetchGgufFile(fetchFn, url, label = String(url)) {
 /** See the header comment. config: the validated HF config dict (num_attention_heads, num_key_value_heads,
  *  model_type) from the model check. lazy: each tensor's bytes are dequantised when read, and only
  *  the last one read is kept (a loader that copies tensors one by one then holds the file and one
- *  float32 tensor, not the whole float32 model twice); refusals of a weight then come at that read. */
-export function ggufTensorMap(bytes, config, label, { lazy = false } = {}) {
+ *  float32 tensor, not the whole float32 model twice); refusals of a weight then come at that read.
+ *  blocks: block-typed tensors come in their blocks (the header comment), checked when read. */
+export function ggufTensorMap(bytes, config, label, { lazy = false, blocks = false } = {}) {
   const header = parseGgufHeader(bytes, bytes.byteLength, label);
   const permuted = config.model_type === "llama";          // qwen2 files are stored unpermuted
   const tensors = new Map();
@@ -67,17 +79,44 @@ export function ggufTensorMap(bytes, config, label, { lazy = false } = {}) {
       : name.endsWith(".k_proj.weight") ? config.num_key_value_heads : 0;
     const materialise = () => float32Tensor(bytes, t, heads, label);
     const shape = [...t.dims].reverse();
-    if (!lazy) {
-      tensors.set(name, { dtype: "F32", shape, bytes: materialise() });
-      continue;
-    }
-    tensors.set(name, { dtype: "F32", shape, get bytes() {
+    const floatEntry = () => (lazy ? { dtype: "F32", shape, get bytes() {
       if (last.name !== name) last = { name, bytes: materialise() };
       return last.bytes;
-    } });
+    } } : { dtype: "F32", shape, bytes: materialise() });
+    if (blocks && Object.hasOwn(BLOCK_TYPE_IDS, t.typeName)) {
+      const raw = () => blockTensor(bytes, t, heads, label);
+      const rowBytes = t.nbytes / (t.dims.slice(1).reduce((a, d) => a * d, 1) || 1);
+      let held = lazy ? null : raw();
+      tensors.set(name, { dtype: t.typeName, ggmlType: BLOCK_TYPE_IDS[t.typeName], shape, rowBytes,
+        get bytes() { return held ?? raw(); }, float32: floatEntry });
+      continue;
+    }
+    tensors.set(name, floatEntry());
   }
   return tensors;
 }
+
+/** One block-typed tensor's raw bytes, straight from the file (a view) or, for q/k rows of a llama
+ *  file, re-ordered as whole rows (a copy); every f16 scale / min finite. */
+function blockTensor(bytes, t, heads, label) {
+  const raw = bytes.subarray(t.offset, t.offset + t.nbytes);
+  const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
+  const rowBytes = t.nbytes / rows;
+  const [, perBlock, blockBytes] = TENSOR_TYPES.get(BLOCK_TYPE_IDS[t.typeName]);
+  const halves = SCALE_HALVES[t.typeName];
+  for (let b = 0, nBlocks = t.nbytes / blockBytes; b < nBlocks; b++) {
+    for (const at of halves) {
+      const h = raw[b * blockBytes + at] | (raw[b * blockBytes + at + 1] << 8);
+      if ((h & 0x7c00) === 0x7c00) {
+        throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${Math.floor(b / (cols / perBlock))} holds a block whose f16 scale is inf or NaN`);
+      }
+    }
+  }
+  return heads ? unpermuteRopeRows(raw, heads, rowBytes) : raw;
+}
+
+// byte offsets of the f16 scales (and mins) inside one block of each block type (gguf_dequant.mjs)
+const SCALE_HALVES = { Q8_0: [0], Q4_0: [0], Q4_1: [0, 2], Q4_K: [0, 2], Q6_K: [208] };
 
 /** One tensor's float32 bytes: dequantised, every row finite, q/k rows un-permuted over `heads` (0: none). */
 function float32Tensor(bytes, t, heads, label) {

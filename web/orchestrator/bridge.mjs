@@ -33,13 +33,13 @@ export function chooseDraftPlacement(placement, championKind) {
  * allocation after that many (tests).
  */
 export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
-  championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", draftPlacement = "auto", choice = null, prepared = null,
+  championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0 }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
-  const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads };
+  const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads, matmul };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   const tOpen = performance.now();
   const championWarmup = champ.warmUp?.() ?? null;   // WASM: every forward path warmed, threads calibrated
@@ -197,7 +197,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     info: {
       champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings,
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
-        backend: champ.kind, backend_why: choice.why,
+        backend: champ.kind, backend_why: choice.why, matmul: champ.matmul ?? null, weight_bytes: champ.weightBytes ?? null,
         ...(champ.threads ? { threads: champ.threads().count, threads_why: champ.threads().why } : {}),
         ...(championWarmup ? { warmup_ms: championWarmup } : {}) },
       draft: draftInfo(),
@@ -254,6 +254,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       const m = champ.memory();
       return { champion_backend: champ.kind, gpu_buffers_live: m.buffers_live, gpu_bytes_live: m.category === "gpu_buffers" ? m.live : 0,
         gpu_bytes_peak: m.category === "gpu_buffers" ? m.peak : 0, wasm_champion_bytes: m.category === "wasm_champion" ? m.live : 0,
+        champion_weight_bytes: champ.weightBytes ?? 0,
         wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: champ.lost };
     },
     close() {

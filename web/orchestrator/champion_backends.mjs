@@ -164,7 +164,7 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
   return backend;
 }
 
-async function openWasm({ championUrl, championConfig = null, maxContext, maxBlock, wasmUrl, threads = "auto" }) {
+async function openWasm({ championUrl, championConfig = null, maxContext, maxBlock, wasmUrl, threads = "auto", matmul = "auto" }) {
   const plan = championThreads(threads);
   let mod;
   try {
@@ -172,12 +172,13 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
   } catch (err) {
     throw codedError("E_MODEL_LOAD", `the WASM champion module did not load: ${err.message ?? err}`);
   }
-  const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads: plan.count,
+  const champion = await mod.createWasmChampion({ wasmUrl, maxBlock, maxContext, threads: plan.count, matmul,
     configJson: championConfig, ...(isGgufUrl(championUrl) ? { ggufUrl: championUrl } : { modelUrl: championUrl }) });
   let nanRows = 0;
   const backend = {
     kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
     maxContext: champion.maxContext, config: champion.config, lost: false,
+    matmul: champion.matmulFunction, weightBytes: champion.weightBytes,   // "q8act-v1" | "f32"; bytes of weights held
     forward: (ids, startPos) => champion.forward(ids, startPos),
     async decide(args) { return backend.decideNow(args); },
     // synchronous twins (CPU work: nothing to wait for), which spare the orchestrator an event-loop hop
@@ -203,7 +204,7 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     },
     loseDevice() { backend.lost = true; },
     memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
-    hardwareClass: () => `wasm-simd/threads-${champion.threads}/cpu-${cpuBucket()}`,
+    hardwareClass: () => `wasm-simd/threads-${champion.threads}/${champion.matmulFunction}/cpu-${cpuBucket()}`,
     /** Threads in use and why (the plan, and a calibration's medians when there was one). */
     threads: () => ({ count: champion.threads, why: backend.threadsWhy }),
     threadsWhy: plan.why,

@@ -60,6 +60,7 @@ export function startModuleWorker(url) {
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, silenceTimeoutMs, faults,
    *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n,
+   *  matmul: "auto"|"q8act"|"f32" (the WASM champion's quantised matmul, docs/champion_wasm.md),
    *  draftPlacement: "auto"|"inline"|"worker"}. `faults` enables engine.fault() (tests). "auto"
    *  takes WebGPU only from a hardware adapter; the draft runs inline next to a WASM champion. */
   static async create(models, options = {}) {
@@ -110,7 +111,7 @@ export class Engine {
    *  threads ("auto" or a count): the WASM champion's; "auto" takes min(cores, 4) in a cross-origin
    *  isolated page and keeps it only if a forward is faster than at 1 thread
    *  (ready.info.champion.threads, threads_why; champion_backends.mjs championThreads). */
-  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto",
+  async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
@@ -119,7 +120,7 @@ export class Engine {
     const { worker, ...assets } = this.assets;
     this._onDraftReady = onProgress;
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
-      champion_backend: championBackend, threads, draft_placement: draftPlacement, assets,
+      champion_backend: championBackend, threads, matmul, draft_placement: draftPlacement, assets,
       draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp } }, timeoutMs, onProgress);
     return this.ready;
   }

@@ -104,7 +104,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       championUrl: models.champion, championConfig: checked.champion_config ?? null,
       draftUrl: models.draft || null, draftConfig: checked.draft_config ?? null, counters, runtimeInfo,
       faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
-      championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto",
+      championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto", matmul: options.matmul ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
       draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
