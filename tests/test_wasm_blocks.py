@@ -24,6 +24,7 @@ from gguf_builders import REPO, smollm2_path as fetched_smollm2
 from node_harness import run_harness
 from synthetic_models import odd_q8, write_tiny_model
 from tolerances import max_error, within
+from browser_fixture import chromium_browser  # noqa: F401
 
 HARNESS = Path(REPO) / "web" / "tests" / "blocks_harness.mjs"
 WASM = str(Path(REPO) / "web" / "build" / "cpu.wasm")
@@ -233,3 +234,23 @@ def test_smollm2_q4_1_decodes_in_its_blocks_identically_at_1_2_and_3_threads(smo
     text = pair.tokenizer.decode(outs[0]["greedy"])
     print(f"[measure] SmolLM2 Q4_1 q8act greedy after 'The capital of France is': {text!r}")
     assert text.startswith(" Paris")
+
+
+def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browser):
+    """In the page: ready.info.champion names the function and the weight bytes, the receipt's
+    hardware_class names the function, memory() the weight bytes; matmul "f32" reloads the float function."""
+    from exactspec.host.browser_run import BrowserRuntime
+    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="wasm", warm_up=False)
+    try:
+        info = rt.ready["info"]["champion"]
+        assert info["backend"] == "wasm" and info["matmul"] == "q8act-v1"
+        assert 0 < info["weight_bytes"] <= MEMORY_RATIO * q8_tensor_bytes(TOY)
+        receipt = rt.generate({"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 4, "speculate": "none"}})["result"]["receipt"]
+        assert "/q8act-v1/" in receipt["hardware_class"], receipt["hardware_class"]
+        assert rt.page.evaluate("() => window.exactspecRunner.memory()")["champion_weight_bytes"] == info["weight_bytes"]
+        f32 = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
+                               [{"champion": "/web/models/champion/", "draft": None}, {"championBackend": "wasm", "matmul": "f32", "warmUp": False}])
+        assert f32["ready"]["info"]["champion"]["matmul"] == "f32"
+        assert f32["ready"]["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
+    finally:
+        rt.close()
