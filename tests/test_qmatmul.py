@@ -106,12 +106,13 @@ def special_inputs(n: int, cols: int, rng) -> np.ndarray:
 
 
 def shapes(fmt: str) -> list:
-    """(n, rows, cols): n = 1..9, rows not multiples of 4 or 8 (and 64: 8-row tiles), cols 32..1536."""
+    """(n, rows, cols): n = 1..9, rows not multiples of 4 or 8 (and 64: 8-row tiles), cols 32..1536;
+    one at SmolLM2-135M's down_proj size (576 rows: 72 chunks of 8 for the thread pool)."""
     if qt.block_elems(fmt) == 256:
         return [(1, 1, 256), (2, 3, 256), (3, 12, 512), (4, 37, 256), (5, 37, 512), (6, 12, 1536),
-                (7, 3, 768), (8, 37, 256), (9, 12, 512), (1, 64, 512), (9, 37, 1536)]
+                (7, 3, 768), (8, 37, 256), (9, 12, 512), (1, 64, 512), (9, 37, 1536), (5, 576, 1536)]
     return [(1, 1, 32), (2, 3, 64), (3, 12, 96), (4, 37, 160), (5, 37, 512), (6, 12, 1536),
-            (7, 3, 32), (8, 37, 64), (9, 12, 512), (1, 64, 96), (9, 37, 1536)]
+            (7, 3, 32), (8, 37, 64), (9, 12, 512), (1, 64, 96), (9, 37, 1536), (5, 576, 1536)]
 
 
 def make_cases(fmt: str, seed: int) -> list:
@@ -437,6 +438,7 @@ def outputs(out: dict, cases: list) -> list:
     got = []
     for (fmt, (n, rows, cols, *_)), r in zip(cases, out["results"]):
         assert r["status"] == 0, f"{fmt} ({n}, {rows}, {cols}): status {r['status']}"
+        assert r["guard_ok"], f"{fmt} ({n}, {rows}, {cols}): bytes written past the (n, rows) output"
         got.append(np.frombuffer(base64.b64decode(r["out"]), "<f4").reshape(n, rows))
     return got
 

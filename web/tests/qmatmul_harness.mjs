@@ -8,14 +8,16 @@
 // (fmt's layout), scale (rows,) float32 or null, x (n, cols) float32, each base64. threads > 1:
 // cpu_mt.wasm with a pool of threads - 1 helpers (champion_thread.mjs), started before any model as
 // the champion starts it. No model is built: the hook works on its own.
-// -> {exports: bool (the module has champion_qmatmul), threads, results: [{status, out}]}: out
-// (n, rows) float32 as base64 when status is 0, else "".
+// -> {exports: bool (the module has champion_qmatmul), threads, results: [{status, out, guard_ok}]}:
+// out (n, rows) float32 as base64 when status is 0, else ""; guard_ok: the GUARD bytes after the
+// output are as they were (nothing written past n * rows).
 import { readFileSync, writeFileSync } from "node:fs";
 import { Worker } from "node:worker_threads";
 import { cpuImports, isThreadedModule } from "../champion_wasm/cpu_module.mjs";
 
 const HELPER_STACK_BYTES = 256 * 1024;       // champion_wasm.mjs's
 const POOL_START_MS = 20_000;
+const GUARD = 64;                            // bytes after the output that must stay 0x5A
 
 const [, , casesPath, outPath] = process.argv;
 const spec = JSON.parse(readFileSync(casesPath, "utf8"));
@@ -58,16 +60,18 @@ if (out.exports) {
   const need = (key) => Math.max(16, ...spec.cases.map((c) => (c[key] ? Buffer.from(c[key], "base64").length : 0)));
   const wCap = need("w"), sCap = need("scale"), xCap = need("x");
   const oCap = Math.max(16, ...spec.cases.map((c) => 4 * c.n * c.rows));
-  const wPtr = alloc(wCap), sPtr = alloc(sCap), xPtr = alloc(xCap), oPtr = alloc(oCap);
+  const wPtr = alloc(wCap), sPtr = alloc(sCap), xPtr = alloc(xCap), oPtr = alloc(oCap + GUARD);
   for (const c of spec.cases) {
     const w = bytesOf(c.w), x = bytesOf(c.x);
     new Uint8Array(mem(), wPtr, w.length).set(w);
     new Uint8Array(mem(), xPtr, x.length).set(x);
     if (c.scale) { const s = bytesOf(c.scale); new Uint8Array(mem(), sPtr, s.length).set(s); }
     new Uint8Array(mem(), oPtr, 4 * c.n * c.rows).fill(0xA5);   // a result not written shows
+    new Uint8Array(mem(), oPtr + 4 * c.n * c.rows, GUARD).fill(0x5A);
     const status = e.champion_qmatmul(c.fmt, wPtr, c.scale ? sPtr : 0, xPtr, c.n, c.rows, c.cols, oPtr);
     const result = status === 0 ? Buffer.from(new Uint8Array(mem(), oPtr, 4 * c.n * c.rows).slice()).toString("base64") : "";
-    out.results.push({ status, out: result });
+    const guardOk = new Uint8Array(mem(), oPtr + 4 * c.n * c.rows, GUARD).every((b) => b === 0x5A);
+    out.results.push({ status, out: result, guard_ok: guardOk });
   }
   if (threads > 1) {
     e.champion_threads_stop();
