@@ -111,8 +111,9 @@ def shapes(fmt: str) -> list:
     if qt.block_elems(fmt) == 256:
         return [(1, 1, 256), (2, 3, 256), (3, 12, 512), (4, 37, 256), (5, 37, 512), (6, 12, 1536),
                 (7, 3, 768), (8, 37, 256), (9, 12, 512), (1, 64, 512), (9, 37, 1536), (5, 576, 1536)]
+    odd = [(3, 5, 36), (2, 9, 100)] if fmt in ("F32", "I8F") else []   # the float function: cols % 4
     return [(1, 1, 32), (2, 3, 64), (3, 12, 96), (4, 37, 160), (5, 37, 512), (6, 12, 1536),
-            (7, 3, 32), (8, 37, 64), (9, 12, 512), (1, 64, 96), (9, 37, 1536), (5, 576, 1536)]
+            (7, 3, 32), (8, 37, 64), (9, 12, 512), (1, 64, 96), (9, 37, 1536), (5, 576, 1536)] + odd
 
 
 def make_cases(fmt: str, seed: int) -> list:
@@ -319,8 +320,9 @@ def test_encoders_round_trip(fmt):
 def exact_weights(fmt: str, raw: bytes, rows: int, cols: int, scale) -> np.ndarray:
     """(rows, cols) float64: the weights section 2 says the integers stand for, unrounded
     (ROWQ8: q s_r; Q4_1 / Q4_K: dw q + mw; Q6_K: dw sub q)."""
-    if fmt == "F32":
-        return np.frombuffer(raw, "<f4").reshape(rows, cols).astype(np.float64)
+    if fmt in ("F32", "I8F"):
+        w = np.frombuffer(raw, "<f4" if fmt == "F32" else np.int8).reshape(rows, cols).astype(np.float64)
+        return w if scale is None else w * scale.astype(np.float64)[:, None]
     q, dw, mw, sub = qt.decode_blocks(fmt, raw, rows, cols)
     w = np.repeat(dw.astype(np.float64), 32, 1) * q
     if sub is not None:
