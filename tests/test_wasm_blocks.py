@@ -254,3 +254,49 @@ def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browse
         assert f32["ready"]["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
     finally:
         rt.close()
+
+
+def test_the_page_picks_the_relaxed_build_and_it_gives_the_same_bits(chromium_browser, tiny):
+    """Chromium's relaxed SIMD passes cpu_simd.mjs's probe: "auto" loads cpu_relaxed.wasm (the Q4
+    formats' dot products); its logits on a GGUF of every block type are the bits of cpu.wasm's."""
+    from exactspec.host.browser_run import BrowserRuntime
+    path = tiny["llama"][0]
+    case = gguf_case(path)
+    V = case["config"]["vocab_size"]
+    ids = [int(i) for i in np.random.default_rng(23).integers(0, V, 9)]
+    rt = BrowserRuntime(path, None, browser=chromium_browser, champion_backend="wasm", warm_up=False)
+    try:
+        info = rt.ready["info"]["champion"]
+        assert info["simd"] == "relaxed" and info["matmul"] == "q8act-v1"
+        receipt = rt.generate({"prompt": "hello", "config": {"temperature": 0, "max_new_tokens": 2, "speculate": "none"}})["result"]["receipt"]
+        assert receipt["hardware_class"].startswith("wasm-relaxed-simd/"), receipt["hardware_class"]
+        out = rt.page.evaluate("""async ([url, config, ids]) => {
+            const { createWasmChampion } = await import('/web/champion_wasm/champion_wasm.mjs');
+            const { validateConfig } = await import('/web/formats/model_checks.mjs');
+            const rows = {};
+            for (const simd of ['simd128', 'relaxed']) {
+              const c = await createWasmChampion({ wasmUrl: '/web/build/cpu.wasm', ggufUrl: url, configJson: validateConfig(config), simd });
+              await c.forward(Int32Array.from(ids), 0);
+              rows[simd] = { simd: c.simd, bits: Array.from(new Uint32Array((await c.readLogits(ids.length)).buffer)) };
+              c.destroy();
+            }
+            return rows;
+        }""", ["/models/champion/" + os.path.basename(path), case["config"], ids])
+        assert out["simd128"]["simd"] == "simd128" and out["relaxed"]["simd"] == "relaxed"
+        assert out["relaxed"]["bits"] == out["simd128"]["bits"] and len(set(out["simd128"]["bits"])) > 100
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("flags, works", [((), False), (("--experimental-wasm-relaxed-simd", "--no-liftoff"), True),
+                                          (("--experimental-wasm-relaxed-simd", "--liftoff-only"), False)])
+def test_the_relaxed_probe_and_the_module_names(flags, works):
+    """cpu_simd.mjs: Node 20 has no relaxed SIMD by default; with it, TurboFan gives the spec's sums and
+    Liftoff twice them (the probe says no, so "auto" keeps cpu.wasm); the one name mapping."""
+    import subprocess
+    script = """import('./web/champion_wasm/cpu_simd.mjs').then(({ relaxedDotWorks, moduleUrl }) => console.log(JSON.stringify([
+      relaxedDotWorks(), moduleUrl('/web/build/cpu.wasm?v=1', { relaxed: true }), moduleUrl('/web/build/cpu.wasm', { threads: 2 }),
+      moduleUrl('b/cpu.wasm', { threads: 3, relaxed: true }), moduleUrl('x/mycpu.wasm', { relaxed: true })])))"""
+    out = subprocess.run(["node", *flags, "--input-type=module", "-e", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [works, "/web/build/cpu_relaxed.wasm?v=1", "/web/build/cpu_mt.wasm",
+                                      "b/cpu_mt_relaxed.wasm", "x/mycpu.wasm"]

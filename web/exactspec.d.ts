@@ -104,7 +104,8 @@ export interface ReadyInfo {
   timing_ms: Record<string, number>;
   info: {
     champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number;
-                matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null };   // WASM: the matmul function, weight bytes held
+                matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null;   // WASM: the matmul function, weight bytes held
+                simd: "relaxed" | "simd128" | null };                              // WASM: the module build (relaxed SIMD where it is right)
     draft: { identity: string; placement: "inline" | "worker" } | null;
     draft_error: { code: ErrorCode; message: string } | null;
     draft_loading: boolean;             // draftInBackground: true until "draft_ready"

@@ -27,6 +27,7 @@ import { BLOCK_TYPE_IDS, fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tenso
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
 import { CpuSession } from "./cpu_session.mjs";
+import { moduleUrl, relaxedDotWorks } from "./cpu_simd.mjs";
 import { createDraft } from "../draft/draft.mjs";
 
 const MAX_BLOCK_LIMIT = 64;
@@ -34,6 +35,7 @@ const MAX_BLOCK_LIMIT = 64;
 // q8act function's ROWQ8 (the q8 artifact) and the GGUF block types under their GGUF type ids
 export const FMT = { F32: 0, ROWQ8: 100, I8F: 101 };
 export const MATMULS = ["auto", "q8act", "f32"];
+export const SIMDS = ["auto", "simd128", "relaxed"];
 export const Q8ACT_FUNCTION = "q8act-v1";     // docs/quant_kernels.md: the function's name and version
 const Q8ACT_BLOCK = 32;                      // activations are quantised per 32 inputs
 // "auto" widens the q8 linears to f32 at load while that copy is at most this many bytes, and keeps
@@ -112,11 +114,15 @@ async function fetchBytes(fetchFn, url) {
  * weightStorage (the f32 function only): how the q8 linears are held in WASM memory, "int8" or "f32"
  * (widened at load), or "auto": f32 while the widened copy stays within F32_WEIGHTS_LIMIT, int8
  * beyond (what lets a 1.5B champion fit). Bitwise the same results either way.
+ * simd (a module loaded from wasmUrl): "relaxed" loads the relaxed-SIMD build (cpu_relaxed.wasm,
+ * cpu_mt_relaxed.wasm: the Q4 formats' dot products, the same bits), "simd128" the plain one, "auto"
+ * the relaxed one where this engine's relaxed dot product gives the spec's sums (cpu_simd.mjs's
+ * probe) and the file can be fetched. champion.simd says which runs ("relaxed" | "simd128").
  */
 export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weightsBytes, configJson, fetchFn,
                                            tensors = null, identity = null, ggufUrl = null,
                                            maxBlock = 9, maxContext = 0, threads = 1, wasmThreadsUrl,
-                                           weightStorage = "auto", matmul = "auto", draft = null } = {}) {
+                                           weightStorage = "auto", matmul = "auto", simd = "auto", draft = null } = {}) {
   fetchFn = fetchFn ?? globalThis.fetch?.bind(globalThis);
   if (!(Number.isInteger(maxBlock) && maxBlock >= 1 && maxBlock <= MAX_BLOCK_LIMIT)) {
     throw badArgument(`maxBlock ${maxBlock} outside [1, ${MAX_BLOCK_LIMIT}]`);
@@ -129,11 +135,21 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (!["auto", "int8", "f32"].includes(weightStorage)) throw badArgument(`weightStorage ${weightStorage}: auto, int8 or f32`);
   if (matmul === "q8act" && weightStorage !== "auto") throw badArgument(`weightStorage ${weightStorage} is the f32 matmul's (matmul q8act holds the blocks as they are)`);
   if (matmul === "auto" && weightStorage !== "auto") matmul = "f32";
-  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? wasmUrl.replace(/cpu\.wasm(\?|$)/, "cpu_mt.wasm$1");
+  if (!SIMDS.includes(simd)) throw badArgument(`simd ${simd}: auto, simd128 or relaxed`);
+  if (simd === "relaxed" && !wasmBytes && !relaxedDotWorks()) {
+    throw badArgument("simd relaxed: this engine's relaxed SIMD dot product is missing or does not give the spec's sums");
+  }
+  let relaxed = !wasmBytes && simd !== "simd128" && relaxedDotWorks();
+  if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? moduleUrl(wasmUrl, { threads });
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
   const [wasm, configRaw, file] = await Promise.all([
-    wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
+    wasmBytes ?? (relaxed ? fetchBytes(fetchFn, moduleUrl(wasmUrl, { threads, relaxed }))
+      .catch((err) => {                // "auto" does without a build it cannot fetch
+        if (simd === "relaxed") throw err;
+        relaxed = false;
+        return fetchBytes(fetchFn, wasmUrl);
+      }) : fetchBytes(fetchFn, wasmUrl)),
     configJson ?? readValidatedConfig(base + "config.json", fetchFn),
     tensors ?? (ggufUrl ? fetchGgufFile(fetchFn, ggufUrl) : null)
       ?? weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
@@ -175,6 +191,8 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, tensors,
     { maxBlock, maxContext, weightStorage, matmul, artifactBytes });
   champion.identity = identity;
+  champion.simd = instance.exports.cpu_relaxed_simd ? (instance.exports.cpu_relaxed_simd() ? "relaxed" : "simd128")
+    : wasmBytes ? (simd === "auto" ? "simd128" : simd) : relaxed ? "relaxed" : "simd128";
   if (threads > 1) await champion._startPool(module, threads);
   if (draft) {                          // the draft into the same instance: one memory, one arena
     try {

@@ -198,6 +198,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings,
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
         backend: champ.kind, backend_why: choice.why, matmul: champ.matmul ?? null, weight_bytes: champ.weightBytes ?? null,
+        simd: champ.simd ?? null,
         ...(champ.threads ? { threads: champ.threads().count, threads_why: champ.threads().why } : {}),
         ...(championWarmup ? { warmup_ms: championWarmup } : {}) },
       draft: draftInfo(),

@@ -179,6 +179,7 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     kind: "wasm", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
     maxContext: champion.maxContext, config: champion.config, lost: false,
     matmul: champion.matmulFunction, weightBytes: champion.weightBytes,   // "q8act-v1" | "f32"; bytes of weights held
+    simd: champion.simd,                                                  // "relaxed" | "simd128": the module build
     forward: (ids, startPos) => champion.forward(ids, startPos),
     async decide(args) { return backend.decideNow(args); },
     // synchronous twins (CPU work: nothing to wait for), which spare the orchestrator an event-loop hop
@@ -204,7 +205,8 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     },
     loseDevice() { backend.lost = true; },
     memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
-    hardwareClass: () => `wasm-simd/threads-${champion.threads}/${champion.matmulFunction}/cpu-${cpuBucket()}`,
+    hardwareClass: () => `wasm-${champion.simd === "relaxed" ? "relaxed-simd" : "simd"}/threads-${champion.threads}/` +
+      `${champion.matmulFunction}/cpu-${cpuBucket()}`,
     /** Threads in use and why (the plan, and a calibration's medians when there was one). */
     threads: () => ({ count: champion.threads, why: backend.threadsWhy }),
     threadsWhy: plan.why,
