@@ -46,7 +46,8 @@ def test_only_the_bench_server_serves_wllama():
         assert _get(app.url + WLLAMA_JS)[0] == 404
         status, headers = _get(bench.url + WLLAMA_JS)
         assert status == 200 and headers["Content-Type"] == "text/javascript"
-        assert headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "worker-src 'self' blob:")
+        assert headers["Content-Security-Policy"] == (CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "worker-src 'self' blob:")
+                                                      .replace("frame-ancestors 'none'", "frame-ancestors 'self'"))
         assert _get(app.url + "/web/runner.mjs")[1]["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
         # the rest of the bench server is the app's: no other node_modules, no escaping the package
         assert _get(bench.url + "/node_modules/@wllama/wllama/../../pyodide/package.json")[0] == 404

@@ -6,6 +6,7 @@ Chromium page, interleaved over rounds so machine noise hits all alike.
                                [--rounds 3] [--prompts 3] [--corpus-strata dialogue,summary,extraction]
                                [--corpus-only] [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
                                [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc] [--baseline COMMIT]
+                               [--tfjs ONNX_FOLDER [--tfjs-dtypes fp32,int8] [--tfjs-threads 1,2]]
 
 Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
 adaptive scheduler, k <= 8 chosen per round).
@@ -20,6 +21,11 @@ compared one for one. Prints the tables, writes build/bench/ (JSON and Markdown)
 generated section of docs/performance.md (and, for a --champion, the "real model" sections of
 docs/performance.md and docs/models.md), with the exact command, date, load and commit. Numbers,
 not assertions: the machine is shared and noisy.
+
+--tfjs adds transformers.js (onnxruntime-web WASM) on an ONNX export of the same champion
+(tools/bench/onnx_export.py; bench-only install: tools/bench/setup_onnx.sh): one runner per dtype
+and thread count, each in an iframe of the page, timed with the page clock, its greedy tokens
+compared with ours, and our champion alone set against its fastest runner (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -43,8 +49,15 @@ from exactspec.host.safe_files import copy_file, write_file  # noqa: E402
 
 WLLAMA_PREFIX = "/node_modules/@wllama/wllama/"
 WLLAMA_DIR = os.path.join(REPO, "node_modules", "@wllama", "wllama")
-# wllama starts its worker from a blob: URL, which the app's `worker-src 'self'` forbids
-BENCH_CSP = static_server.CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "worker-src 'self' blob:")
+# transformers.js and onnxruntime-web (--tfjs): a bench-only install, build/tfjs/ (tools/bench/setup_onnx.sh)
+TFJS_MODULES = os.path.join(REPO, "build", "tfjs", "node_modules")
+TFJS_MOUNTS = {"/node_modules/@huggingface/transformers/": os.path.join(TFJS_MODULES, "@huggingface", "transformers"),
+               "/node_modules/onnxruntime-web/": os.path.join(TFJS_MODULES, "onnxruntime-web")}
+TFJS_DTYPES = ("fp32", "int8")           # onnx/model.onnx, onnx/model_int8.onnx (tools/bench/onnx_export.py)
+# wllama starts its worker from a blob: URL, which the app's `worker-src 'self'` forbids; each
+# transformers.js runner lives in a same-origin iframe of the bench page (web/bench/peer_tfjs.mjs)
+BENCH_CSP = (static_server.CONTENT_SECURITY_POLICY.replace("worker-src 'self'", "worker-src 'self' blob:")
+             .replace("frame-ancestors 'none'", "frame-ancestors 'self'"))
 PROMPTS = ["In the beginning God created", "To be, or not to be,", "And the LORD said unto Moses,",
            "What light through yonder window breaks?", "Blessed are the poor in spirit:"]
 MODES = ("none", "draft", "lookup")
@@ -104,6 +117,54 @@ def bench_models(champion, draft, gguf, mounts: dict) -> dict:
         raise SystemExit(f"E_BAD_ARGUMENT: --champion {champion}: neither a .gguf file nor a model folder (no config.json)")
     return {"champion": url, "draft": where(draft, "draft", "draft")[0] if draft else None, "local": local,
             "gguf": where(gguf, "gguf")[0] if gguf else (url if local.endswith(".gguf") else None)}
+
+
+def tfjs_runners(dtypes: str, threads: str) -> list:
+    """--tfjs-dtypes "fp32,int8" and --tfjs-threads "1,2" -> [(runner name, dtype, threads)]:
+    tfjs-fp32-t1, tfjs-fp32-t2, tfjs-int8-t1, ..."""
+    out = []
+    for dtype in (d for d in dtypes.split(",") if d):
+        if dtype not in TFJS_DTYPES:
+            raise SystemExit(f"E_BAD_ARGUMENT: --tfjs-dtypes {dtype}: one of {', '.join(TFJS_DTYPES)}")
+        for t in (t for t in threads.split(",") if t):
+            if not t.isdigit() or int(t) < 1:
+                raise SystemExit(f"E_BAD_ARGUMENT: --tfjs-threads {t}: a thread count (1, 2, ...)")
+            out.append((f"tfjs-{dtype}-t{int(t)}", dtype, int(t)))
+    return out
+
+
+def tfjs_model_url(folder: str, dtypes: list, mounts: dict) -> str:
+    """The URL of the ONNX model folder transformers.js loads (tools/bench/onnx_export.py's output,
+    mounted as /models/tfjs/ unless under web/), after checking it and build/tfjs/ hold what the
+    runners need."""
+    from exactspec.host.browser_run import _url_for
+    files = ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    files += [os.path.join("onnx", "model.onnx" if d == "fp32" else f"model_{d}.onnx") for d in dtypes]
+    missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise SystemExit(f"E_BAD_ARGUMENT: --tfjs {folder}: no {', '.join(missing)} (build/onnx_venv/bin/python "
+                         "tools/bench/onnx_export.py MODEL.gguf FOLDER writes them)")
+    if not all(os.path.isdir(path) for path in TFJS_MOUNTS.values()):
+        raise SystemExit("E_BAD_ARGUMENT: --tfjs: transformers.js is not installed in build/tfjs/ "
+                         "(bash tools/bench/setup_onnx.sh installs it)")
+    return _url_for(folder, "tfjs", mounts)
+
+
+def tfjs_comparison(rows: list) -> list:
+    """Per temperature, our champion alone (every ours-BACKEND:none row) against transformers.js at
+    its best (the fastest tfjs-* row): [{temperature, ours, tfjs, ours_ms, tfjs_ms, speedup}],
+    speedup = tfjs ms/token / ours ms/token (2.0: ours twice as fast)."""
+    out = []
+    for t in sorted({r["temperature"] for r in rows}):
+        tfjs = [r for r in rows if r["temperature"] == t and r["runner"].startswith("tfjs-")]
+        if not tfjs:
+            continue
+        best = min(tfjs, key=lambda r: r["ms_per_token"])
+        for r in rows:
+            if r["temperature"] == t and r["runner"].startswith("ours-") and r["runner"].endswith(":none"):
+                out.append({"temperature": t, "ours": r["runner"], "tfjs": best["runner"], "ours_ms": r["ms_per_token"],
+                            "tfjs_ms": best["ms_per_token"], "speedup": round(best["ms_per_token"] / r["ms_per_token"], 3)})
+    return out
 
 
 def prompt_set(n: int, strata: list, corpus_only: bool = False) -> list:
@@ -169,13 +230,15 @@ def baseline_tree(rev: str) -> str:
 
 
 class PeerServer(static_server.StaticServer):
-    """The app's static server plus wllama's package folder, with a CSP that allows blob: workers:
-    for this benchmark and its test only (`exactspec serve` never serves wllama)."""
+    """The app's static server plus wllama's package folder and transformers.js's (build/tfjs/), with a
+    CSP that allows blob: workers and same-origin frames: for this benchmark and its tests only
+    (`exactspec serve` never serves wllama or transformers.js)."""
 
     def __init__(self, mounts=None):
         super().__init__(mounts=mounts)
         handler = self.httpd.RequestHandlerClass   # a class made for this server alone (StaticServer)
-        handler.mounts = {**handler.mounts, WLLAMA_PREFIX: os.path.realpath(WLLAMA_DIR)}
+        handler.mounts = {**handler.mounts, WLLAMA_PREFIX: os.path.realpath(WLLAMA_DIR),
+                          **{prefix: os.path.realpath(path) for prefix, path in TFJS_MOUNTS.items()}}
         handler.end_headers = _bench_end_headers
 
 
@@ -210,6 +273,13 @@ def first_divergence(a: list, b: list):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def median_or_none(values, digits: int = 2):
+    """The median of the values that are not None, rounded; None when there are none (a runner
+    without a clock of its own: transformers.js has no own ms/token)."""
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), digits) if values else None
+
+
 def summarise(records: list, load_ms: dict) -> list:
     """One row per (runner, temperature): medians over every prompt and round."""
     groups: dict = {}
@@ -217,7 +287,7 @@ def summarise(records: list, load_ms: dict) -> list:
         groups.setdefault((r["runner"], r["temperature"]), []).append(r)
     rows = []
     for (runner, temperature), rs in groups.items():
-        med = lambda key: round(statistics.median(v for v in (x[key] for x in rs) if v is not None), 2)
+        med = lambda key: median_or_none(x[key] for x in rs)
         rows.append({"runner": runner, "temperature": temperature, "requests": len(rs),
                      "ms_per_token": med("ms_per_token"), "own_ms_per_token": med("own_ms_per_token"),
                      "first_token_ms": med("first_token_ms"),
@@ -234,7 +304,8 @@ def markdown_table(rows: list) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         vs = f"{r['vs_wllama']:.2f}x" if r["vs_wllama"] is not None else "-"
-        lines.append(f"| {r['runner']} | {r['temperature']:g} | {r['ms_per_token']:.1f} | {vs} | {r['own_ms_per_token']:.1f} | "
+        own = f"{r['own_ms_per_token']:.1f}" if r["own_ms_per_token"] is not None else "-"
+        lines.append(f"| {r['runner']} | {r['temperature']:g} | {r['ms_per_token']:.1f} | {vs} | {own} | "
                      f"{r['first_token_ms']:.0f} | {r['tokens_per_round']:.2f} | {r['load_ms'] / 1000:.1f} |")
     return "\n".join(lines)
 
@@ -317,16 +388,26 @@ def run(args) -> dict:
     if args.baseline:                          # the same backends from an earlier commit's engine, interleaved
         baseline_tree(args.baseline)
         backends += [f"{b}@{args.baseline}" for b in backends]
+    tfjs = tfjs_runners(args.tfjs_dtypes, args.tfjs_threads) if args.tfjs else []
+    if args.tfjs:
+        models["tfjs"] = tfjs_model_url(args.tfjs, [dtype for _, dtype, _ in tfjs], mounts)
     server = PeerServer(mounts=mounts)
     pw = sync_playwright().start()
     browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
     out = {"machine": machine_facts(browser), "args": vars(args), "command": args.command, "models": models,
            "chat": render is not None, "prompts": prompts, "load_ms": {}, "second_load_ms": {},
-           "unavailable": {}, "agreement": [], "records": []}
+           "unavailable": {}, "agreement": [], "records": [], "tfjs": {}}
     engine_models = {"champion": models["champion"], "draft": models["draft"]}
     try:
         context, page = open_bench_page(browser, server)
         call = lambda fn, *a: page.evaluate(f"(a) => window.peerBench.{fn}(...a)", list(a))
+        tcall = lambda fn, *a: page.evaluate(f"(a) => window.peerTfjs.{fn}(...a)", list(a))
+
+        def tfjs_request(name, prompt, temperature):
+            t = tcall("generate", name, prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature})
+            if "refused" in t:
+                raise refusal(name, t["refused"])
+            return t
         for key in ("load_ms", "second_load_ms"):    # the second load replaces the first in the same page
             w = call("loadWllama", models["gguf"], {"nThreads": 1})
             out[key]["wllama"], out["libllama"] = w["load_ms"], w["libllama"]
@@ -349,6 +430,15 @@ def run(args) -> dict:
                 out.setdefault("ready", {})[backend] = {k: r["ready"].get(k) for k in ("timing_ms", "champion_backend")}
             else:
                 ours.append(backend)
+        for name, dtype, threads in tfjs:               # one iframe each: onnxruntime-web's threads are per realm
+            r = tcall("open", name, models["tfjs"], dtype, threads)
+            if "refused" in r:
+                raise refusal(name, r["refused"])
+            if r["threads"] != threads:
+                raise ExactSpecError(E_INTERNAL, f"{name}: onnxruntime-web runs {r['threads']} threads, not {threads} "
+                                                 f"(page cross-origin isolated: {r['cross_origin_isolated']})")
+            out["load_ms"][name] = r["load_ms"]
+            out["tfjs"][name] = {"dtype": dtype, "threads": threads, "version": r["version"]}
         print("load ms (first):", json.dumps({k: round(v) for k, v in out["load_ms"].items()}),
               "(second):", json.dumps({k: round(v) for k, v in out["second_load_ms"].items()}), flush=True)
 
@@ -373,12 +463,24 @@ def run(args) -> dict:
                     if prompt["prompt_ids"] is not None and res["prompt_ids"] != prompt["prompt_ids"]:
                         raise ExactSpecError(E_INTERNAL, f"ours-{backend} {mode}: the engine's chat prompt ids differ from "
                                                          "the template's rendered here")
+                    entry.setdefault("ours_prompt_ids", res["prompt_ids"])
+            ours_ids = next(iter(entry["ours"].values()))["token_ids"] if entry["ours"] else None
+            for name, _, _ in tfjs:                     # transformers.js tokenizes the same text itself
+                t = tfjs_request(name, prompt, 0)
+                entry.setdefault("tfjs", {})[name] = {
+                    "token_ids": t["token_ids"], "prompt_tokens": len(t["prompt_ids"]),
+                    "same_prompt_ids": t["prompt_ids"] == entry["ours_prompt_ids"] if "ours_prompt_ids" in entry else None,
+                    "first_divergence": first_divergence(t["token_ids"], ours_ids) if ours_ids is not None else None,
+                    "first_divergence_wllama": first_divergence(t["token_ids"], w["token_ids"])}
             out["agreement"].append(entry)
             same_prompt = all(v["prompt_tokens"] == w["prompt_tokens"] for v in entry["ours"].values())
             print(f"greedy agreement {prompt['text'][:40]!r} (prompt tokens {w['prompt_tokens']}"
                   f"{'' if same_prompt else ', NOT the same count as ours'}): " + ", ".join(
                       f"{k} {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
                       for k, v in entry["ours"].items()), flush=True)
+            for name, v in entry.get("tfjs", {}).items():
+                print(f"  {name} against ours: {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
+                      f"{'' if v['same_prompt_ids'] is not False else ' (prompt ids NOT the same as ours)'}", flush=True)
 
         # timed rounds, interleaved: every runner and mode once per prompt, then the next round
         temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -393,6 +495,12 @@ def run(args) -> dict:
                                            "ms_per_token": decode_ms_per_token(w["first_token_ms"], w["total_ms"], w["n_tokens"]),
                                            "tokens_per_round": 1.0, "llama_timings": w["timings"],
                                            "own_ms_per_token": (w["timings"] or {}).get("predicted_per_token_ms")})
+                    for name, _, _ in tfjs:
+                        t = tfjs_request(name, prompt, temperature)
+                        out["records"].append({"runner": name, **common, "n_tokens": t["n_tokens"],
+                                               "first_token_ms": t["first_token_ms"],
+                                               "ms_per_token": decode_ms_per_token(t["first_token_ms"], t["total_ms"], t["n_tokens"]),
+                                               "tokens_per_round": 1.0, "own_ms_per_token": None})
                     for backend in ours:
                         for mode in modes:
                             r = ours_request(backend, mode, temperature, prompt, seed)
@@ -406,6 +514,8 @@ def run(args) -> dict:
                                 "engine_timing_ms": res["timing_ms"],
                                 "own_ms_per_token": res["timing_ms"]["decode"] / n if n else None})
             print(f"round {rnd + 1}/{args.rounds} done, load {os.getloadavg()[0]:.1f}", flush=True)
+        for name, _, _ in tfjs:
+            tcall("close", name)
         call("unload")
         context.close()
         if "webgpu" in ours and args.champion is None:     # the harness loads the toy champion
@@ -441,6 +551,30 @@ def webgpu_verify_ratio(browser, server, k: int, start_pos: int = 64, reps: int 
             "ratio": round(vk / v1, 3), "min_ms": {"1": round(t["1"]["min"], 2), str(k + 1): round(t[str(k + 1)]["min"], 2)}}
 
 
+def tfjs_doc_lines(out: dict) -> list:
+    """The doc's lines on the transformers.js runners (none without --tfjs): what ran, greedy
+    agreement with ours, prompt ids, and ours alone against transformers.js at its best."""
+    if not out.get("tfjs"):
+        return []
+    versions = sorted({v["version"] for v in out["tfjs"].values()})
+    lines = [f"transformers.js {', '.join(versions)} (onnxruntime-web, WASM backend, each runner in its own iframe of the "
+             f"cross-origin-isolated page) on `{out['models']['tfjs']}`: " + ", ".join(
+                 f"{name} ({v['dtype']}, {v['threads']} thread{'s' if v['threads'] > 1 else ''})" for name, v in out["tfjs"].items())
+             + "; it tokenizes the prompt text itself and samples with Math.random (no seed)."]
+    agree = [(e["prompt"], name, v) for e in out["agreement"] for name, v in e.get("tfjs", {}).items()]
+    same = [a for a in agree if a[2]["first_divergence"] is None]
+    lines.append(f"Greedy tokens, transformers.js against ours: {len(same)} of {len(agree)} (prompt, runner) runs identical"
+                 + ("." if len(same) == len(agree) else "; first divergences: " + ", ".join(
+                     f"{p[:20]!r} {name} at {v['first_divergence']}" for p, name, v in agree if v["first_divergence"] is not None) + "."))
+    differ = sorted({name for _, name, v in agree if v["same_prompt_ids"] is False})
+    lines.append("Prompt token ids, transformers.js against ours: " + (
+        "the same for every prompt." if not differ else "different for " + ", ".join(differ) + "."))
+    for c in tfjs_comparison(out["rows"]):
+        lines.append(f"T = {c['temperature']:g}: {c['ours']} {c['ours_ms']:.1f} ms/token against transformers.js at its best "
+                     f"({c['tfjs']}, {c['tfjs_ms']:.1f}): **{c['speedup']:.2f}x**.")
+    return lines
+
+
 def doc_section(out: dict) -> str:
     m, a = out["machine"], out["args"]
     models = out["models"]
@@ -462,6 +596,7 @@ def doc_section(out: dict) -> str:
     counts = [e for e in out["agreement"] if any(v["prompt_tokens"] != e["wllama_prompt_tokens"] for v in e["ours"].values())]
     lines.append("Prompt token counts: " + ("the same on both sides for every prompt." if not counts else
                                             f"different for {len(counts)} prompts: " + ", ".join(repr(e["prompt"][:20]) for e in counts) + "."))
+    lines += tfjs_doc_lines(out)
     for backend, err in out["unavailable"].items():
         lines.append(f"Champion backend `{backend}`: unavailable in this engine ({err['code']}: {err['message']}).")
     if "webgpu_verify" in out:
@@ -495,9 +630,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="where the run's JSON goes, its Markdown beside it "
                                          "(default build/bench/peer.json; peer_real_model.json with --champion)")
     ap.add_argument("--no-doc", action="store_true", help="do not rewrite the docs' generated sections")
+    ap.add_argument("--tfjs", help="an ONNX model folder (tools/bench/onnx_export.py) of the same champion: adds "
+                                   "transformers.js runners (onnxruntime-web WASM; bash tools/bench/setup_onnx.sh)")
+    ap.add_argument("--tfjs-threads", default="1,2", help="transformers.js thread counts, comma-separated")
+    ap.add_argument("--tfjs-dtypes", default="fp32,int8", help="transformers.js ONNX dtypes: fp32, int8")
     args = ap.parse_args(argv)
     args.command = "python tools/bench/peer.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    for key in ("champion", "draft", "gguf", "json"):    # paths as given from here (run() works from the repository)
+    for key in ("champion", "draft", "gguf", "json", "tfjs"):    # paths as given from here (run() works from the repository)
         value = getattr(args, key)
         if value and not value.startswith("/"):
             setattr(args, key, os.path.abspath(value))
