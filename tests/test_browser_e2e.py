@@ -117,21 +117,28 @@ def test_eos_endings_are_identical(runtime):
     assert n_eos == 6
 
 
-def _reference_orchestrator():
+def _reference_matmul(runtime) -> str:
+    """The function the browser champion's linears compute (ready.info.champion.matmul, "q8act-v1"
+    on the WASM champion by default, docs/champion_wasm.md), as LlamaReference's matmul option."""
+    return "q8act" if runtime.ready["info"]["champion"].get("matmul") == "q8act-v1" else "f32"
+
+
+def _reference_orchestrator(matmul="f32"):
     tok = Tokenizer.from_file(os.path.join(CHAMPION, "tokenizer.json"))
-    orch = Orchestrator(RunnerChampion(LlamaReference.from_dir(CHAMPION, weights="q8")),
+    orch = Orchestrator(RunnerChampion(LlamaReference.from_dir(CHAMPION, weights="q8", matmul=matmul)),
                         RunnerDraft(LlamaReference.from_dir(DRAFT)), decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     return orch, tok
 
 
 def test_browser_matches_the_cpython_reference_greedy(runtime):
-    """Browser greedy ids vs the float64 reference on the same q8 weights, 10 prompts x 16 tokens:
+    """Browser greedy ids vs the float64 reference on the same q8 weights computing the same matmul
+    function (q8act-v1 on the WASM champion), 10 prompts x 16 tokens:
     where an answer first differs, the reference's logit gap between its token and the browser's
     at that position must be <= flip_margin("champion_logits_vs_reference") (f32 logits within
     that tolerance can swap only such a pair). Later positions are not compared: their contexts
     differ."""
-    orch, tok = _reference_orchestrator()
-    ref_champion = LlamaReference.from_dir(CHAMPION, weights="q8")
+    orch, tok = _reference_orchestrator(_reference_matmul(runtime))
+    ref_champion = LlamaReference.from_dir(CHAMPION, weights="q8", matmul=_reference_matmul(runtime))
     stops = stop_ids_from(CHAMPION)
     n_equal, gaps = 0, []
     for prompt in PROMPTS[:10]:
@@ -155,7 +162,7 @@ def test_same_seed_sampling_browser_vs_reference(runtime):
     """Same seed, mode and prompt: the browser and CPython sample identical answers for at least
     6 of 8 prompts (f32 vs f64 can flip a Gumbel near-tie or a u near the acceptance probability;
     tests/test_gpu_accept.py checks each such flip's margin at the decision level)."""
-    orch, tok = _reference_orchestrator()
+    orch, tok = _reference_orchestrator(_reference_matmul(runtime))
     stops = stop_ids_from(CHAMPION)
     agree, n = 0, 0
     for seed in range(8):

@@ -238,7 +238,7 @@ def test_smollm2_q4_1_decodes_in_its_blocks_identically_at_1_2_and_3_threads(smo
 
 def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browser):
     """In the page: ready.info.champion names the function and the weight bytes, the receipt's
-    hardware_class names the function, memory() the weight bytes; matmul "f32" reloads the float function."""
+    hardware_class names the function, memory() the weight bytes; BrowserRuntime(matmul="f32") loads the float function."""
     from exactspec.host.browser_run import BrowserRuntime
     rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="wasm", warm_up=False)
     try:
@@ -248,10 +248,12 @@ def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browse
         receipt = rt.generate({"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 4, "speculate": "none"}})["result"]["receipt"]
         assert "/q8act-v1/" in receipt["hardware_class"], receipt["hardware_class"]
         assert rt.page.evaluate("() => window.exactspecRunner.memory()")["champion_weight_bytes"] == info["weight_bytes"]
-        f32 = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
-                               [{"champion": "/web/models/champion/", "draft": None}, {"championBackend": "wasm", "matmul": "f32", "warmUp": False}])
-        assert f32["ready"]["info"]["champion"]["matmul"] == "f32"
-        assert f32["ready"]["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
+    finally:
+        rt.close()
+    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="wasm", warm_up=False, matmul="f32")
+    try:
+        assert rt.ready["info"]["champion"]["matmul"] == "f32"
+        assert rt.ready["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
     finally:
         rt.close()
 
