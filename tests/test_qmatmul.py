@@ -265,6 +265,22 @@ def test_activation_quantisation_cases():
             assert (np.isnan(dx[t, b]) and np.isnan(d)) or dx[t, b] == d
 
 
+def test_block_sums_exact_at_the_extremes():
+    """block_sums (a float32 matmul) == int64 sums where they are largest: |q| = 128 or 127 against
+    qx = +-127 (32 products of 2^14: 2^19 < 2^24), sub-scales -128, and random mixtures."""
+    rng = np.random.default_rng(8)
+    qx = np.concatenate([np.full((1, 64), 127), np.full((1, 64), -127), rng.integers(-127, 128, (3, 64))]).astype(np.int8)
+    q = np.concatenate([np.full((1, 64), -128), np.full((1, 64), 127), rng.integers(-128, 128, (5, 64))]).astype(np.int32)
+    sub = np.concatenate([np.full((1, 4), -128), rng.integers(-128, 128, (6, 4))]).astype(np.int32)
+    for s in (None, sub):
+        for b in range(2):
+            sl = slice(32 * b, 32 * b + 32)
+            prod = qx[:, None, sl].astype(np.int64) * q[None, :, sl]
+            want = prod.sum(-1) if s is None else \
+                prod[..., :16].sum(-1) * s[None, :, 2 * b] + prod[..., 16:].sum(-1) * s[None, :, 2 * b + 1]
+            assert np.array_equal(qt.block_sums(q, s, qx, b), want)
+
+
 @pytest.mark.parametrize("fmt", GGUF)
 def test_gather_equals_gguf_dequant(fmt):
     """dequantize_rows (section 4's element formula) == gguf_dequant (ggml's dequantisers) bit for bit."""

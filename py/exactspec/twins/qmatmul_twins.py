@@ -156,15 +156,16 @@ def _row_scale(name: str, row_scale, rows: int):
 
 
 def block_sums(q, sub, qx, b: int) -> np.ndarray:
-    """isum_b (n, rows) int32 of block b: q (rows, K) int32, qx (n, K) int8 (Q6_K: with its sub-scales)."""
+    """isum_b (n, rows) int32 of block b: q (rows, K) int32, qx (n, K) int8 (Q6_K: with its sub-scales).
+    The dot products run as a float32 matmul (BLAS): every product and partial sum is an integer
+    below 2^24 (|q| <= 128, |qx| <= 127, 32 terms), so exact in any order, with or without FMA."""
     sl = slice(32 * b, 32 * b + 32)
-    qb, xb = q[:, sl].astype(np.int64), qx[:, sl].astype(np.int64)
+    xb, wt = qx[:, sl].astype(F32), q[:, sl].T.astype(F32)
     if sub is None:
-        s = xb @ qb.T
-    else:
-        s = (xb[:, :16] @ qb[:, :16].T) * sub[:, 2 * b].astype(np.int64)[None, :] + \
-            (xb[:, 16:] @ qb[:, 16:].T) * sub[:, 2 * b + 1].astype(np.int64)[None, :]
-    return s.astype(np.int32)
+        return (xb @ wt).astype(np.int32)
+    lo = (xb[:, :16] @ wt[:16]).astype(np.int64) * sub[:, 2 * b].astype(np.int64)[None, :]
+    hi = (xb[:, 16:] @ wt[16:]).astype(np.int64) * sub[:, 2 * b + 1].astype(np.int64)[None, :]
+    return (lo + hi).astype(np.int32)
 
 
 def _q8act(name, raw, x, rows, cols, row_scale):
