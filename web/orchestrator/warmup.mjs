@@ -22,22 +22,23 @@ export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = fals
   return out;
 }
 
-/** Run the requests with run(payload) -> result, in turn and over again until `minRounds` rounds
- *  have run or `budgetMs` has passed (at least one pass: JIT tiers need more than one small request),
- *  a failed one reported, never thrown (warm-up only saves time).
- *  -> {ms, requests, rounds, tokens, errors: [sentence]} */
-export async function warmUp(run, requests, { minRounds = 48, budgetMs = 2000 } = {}) {
+/** Run the requests with run(payload) -> result, in turn and over again until `minCalls` champion
+ *  calls (prefill blocks and rounds: stats.target_calls) have run or `budgetMs` has passed (at
+ *  least one pass: one small request each left the first user request slow, measured), a failed
+ *  one reported, never thrown (warm-up only saves time).
+ *  -> {ms, requests, rounds (champion calls), tokens, errors: [sentence]} */
+export async function warmUp(run, requests, { minCalls = 48, budgetMs = 1500 } = {}) {
   const t0 = performance.now();
   let tokens = 0, rounds = 0, ran = 0;
   const errors = [];
-  for (let i = 0; i < requests.length || (rounds < minRounds && performance.now() - t0 < budgetMs && !errors.length); i++) {
+  for (let i = 0; i < requests.length || (rounds < minCalls && performance.now() - t0 < budgetMs && !errors.length); i++) {
     const payload = requests[i % requests.length];
     ran++;
     try {
       const result = await run(payload);
       if (result?.error) errors.push(`${payload.config.speculate}: ${result.error.code}: ${result.error.message}`);
       tokens += result?.token_ids?.length ?? 0;
-      rounds += result?.stats?.rounds ?? 0;
+      rounds += result?.stats?.target_calls ?? 0;
     } catch (err) {
       errors.push(`${payload.config.speculate}: ${err?.message ?? err}`);
     }
