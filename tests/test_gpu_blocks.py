@@ -244,6 +244,25 @@ def test_f16_scale_edges_widen_exactly(blocks_page, fmt, path):
     assert_bitwise(y, twin.qmatmul(fmt, raw, x, rows, cols), f"{fmt} {path} f16 edges")
 
 
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
+def test_embed_gather_from_blocks_equals_the_twin_bitwise(blocks_page, fmt):
+    """embed_gather_<fmt>: the rows of the piece [row0, row0 + rows) by section 4's formula (the
+    twin's dequantize_rows, bit for bit, f16 scale edges included); tokens outside keep x."""
+    rng = np.random.default_rng(11)
+    rows, hidden, row0 = 50, 96, 30
+    raw = scale_edge_blocks(fmt, rows, hidden, rng)
+    ids = np.array([30, 79, 55, 10, 100, 31, 78], np.uint32)          # 10 and 100 lie outside the piece
+    x0 = rng.standard_normal((len(ids), hidden)).astype(F32)
+    out = blocks_page.evaluate("(a) => window.harness.gather(a)", {
+        "format": fmt, "n": len(ids), "hidden": hidden, "rows": rows, "row0": row0,
+        "weight": b64(np.frombuffer(raw, np.uint8)), "ids": ids.tolist(), "x0": b64(x0)})
+    x = unb64(out, F32, len(ids) * hidden).reshape(len(ids), hidden)
+    table = twin.dequantize_rows(fmt, raw, rows, hidden)
+    inside = (ids >= row0) & (ids < row0 + rows)
+    want = np.where(inside[:, None], table[np.clip(ids - row0, 0, rows - 1)], x0)
+    assert_bitwise(x, want, f"embed_gather {fmt}")
+
+
 def test_a_fused_multiply_add_would_be_caught(blocks_page):
     """The bitwise comparison is sensitive to fusion: the twin's sum with each block term added by
     an FMA (acc + dwdx * isum rounded once) differs from the GPU's bits on these shapes."""
@@ -296,9 +315,9 @@ LOAD_MAP_JS = """async ([config, entries, options]) => {
   return { forms: c.forms, matmulFunction: c.matmulFunction, dot4: c.dot4, memoryPlan: c.memoryPlan };
 }"""
 
-# GGUF formats of the tiny Llama's linears in the blocks map: every kernel, a tied Q8_0 embedding (the
-# gather reads its float32 entry, the head its blocks) and, in layer 1, a q|k|v group of mixed formats
-# (uploaded as float32: the reference computes those parts in float too)
+# GGUF formats of the tiny Llama's linears in the blocks map: every kernel, a tied Q8_0 embedding (held
+# once, in its blocks: gathered by embed_gather_q8_0, multiplied as the head) and, in layer 1, a q|k|v
+# group of mixed formats (uploaded as float32: the reference computes those parts in float too)
 BLOCK_PLAN = {
     0: {"q_proj": "Q8_0", "k_proj": "Q8_0", "v_proj": "Q8_0", "o_proj": "Q4_0", "gate_proj": "Q4_1", "up_proj": "Q4_1", "down_proj": "Q8_0"},
     1: {"q_proj": "Q4_0", "k_proj": "Q8_0", "v_proj": "Q4_1", "o_proj": "Q4_1", "gate_proj": "Q4_0", "up_proj": "Q4_0", "down_proj": "Q4_1"},
@@ -343,6 +362,14 @@ def blocks_model(model_dir):
     return config, entries, ref_tensors, ref_blocks
 
 
+def entry_bytes(name, entry):
+    """Bytes the champion holds for one tensor of the blocks map: its blocks, or float32 in a mixed group."""
+    rows, cols = entry["shape"]
+    if entry["dtype"] == "F32" or name in MIXED:
+        return 4 * rows * cols
+    return rows * twin.row_bytes(entry["dtype"], cols)
+
+
 def q8act_vs_reference(page, ref, vocab, seed, what):
     """Logits of blocks of several sizes vs the q8act reference; returns the max abs error."""
     from test_gpu_f32_linears import forward_map
@@ -384,8 +411,8 @@ def test_q8act_champion_on_the_q8_artifact(gpu_page, tiny_q8):
 
 def test_q8act_champion_on_gguf_blocks(gpu_page, tiny_q8):
     """createChampionFromTensors with GGUF Q8_0 / Q4_0 / Q4_1 entries in their blocks under matmul
-    "q8act": those linears run on their kernels (forms say so), a mixed q|k|v group and the
-    embedding's gather use the exact float32 entries, the tied head the embedding's blocks; logits
+    "q8act": those linears run on their kernels (forms say so), a mixed q|k|v group uses the exact
+    float32 entries, the tied Q8_0 embedding is held once (gathered from its blocks, the head); logits
     vs the reference computing the same (BlockLinear parts) within the stated tolerance, blocks bit
     for bit equal to single positions."""
     from test_gpu_f32_linears import assert_blocks_bitwise, validated
@@ -394,13 +421,16 @@ def test_q8act_champion_on_gguf_blocks(gpu_page, tiny_q8):
     ref = LlamaReference(config, ref_tensors, "ab" * 32, role="champion", matmul="q8act", blocks=ref_blocks.get)
     info = gpu_page.evaluate(LOAD_MAP_JS, [validated(config), entries, {"matmul": "q8act"}])
     assert info["matmulFunction"] == "q8act-v1"
-    assert info["forms"]["embed"] == "f32" and info["forms"]["head"] == "Q8_0"
+    assert info["forms"]["embed"] == "Q8_0" and info["forms"]["head"] == "tied"
     assert info["forms"]["layers"] == [{"qkv": "Q8_0", "o": "Q4_0", "gateUp": "Q4_1", "down": "Q8_0"},
                                        {"qkv": "f32", "o": "Q4_1", "gateUp": "Q4_0", "down": "Q4_1"}]
+    held = sum(entry_bytes(name, e) for name, e in entries.items() if not name.endswith("norm.weight"))
+    norms = sum(4 * e["shape"][0] for name, e in entries.items() if name.endswith("norm.weight"))
+    assert info["memoryPlan"]["weights"] == held + norms      # every weight once, in the form it runs in
     q8act_vs_reference(gpu_page, ref, ref.vocab_size, 5, "tiny GGUF blocks")
     assert_blocks_bitwise(gpu_page, ref.vocab_size, 6, "q8act GGUF blocks")
     plain = gpu_page.evaluate(LOAD_MAP_JS, [validated(config), entries, {}])   # matmul "f32": every block entry as float32
-    assert plain["forms"]["head"] == "tied" and {f for layer in plain["forms"]["layers"] for f in layer.values()} == {"f32"}
+    assert plain["forms"]["embed"] == "f32" and {f for layer in plain["forms"]["layers"] for f in layer.values()} == {"f32"}
 
 
 def test_q8act_champion_refusals(gpu_page, tiny_q8):

@@ -56,6 +56,7 @@ export const OPS = {
   swiglu_f32: (d) => ({ meta: [u(d.n), u(d.inter)], grid: [cdiv(d.inter, 64), d.n, 1] }),
   quantize_act: QOPS.quantize_act,        // matmul "q8act" only (web/gpu/qmatmul.mjs)
   qmatmul: QOPS.qmatmul,
+  embed_gather_blocks: QOPS.embed_gather_blocks,
 };
 
 /** Compile the champion's pipelines (no model needed: the kernels take their shapes at run time). */
@@ -109,10 +110,10 @@ function linearParts(hp, i) {
   };
 }
 
-/** The stored forms planChampion sizes: embed "f32" | "q8"; head "tied" | "f32" | "q8" | a block
+/** The stored forms planChampion sizes: embed "f32" | "q8" | a block form; head "tied" | "f32" | "q8" | a block
  *  form; per layer each fused linear the form all its parts share ("q8", or with matmul "q8act" a
- *  block form), else "f32" (the other parts dequantised at upload). An embedding in blocks is
- *  gathered from its float32 entry; tied, under "q8act", the head is its blocks (head = the form). */
+ *  block form), else "f32" (the other parts dequantised at upload). Under "q8act" an embedding in
+ *  blocks stays in them (gathered by embed_gather_<fmt>; tied, the head multiplies them). */
 function tensorForms(tensors, hp, where, matmul) {
   const layers = Array.from({ length: hp.layers }, (_, i) => Object.fromEntries(Object.entries(linearParts(hp, i)).map(
     ([group, parts]) => {
@@ -120,14 +121,10 @@ function tensorForms(tensors, hp, where, matmul) {
       return [group, fs.every((f) => f === fs[0]) ? fs[0] : "f32"];
     })));
   const embed = formOf(tensors, "model.embed_tokens.weight", where, matmul);
-  const forms = {
-    embed: embed === "q8" ? "q8" : "f32",
-    head: hp.tied ? (isBlockForm(embed) ? embed : "tied") : formOf(tensors, "lm_head.weight", where, matmul),
-    layers,
-  };
+  const forms = { embed, head: hp.tied ? "tied" : formOf(tensors, "lm_head.weight", where, matmul), layers };
   if (matmul === "q8act") {        // q8act-v1 quantises its input in blocks of 32 (docs/quant_kernels.md)
     const shapes = linearShapes(hp);
-    const inputs = [["the LM head", hp.tied ? embed : forms.head, hp.hidden],
+    const inputs = [["the LM head", hp.tied ? embed : forms.head, hp.hidden], ["the embedding", embed, hp.hidden],
       ...layers.flatMap((f, i) => LINEAR_GROUPS.map((g) => [`layer ${i} ${g}`, f[g], shapes[g][1]]))];
     for (const [what, form, cols] of inputs) {
       if (form !== "f32" && cols % 32 !== 0) {
@@ -387,8 +384,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
   const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, where);
-  const head = forms.head === "tied" ? embed
-    : uploadPieces(device, tensors, [[hp.tied ? "model.embed_tokens.weight" : "lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
+  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
   const kvBytes = maxContext * kvHeads * hd * 4;
   const maxIn = Math.max(H, qDim, F);
   const bufs = {
@@ -431,7 +427,8 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   };
   for (const e of embed) {
     const dims = (n) => ({ n, hidden: H, vocab: e.rows, row0: e.row0 });
-    if (e.s) step("embed_gather_q8", [e.w, e.s, bufs.ids, bufs.x], dims);
+    if (isBlockForm(e.form)) step("embed_gather_blocks", [e.w, bufs.ids, bufs.x], dims, pipelines.q8act.gather[e.form]);
+    else if (e.s) step("embed_gather_q8", [e.w, e.s, bufs.ids, bufs.x], dims);
     else step("embed_gather", [e.w, bufs.ids, bufs.x], dims);
   }
   layerW.forEach((w, layer) => {

@@ -1,4 +1,4 @@
-// q8act-v1 on WebGPU: activation quantisation and the block matmuls (shaders/quantize_act.wgsl, qmatmul_*.wgsl).
+// q8act-v1 on WebGPU: activation quantisation, the block matmuls and gathers (shaders/quantize_act.wgsl, qmatmul_*.wgsl, embed_gather_q*.wgsl).
 import { createPipelines } from "./device.mjs";
 
 /** Formats with a WGSL kernel: name -> shader file stem, bytes per 32 weights (ROWQ8's row scales apart). */
@@ -34,8 +34,10 @@ export function qmatmulWeightBytes(format, rows, cols) {
   return rows * (cols / 32) * QMATMUL_FORMATS[format].blockBytes;
 }
 
-/** Meta fields and grid: quantize_act {n, cols}; a qmatmul kernel {n, rows, cols, accumulate, stride, row0}. */
+/** Meta fields and grid: quantize_act {n, cols}; a qmatmul kernel {n, rows, cols, accumulate, stride, row0};
+ *  a block gather {n, hidden, vocab: rows of this piece, row0}. */
 export const QOPS = {
+  embed_gather_blocks: (d) => ({ meta: [u(d.n), u(d.hidden), u(d.vocab), u(d.row0 ?? 0), u(0)], grid: [cdiv(d.hidden, 64), d.n, 1] }),
   quantize_act: (d) => ({ meta: [u(d.n), u(d.cols)], grid: [cdiv(d.cols / 32, 64), d.n, 1] }),
   qmatmul: (d) => ({
     meta: [u(d.n), u(d.rows), u(d.cols), u(d.accumulate ? 1 : 0), u(d.stride ?? d.rows), u(d.row0 ?? 0), u(0)],
@@ -43,15 +45,19 @@ export const QOPS = {
   }),
 };
 
-/** Compile quantize_act and every format's matmul on one path: dot4 (default: where the browser
- *  has it) or unpacking. Returns {dot4, pipelines: {quantize_act, ROWQ8, Q8_0, Q4_0, Q4_1}}. */
+/** Compile quantize_act, every format's matmul on one path: dot4 (default: where the browser has
+ *  it) or unpacking, and the block gathers. Returns {dot4, pipelines: {quantize_act, ROWQ8, Q8_0,
+ *  Q4_0, Q4_1, gather: {Q8_0, Q4_0, Q4_1}}}. */
 export async function compileQmatmulPipelines(device, { dot4 = hasDot4(), shaderUrl = null } = {}) {
   if (dot4 && !hasDot4()) {
     throw Object.assign(new Error(`E_BAD_ARGUMENT: dot4 asked for, but WGSL here lacks ${DOT4_FEATURE}`), { code: "E_BAD_ARGUMENT" });
   }
-  const names = ["quantize_act", ...Object.keys(QMATMUL_FORMATS).map((f) => qmatmulKernel(f, dot4))];
+  const blockFormats = Object.keys(QMATMUL_FORMATS).filter((f) => f !== "ROWQ8");
+  const gatherKernel = (f) => `embed_gather_${QMATMUL_FORMATS[f].stem}`;
+  const names = ["quantize_act", ...Object.keys(QMATMUL_FORMATS).map((f) => qmatmulKernel(f, dot4)), ...blockFormats.map(gatherKernel)];
   const compiled = await createPipelines(device, shaderUrl ?? new URL("../../shaders/", import.meta.url), names);
-  const pipelines = { quantize_act: compiled.quantize_act };
+  const pipelines = { quantize_act: compiled.quantize_act, gather: {} };
   for (const f of Object.keys(QMATMUL_FORMATS)) pipelines[f] = compiled[qmatmulKernel(f, dot4)];
+  for (const f of blockFormats) pipelines.gather[f] = compiled[gatherKernel(f)];
   return { dot4, pipelines };
 }

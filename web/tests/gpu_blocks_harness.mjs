@@ -69,5 +69,33 @@ async function run({ format, dot4, n, rows, cols, weight, scale = null, x, y0 = 
   return out;
 }
 
-window.harness = { features, run };
+/** The block gather of `format` on one piece of embedding rows [row0, row0 + rows) (raw bytes
+ *  `weight`): x (n, hidden) starts as `x0` (rows of tokens outside the piece keep it). Returns base64 x. */
+async function gather({ format, n, hidden, rows, row0 = 0, weight, ids, x0 }) {
+  const p = await pipelinesFor(true);
+  device.pushErrorScope("validation");
+  const w = fromB64(weight);
+  const wBuf = storageBuffer(device, w.byteLength + 4, w);
+  const idBuf = storageBuffer(device, n * 4, Uint32Array.from(ids));
+  const xBuf = storageBuffer(device, n * hidden * 4, fromB64(x0));
+  const metas = metaBuffer(device, 1);
+  const op = QOPS.embed_gather_blocks({ n, hidden, vocab: rows, row0 });
+  device.queue.writeBuffer(metas, 0, packMeta(op.meta));
+  const [g0, g1] = bindGroups(device, p.gather[format], [wBuf, idBuf, xBuf], metas, 0);
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(p.gather[format]);
+  pass.setBindGroup(0, g0);
+  pass.setBindGroup(1, g1);
+  pass.dispatchWorkgroups(...op.grid);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const out = toB64(await readBuffer(device, xBuf, n * hidden * 4));
+  const err = await device.popErrorScope();
+  [wBuf, idBuf, xBuf, metas].forEach((b) => b.destroy());
+  if (err) throw new Error(`WebGPU validation: ${err.message}`);
+  return out;
+}
+
+window.harness = { features, run, gather };
 window.harnessReady = true;
