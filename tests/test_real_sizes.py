@@ -51,6 +51,8 @@ def test_summary_rows_share_and_verification_ratio():
     assert (d["wasm_champion_mb"], d["wasm_draft_mb"], d["load_s"]) == (50.0, 8.0, 1.5)
     table = real_sizes.markdown_table(real_sizes.summarise(runners))
     assert "| ours:draft@2 | 60.0 | 1.83x | 5.17x | 2.30 | 10.0 (0.091) | 1.40 |" in table
+    runners[2]["ready"] = {"info": {"draft": {"placement": "inline"}}}    # the draft inside the champion's instance
+    assert "| 50 (draft inside) |" in real_sizes.markdown_table(real_sizes.summarise(runners))
     ag = real_sizes.agreement(runners)
     assert ag["draft_vs_alone"] == {"ours:draft@2": [None, 2]}     # prompt 1 differs at token 2: reported
 
@@ -77,6 +79,7 @@ def test_the_benchmark_runs_the_toy_pair(chromium_browser, toy_ggufs):  # noqa: 
     alone = next(r for r in out["runners"] if r["name"] == "ours:none")
     assert alone["memory"]["wasm_champion_bytes"] > 0 and alone["memory"]["wasm_draft_bytes"] == 0
     assert rows["ours:draft@3"]["wasm_draft_mb"] > 0 and rows["ours:draft@3"]["draft_share"] > 0
+    assert rows["ours:draft@3"]["draft_inline"] == (out["runners"][-1]["ready"]["info"]["draft"]["placement"] == "inline")
     assert out["weight_file_bytes"] == os.path.getsize(champion)
     assert out["agreement"]["draft_vs_alone"] == {"ours:draft@2": [None], "ours:draft@3": [None]}
     text = real_sizes.report(out)

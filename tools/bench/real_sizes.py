@@ -19,7 +19,9 @@ greedy token ids), then every prompt once, timed in the page (peer.mjs's clock: 
 first token). Reported per runner: load time (Engine.create / wllama load, page clock), memory (ours:
 the WASM memory of the champion and of the draft as Engine.memory() reports it, and the ratio of the
 champion's to the weight file; every runner: the growth of the browser's proportional set size, the
-sum of Pss over its processes, from before loading to the largest seen after a request), ms/token,
+sum of Pss over its processes, from its fresh page before loading (once the last runner's processes
+have let go) to the largest seen after a request; a draft inside the champion's WASM instance is
+shown as such, its bytes being the same memory), ms/token,
 tokens per round, and for the draft runs the draft's ms per proposal as a share of the champion
 alone's ms per token and the verification's ms per round against the champion alone's per step
 (V(k+1)/V(1)). Greedy tokens: every draft run must equal the champion alone's (a difference is
@@ -116,6 +118,13 @@ def median(values):
     return round(statistics.median(values), 2) if values else None
 
 
+def draft_inline(runner: dict) -> bool:
+    """Whether the runner's draft lives in the WASM champion's own instance (placement "inline"):
+    then Engine.memory()'s draft bytes are that one instance's memory again, not more of it."""
+    draft = (((runner.get("ready") or {}).get("info") or {}).get("draft") or {})
+    return draft.get("placement") == "inline"
+
+
 def summarise(runners: list) -> list:
     """One row per runner from its records: medians of ms/token, first token, tokens/round, draft ms
     per proposal, verification ms per round; then the draft's share and V(k+1)/V(1) against the
@@ -131,7 +140,8 @@ def summarise(runners: list) -> list:
                "verify_ms_per_round": median(x.get("verify_ms_per_round") for x in recs),
                "browser_pss_growth_mb": round(r["browser_pss_growth"] / 1e6, 1),
                "wasm_champion_mb": round(r["memory"]["wasm_champion_bytes"] / 1e6, 1) if r.get("memory") else None,
-               "wasm_draft_mb": round(r["memory"]["wasm_draft_bytes"] / 1e6, 1) if r.get("memory") else None}
+               "wasm_draft_mb": round(r["memory"]["wasm_draft_bytes"] / 1e6, 1) if r.get("memory") else None,
+               "draft_inline": draft_inline(r)}
         rows.append(row)
     alone = next((row for row in rows if row["runner"] == "ours:none"), None)
     wllama = next((row for row in rows if row["runner"] == "wllama"), None)
@@ -152,11 +162,12 @@ def markdown_table(rows: list) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
     lines = ["| runner | ms/token | vs champion alone | vs wllama | tokens/round | draft ms/proposal (share of a champion token) "
-             "| V(k+1)/V(1) | first token ms | load s | WASM champion + draft MB | browser Pss growth MB |",
+             "| V(k+1)/V(1) | first token ms | load s | WASM MB: champion + draft | browser Pss growth MB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         share = f"{f(r['draft_ms_per_proposal'], '.1f')} ({f(r['draft_share'], '.3f')})" if r["draft_ms_per_proposal"] else "-"
-        wasm = (f"{f(r['wasm_champion_mb'], '.0f')} + {f(r['wasm_draft_mb'], '.0f')}" if r["wasm_champion_mb"] is not None else "-")
+        wasm = ("-" if r["wasm_champion_mb"] is None else f"{r['wasm_champion_mb']:.0f} (draft inside)" if r.get("draft_inline")
+                else f"{r['wasm_champion_mb']:.0f} + {f(r['wasm_draft_mb'], '.0f')}")
         lines.append(f"| {r['runner']} | {f(r['ms_per_token'], '.1f')} | {f(r['vs_alone'], '.2f')}x | {f(r['vs_wllama'], '.2f')}x | "
                      f"{f(r['tokens_per_round'], '.2f')} | {share} | {f(r['v_ratio'], '.2f')} | {f(r['first_token_ms'], '.0f')} | "
                      f"{r['load_s']:.1f} | {wasm} | {r['browser_pss_growth_mb']:.0f} |")
@@ -201,6 +212,15 @@ def run(args, browser=None) -> dict:
     out["machine"] = peer.machine_facts(browser)
 
     def page_for(runner: str):
+        """A fresh context on the bench page, once the last runner's processes have let go of their
+        memory (the browser's Pss stops falling: a closed context's renderer ends asynchronously)."""
+        last, deadline = browser_pss_bytes(), time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = browser_pss_bytes()
+            if now >= last - (1 << 20):
+                break
+            last = now
         context = browser.new_context()
         page = context.new_page()
         page.set_default_timeout(args.timeout_s * 1000)
@@ -215,8 +235,8 @@ def run(args, browser=None) -> dict:
 
     try:
         if not args.no_wllama:
-            pss0 = browser_pss_bytes()
             context, page = page_for("wllama")
+            pss0 = browser_pss_bytes()
             call = lambda fn, *a: page.evaluate(f"(a) => window.peerBench.{fn}(...a)", list(a))
             w = call("loadWllama", models["gguf"], {"nThreads": args.wllama_threads, "timeoutMs": args.timeout_s * 1000})
             runner = {"name": "wllama", "load_ms": w["load_ms"], "libllama": w["libllama"], "n_threads": w["n_threads"],
@@ -239,8 +259,8 @@ def run(args, browser=None) -> dict:
         if models["draft"]:
             plans.append(("ours:draft", {"champion": models["champion"], "draft": models["draft"]}, [f"draft@{k}" for k in ks]))
         for name, engine_models, modes in plans:
-            pss0 = browser_pss_bytes()
             context, page = page_for(name)
+            pss0 = browser_pss_bytes()
             call = lambda fn, *a: page.evaluate(f"(a) => window.realSizes.{fn}(...a)", list(a))
             loaded = call("load", engine_models, engine_options)
             if "refused" in loaded:
@@ -307,6 +327,10 @@ def report(out: dict) -> str:
              "", f"`{out['command']}`: greedy, medians over {len(out['prompts'])} prompts, {a['max_new_tokens']} new tokens at most.",
              "", markdown_table(out["rows"]), ""]
     alone = next((r for r in out["runners"] if r["name"] == "ours:none"), None)
+    if alone:
+        info = ((alone.get("ready") or {}).get("info") or {}).get("champion") or {}
+        lines.append(f"Our champion: matmul {info.get('matmul')}, SIMD {info.get('simd')}, {info.get('threads')} thread(s) "
+                     f"({info.get('threads_why')}); load (ms): {json.dumps(alone['ready'].get('timing_ms'))}.")
     if alone and out["weight_file_bytes"]:
         mem, file_bytes = alone["memory"], out["weight_file_bytes"]
         lines.append(f"Champion alone against its weight file ({file_bytes:,} bytes): WASM memory "
