@@ -448,3 +448,88 @@ def test_q8act_champion_refusals(gpu_page, tiny_q8):
 def base64_bytes(s):
     import base64
     return base64.b64decode(s)
+
+
+# ----------------------------------------------------------------------------- GPU vs WASM, both q8act
+# In one page: the WebGPU champion and the WASM champion (web/champion_wasm/champion_wasm.mjs, cpu.wasm)
+# on the same weights, both with matmul "q8act", forward the same blocks.
+BOTH_JS = """async ([spec, blocks]) => {
+  const { requestDevice } = await import('/web/gpu/device.mjs');
+  const { compileChampionPipelines, createChampion, createChampionFromTensors } = await import('/web/gpu/champion.mjs');
+  const { createWasmChampion } = await import('/web/champion_wasm/champion_wasm.mjs');
+  const { fetchGgufFile, ggufTensorMap } = await import('/web/gguf/gguf_tensors.mjs');
+  const t = (window.f32t ??= {});
+  if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
+  t.champion?.destroy();
+  t.champion = null;
+  const common = { maxBlock: 9, matmul: 'q8act' };
+  let gpu, wasm;
+  if (spec.modelUrl) {
+    gpu = await createChampion({ device: t.device, modelUrl: spec.modelUrl, pipelinesPromise: t.pipelines, ...common });
+    wasm = await createWasmChampion({ wasmUrl: '/web/build/cpu.wasm', modelUrl: spec.modelUrl, simd: 'simd128', ...common });
+  } else {
+    const { bytes, identity } = await fetchGgufFile(fetch, spec.ggufUrl);
+    const tensors = ggufTensorMap(bytes, spec.config, 'tiny gguf', { blocks: true });
+    gpu = await createChampionFromTensors({ device: t.device, config: spec.config, tensors, identity, label: 'tiny gguf',
+                                            pipelinesPromise: t.pipelines, ...common });
+    wasm = await createWasmChampion({ wasmUrl: '/web/build/cpu.wasm', tensors, identity, configJson: spec.config, simd: 'simd128', ...common });
+  }
+  const b64 = (a) => { const u8 = new Uint8Array(a.buffer); let s = '';
+    for (let i = 0; i < u8.length; i += 0x8000) s += String.fromCharCode(...u8.subarray(i, i + 0x8000)); return btoa(s); };
+  const out = [];
+  for (const [ids, start] of blocks) {
+    await gpu.forward(Int32Array.from(ids), start);
+    await wasm.forward(Int32Array.from(ids), start);
+    out.push([b64(await gpu.readLogits(ids.length)), b64(await wasm.readLogits(ids.length))]);
+  }
+  const info = { gpu: gpu.matmulFunction, wasm: wasm.matmulFunction, forms: gpu.forms, vocab: gpu.vocabSize };
+  gpu.destroy();
+  wasm.destroy();
+  return { info, out };
+}"""
+# GGUF types the WebGPU kernels take (so both champions compute every linear with q8act-v1)
+GPU_GGUF_TYPES = {"token_embd.weight": "Q8_0", "output.weight": "Q4_1", "attn_q.weight": "Q4_0", "attn_k.weight": "Q4_0",
+                  "attn_v.weight": "Q4_0", "attn_output.weight": "Q8_0", "ffn_gate.weight": "Q4_1", "ffn_up.weight": "Q4_1",
+                  "ffn_down.weight": "Q8_0"}
+
+
+def gpu_vs_wasm(page, spec, vocab_hint, seed, what):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_hint, 26)
+    blocks = split(ids, [9, 1, 7, 9])
+    got = page.evaluate(BOTH_JS, [spec, [[list(map(int, b)), int(s)] for b, s in blocks]])
+    assert got["info"]["gpu"] == got["info"]["wasm"] == "q8act-v1", got["info"]
+    vocab = got["info"]["vocab"]
+    worst, same = 0.0, 0
+    from tolerances import max_error, within
+    for (block, _), (g, w) in zip(blocks, got["out"]):
+        g, w = (unb64(s, F32, len(block) * vocab).reshape(len(block), vocab) for s in (g, w))
+        worst = max(worst, max_error(g, w, "champion_logits_q8act"))
+        same += sum(np.array_equal(bits(g[i]), bits(w[i])) for i in range(len(block)))
+        assert within(g, w, "champion_logits_q8act"), (what, worst)
+    print(f"[err] {what}: q8act WebGPU vs q8act WASM max abs {worst:.3e} ({same} of {len(ids)} rows bit-identical)")
+    return got["info"]
+
+
+def test_gpu_and_wasm_q8act_champions_agree_on_the_q8_artifact(gpu_page, tiny_q8):
+    gpu_vs_wasm(gpu_page, {"modelUrl": url_of(tiny_q8)}, 1000, 21, "tiny q8 artifact")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gpu_and_wasm_q8act_champions_agree_on_gguf_blocks(gpu_page, arch):
+    """A tiny GGUF (q/k rows permuted for llama, biases for qwen2) read in its blocks by the page's
+    ggufTensorMap({blocks: true}) into both champions: every linear and the untied head on the
+    WebGPU q8act kernels, the Q8_0 embedding gathered from its blocks."""
+    from gguf import GGMLQuantizationType as Q
+    from synthetic_models import TEST_MODELS, write_tiny_model
+    from test_gpu_f32_linears import validated
+    from exactspec.formats.gguf_model import GGUFModel
+    path = TEST_MODELS / "gpu_blocks" / f"tiny_{arch}_q8act.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_tiny_model(str(path), arch=arch, types={k: getattr(Q, v) for k, v in GPU_GGUF_TYPES.items()}, seed=7)
+    with GGUFModel(str(path)) as model:
+        config = validated(model.config)
+    info = gpu_vs_wasm(gpu_page, {"ggufUrl": "/" + path.relative_to(REPO_ROOT).as_posix(), "config": config},
+                       config["vocab_size"], 22, f"tiny GGUF {arch}")
+    assert info["forms"]["embed"] == "Q8_0" and info["forms"]["head"] == "Q4_1"
+    assert info["forms"]["layers"][0] == {"qkv": "Q4_0", "o": "Q8_0", "gateUp": "Q4_1", "down": "Q8_0"}
