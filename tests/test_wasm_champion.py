@@ -1,7 +1,11 @@
 """WASM-SIMD champion (wasm/champion.c + web/champion_wasm/champion_wasm.mjs) in Node:
 
-- forward logits vs LlamaReference.from_dir(dir, weights="q8") within
-  TOLERANCES["wasm_champion_logits"], blocks of 1..9 with rollback and re-feed;
+- forward logits vs the reference computing the same function: matmul "auto" runs q8act-v1 on the
+  int8 rows (docs/quant_kernels.md) against LlamaReference.from_dir(dir, weights="q8",
+  matmul="q8act") within TOLERANCES["wasm_champion_logits_q8act"] (and counts the rows that are
+  the same bits), matmul "f32" (and a model whose widths are not multiples of 32) the float
+  function against weights="q8" within TOLERANCES["wasm_champion_logits"]; blocks of 1..9 with
+  rollback and re-feed;
 - batch invariance: a position's logits are the same bits decoded alone or inside any block, at
   any offset, after a rollback;
 - champion_decide vs acceptance.decide_round (process_logits, RngDecider) on thousands of random
@@ -68,12 +72,14 @@ def resolve(which: str) -> Path:
 
 
 _refs: dict = {}
+FUNCTION_MATMUL = {"q8act-v1": "q8act", "f32": "f32"}      # champion.matmulFunction -> reference matmul
+FUNCTION_TOLERANCE = {"q8act-v1": "wasm_champion_logits_q8act", "f32": "wasm_champion_logits"}
 
 
-def reference(model_dir: Path) -> LlamaReference:
-    if model_dir not in _refs:
-        _refs[model_dir] = LlamaReference.from_dir(model_dir, weights="q8")
-    return _refs[model_dir]
+def reference(model_dir: Path, matmul: str = "f32") -> LlamaReference:
+    if (model_dir, matmul) not in _refs:
+        _refs[(model_dir, matmul)] = LlamaReference.from_dir(model_dir, weights="q8", matmul=matmul)
+    return _refs[(model_dir, matmul)]
 
 
 def b64(array) -> str:
@@ -85,11 +91,11 @@ def unb64(text, dtype) -> np.ndarray:
 
 
 def run_node(model_dir: Path, cases: dict, max_block: int = 9, max_context: int = 0, threads: int = 1,
-             wasm: Path = WASM, weight_storage: str = "auto") -> dict:
+             wasm: Path = WASM, weight_storage: str = "auto", matmul: str = "auto") -> dict:
     ensure_wasm()
     return run_harness(HARNESS, {"wasm": str(wasm), "model_dir": str(model_dir), "max_block": max_block,
                                  "max_context": max_context, "threads": threads, "weight_storage": weight_storage,
-                                 **cases})
+                                 "matmul": matmul, **cases})
 
 
 def forward_rows(out_rows, blocks, vocab) -> list:
@@ -101,10 +107,17 @@ def as_blocks(blocks) -> list:
 
 
 # ----------------------------------------------------------------------------- forward
-@pytest.mark.parametrize("which", model_dirs())
-def test_logits_match_q8_reference(which):
+# (model, matmul option) -> the function the champion must run: q8act-v1 wherever every int8
+# linear's width is a multiple of 32; odd_q8's down_proj (176 wide) keeps "auto" on the float one
+LOGITS_CASES = [(w, "auto", "f32" if w == "odd" else "q8act-v1") for w in model_dirs()] + \
+    [(w, "f32", "f32") for w in model_dirs() if w != "odd"]
+
+
+@pytest.mark.parametrize("which,matmul,function", LOGITS_CASES)
+def test_logits_match_q8_reference(which, matmul, function):
     model_dir = resolve(which)
-    ref = reference(model_dir)
+    ref = reference(model_dir, FUNCTION_MATMUL[function])
+    tol_name = FUNCTION_TOLERANCE[function]
     V = ref.vocab_size
     gen = np.random.default_rng(11)
     longest = min(150, ref.max_context)
@@ -117,16 +130,20 @@ def test_logits_match_q8_reference(which):
             blocks += [(ids[length - 6:length - 1], length - 6)]      # rollback and re-feed 5 positions
         sequences.append(as_blocks(blocks))
         blocks_of.append(blocks)
-    out = run_node(model_dir, {"forward": sequences})
+    out = run_node(model_dir, {"forward": sequences}, matmul=matmul)
     assert out["info"]["identity"] == ref.identity                 # sha256 of model.q8.safetensors
-    worst = 0.0
+    assert out["info"]["matmulFunction"] == function
+    worst, same, total = 0.0, 0, 0
     for rows, blocks in zip(out["forward"], blocks_of):
         ref.reset()
         for got, (ids, start) in zip(forward_rows(rows, blocks, V), blocks):
             want = ref.forward(ids, start)
-            worst = max(worst, max_error(got, want, "wasm_champion_logits"))
-            assert within(got, want, "wasm_champion_logits"), (which, start, len(ids), np.abs(got - want).max())
-    print(f"[err] wasm_champion_logits ({which}): max abs {worst:.3g}; memory {out['info']['memoryBytes']} bytes")
+            worst = max(worst, max_error(got, want, tol_name))
+            same += int(np.all(got.astype(np.float64) == want, axis=1).sum())
+            total += len(ids)
+            assert within(got, want, tol_name), (which, start, len(ids), np.abs(got - want).max())
+    print(f"[err] {tol_name} ({which}, matmul {matmul}): max abs {worst:.3g}; {same}/{total} rows bit-identical; "
+          f"memory {out['info']['memoryBytes']} bytes")
 
 
 @pytest.mark.parametrize("which", model_dirs())

@@ -130,7 +130,7 @@ async function loadFromDir(fs, path, dir, wasm, opts) {
     configJson: validateConfig(opts.config ?? JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8"))),
     weightsBytes: opts.weights ?? new Uint8Array(fs.readFileSync(path.join(dir, "model.q8.safetensors"))),
     maxBlock: opts.maxBlock ?? 9, maxContext: opts.maxContext ?? 0, threads: opts.threads ?? 1,
-    weightStorage: opts.weightStorage ?? "auto",
+    weightStorage: opts.weightStorage ?? "auto", matmul: opts.matmul ?? "auto",
   });
 }
 
@@ -169,9 +169,11 @@ if (isNodeMain) {
   const out = {};
   if (cases.load_errors) out.load_errors = await runLoadErrors(fs, path, cases);
   const champion = await loadFromDir(fs, path, cases.model_dir, cases.wasm,
-    { maxBlock: cases.max_block, maxContext: cases.max_context, threads: cases.threads, weightStorage: cases.weight_storage });
+    { maxBlock: cases.max_block, maxContext: cases.max_context, threads: cases.threads, weightStorage: cases.weight_storage,
+      matmul: cases.matmul });
   out.info = { identity: champion.identity, weightStorage: champion.weightStorage, vocabSize: champion.vocabSize, maxBlock: champion.maxBlock,
-    maxContext: champion.maxContext, memoryBytes: champion.memoryBytes, artifactBytes: champion.artifactBytes };
+    maxContext: champion.maxContext, memoryBytes: champion.memoryBytes, artifactBytes: champion.artifactBytes,
+    matmulFunction: champion.matmulFunction, weightBytes: champion.weightBytes };
   if (cases.forward) out.forward = await runForward(champion, cases.forward);
   if (cases.decide) out.decide = await runDecide(champion, cases.decide);
   if (cases.errors) out.errors = await runErrors(champion, cases.errors);

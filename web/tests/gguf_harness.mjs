@@ -1,10 +1,11 @@
 // gguf_harness.mjs: drives web/gguf/ under node for tests/test_gguf_browser_js.py.
 //   node gguf_harness.mjs cases.json out.json
 // cases: {dequant: [{type, raw (base64)}], headers: [{label, file (base64)}], models: [{label, file, config, lazy}],
-//         champions: [{wasm (path), path (a .gguf), config, forward: [[[ids, start], ...]], greedy: {prompt, n}}]}
+//         champions: [{wasm (path), path (a .gguf), config, forward: [[[ids, start], ...]], greedy: {prompt, n},
+//                      matmul ("f32", default: every tensor float32; "auto" / "q8act": block tensors as blocks)}]}
 // out: dequant -> base64 of the float32 bytes; headers -> {ok: summary} | {error: message};
 //      models -> {ok: {name: [shape, base64 of float32 bytes]}} | {error: message}
-//      champions -> {identity, forward: base64 logits rows per sequence, greedy: ids, ms_per_token}
+//      champions -> {identity, matmulFunction, forward: base64 logits rows per sequence, greedy: ids, ms_per_token}
 //      streams ({path, chunk, size}: the file as a streamed body of `chunk`-byte pieces, declaring
 //      `size`) -> {ok: {pulled (bytes the reader took), prefix, data_offset, n_tensors}} | {error}
 import { readFileSync, writeFileSync } from "node:fs";
@@ -36,13 +37,15 @@ function integerLinears(tensors, form) {
 }
 
 /** The WASM champion on a GGUF file's tensor map: its forward rows, and greedy decisions. */
-async function runChampion({ wasm, path, config, forward = [], greedy = null, integer_linears: form = null }) {
+async function runChampion({ wasm, path, config, forward = [], greedy = null, integer_linears: form = null,
+                             matmul = "f32", threads = 1 }) {
   const bytes = new Uint8Array(readFileSync(path));
-  let tensors = ggufTensorMap(bytes, config, path);
+  let tensors = ggufTensorMap(bytes, config, path, { blocks: matmul !== "f32" });
   if (form) tensors = integerLinears(tensors, form);
   const champion = await createWasmChampion({ wasmBytes: readFileSync(wasm), configJson: validateConfig(config),
-    tensors, identity: await sha256Hex(bytes), weightStorage: "f32" });
-  const out = { identity: champion.identity, forward: await runForward(champion, forward) };
+    tensors, identity: await sha256Hex(bytes), threads, ...(matmul === "f32" ? { weightStorage: "f32" } : { matmul }) });
+  const out = { identity: champion.identity, matmulFunction: champion.matmulFunction,
+    forward: await runForward(champion, forward) };
   if (greedy) {
     const ids = [...greedy.prompt];
     let start = 0;
