@@ -69,6 +69,28 @@ def test_tiny_gguf_logits_match_reference_and_blocks_are_bitwise(tmp_path, arch,
     assert within(block, want, tol_name)
 
 
+def test_tiny_gguf_greedy_equals_the_q8act_reference(tmp_path):
+    """Greedy tokens through the harness's decision loop on a tiny GGUF whose rows are the q8act
+    reference's bits: the same tokens as the reference's argmax chain, for prompts of every length
+    modulo the block (the decision reads the row of the last prompt position)."""
+    path = str(tmp_path / "llama.gguf")
+    write_tiny_model(path, arch="llama", types=TYPES)
+    ref = load_reference(path, matmul="q8act")
+    with GGUFModel(path) as model:
+        config = model.config
+    gen = np.random.default_rng(8)
+    prompts = [[int(i) for i in gen.integers(0, ref.vocab_size, n)] for n in (1, 5, 9, 12)]
+    out = run_harness(HARNESS, {"champions": [{"wasm": WASM, "path": path, "config": config, "matmul": "auto",
+                                               "greedy": {"prompt": p, "n": 6}} for p in prompts]})["champions"]
+    for prompt, champion in zip(prompts, out):
+        ref.reset()
+        row, want = ref.forward(prompt, 0)[-1], []
+        for _ in range(6):
+            want.append(int(row.argmax()))
+            row = ref.forward([want[-1]], len(prompt) + len(want) - 1)[-1]
+        assert champion["greedy"] == want, (len(prompt), champion["greedy"], want)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_float32_linears_run_the_q8_kernel_exactly(tmp_path, arch):
     """The same integer-valued linears as float32 `<name>` and as `<name>.q8` with scales of 1.0

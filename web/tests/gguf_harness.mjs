@@ -51,7 +51,9 @@ async function runChampion({ wasm, path, config, forward = [], greedy = null, in
     let start = 0;
     const t0 = performance.now();
     while (ids.length < greedy.prompt.length + greedy.n) {
-      const feed = ids.slice(start, Math.min(ids.length, start + champion.maxBlock));
+      // the prompt but its last token in blocks, then that token alone: the decision reads row 0
+      const end = start < ids.length - 1 ? Math.min(ids.length - 1, start + champion.maxBlock) : ids.length;
+      const feed = ids.slice(start, end);
       champion.forwardNow(Int32Array.from(feed), start);
       start += feed.length;
       if (start < ids.length) continue;
