@@ -79,7 +79,9 @@ TOLERANCES = {
     # reference's activations: 0.6-1.4), as much as q8act vs the float function (3.0) -- so this
     # entry is loose; the test also asks the first row to be the same bits (2/52 rows are) and each
     # greedy token to be the reference's argmax outside flip_margin (test_gguf_browser_wasm.py)
-    "wasm_champion_logits_q8act_smollm2": Tol(6.0, 0.0, measured=1.79),
+    # (the test's 52 rows 1.79; 64 rows of a chat turn + a sentence 2.09; the first 2 layers alone: 59/64
+    # rows the same bits, 0.22 -- docs/reference_model.md)
+    "wasm_champion_logits_q8act_smollm2": Tol(6.0, 0.0, measured=2.09),
     # decision quantities, float64 on both sides (exp and sum order differ): |a_wasm - a_ref| and
     # the sampled token's Gumbel score; flip_margin bounds where a decision may differ
     "wasm_accept_probability": Tol(3e-14, 0.0, measured=2.8e-15),
