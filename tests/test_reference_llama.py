@@ -613,3 +613,17 @@ def test_q8act_refusals(tmp_path):
                                                            source="x.gguf"), "blk.0.ffn_up.weight", "non-finite")
     _expect(E_MODEL_LOAD, lambda: block_linear.BlockLinear("Q4_1", bytes(raw[:-1]), 2, 64, name="t", source="x"),
             "bytes")
+
+
+def test_load_pair_takes_the_champion_matmul(tmp_path):
+    """models.load_pair(..., champion_matmul="q8act"): the champion reference computes q8act-v1,
+    a folder (q8 artifact) and a GGUF file alike; the default stays the float function."""
+    from gguf import GGMLQuantizationType as Q
+    from exactspec.reference.models import load_pair
+    folder = load_pair(str(SHIPPED / "champion"), champion_weights="q8", champion_matmul="q8act")
+    assert folder.orchestrator.champion.runner.matmul_function == "q8act-v1"
+    assert load_pair(str(SHIPPED / "champion"), champion_weights="q8").orchestrator.champion.runner.matmul_function == "f32"
+    path = str(tmp_path / "tiny.gguf")
+    synthetic_models.write_tiny_model(path, types={"attn_q.weight": Q.Q4_0, "token_embd.weight": Q.Q8_0})
+    gguf = load_pair(path, champion_matmul="q8act")
+    assert gguf.orchestrator.champion.runner.matmul_function == "q8act-v1"

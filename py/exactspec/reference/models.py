@@ -68,15 +68,16 @@ def read_tokenizer_config(model_dir: str) -> dict:
     return tok_config
 
 
-def _reference(model: str, weights: str = "f32", role: str = "draft"):
+def _reference(model: str, weights: str = "f32", role: str = "draft", matmul: str = "f32"):
     """The NumPy reference of a folder (LlamaReference.from_dir; role "champion" refuses the
-    drafts-only restricted-vocabulary tensors) or of a GGUF file."""
+    drafts-only restricted-vocabulary tensors) or of a GGUF file; matmul "q8act": the quantised
+    linears on their blocks (docs/reference_model.md)."""
     from ..formats.manifest import is_gguf_file
     if is_gguf_file(model):
         from ..formats.gguf_model import load_reference
-        return load_reference(model)
+        return load_reference(model, matmul=matmul)
     from .reference_llama import LlamaReference  # numpy: CPython only
-    return LlamaReference.from_dir(model, weights=weights, role=role)
+    return LlamaReference.from_dir(model, weights=weights, role=role, matmul=matmul)
 
 
 def known_draft(champion: str, models_dir: Optional[str] = None) -> Optional[str]:
@@ -98,9 +99,12 @@ def known_draft(champion: str, models_dir: Optional[str] = None) -> Optional[str
     return os.path.join(models_dir, folder) if folder else None
 
 
-def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weights: str = "f32") -> LoadedPair:
+def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weights: str = "f32",
+              champion_matmul: str = "f32") -> LoadedPair:
     """champion_dir / draft_dir: a folder or a GGUF file. champion_weights (a folder champion):
-    "f32" (model.safetensors) or "q8" (model.q8.safetensors, what the browser runs)."""
+    "f32" (model.safetensors) or "q8" (model.q8.safetensors, what the browser runs).
+    champion_matmul: the champion reference's function, "f32" or "q8act" (its quantised linears
+    with q8act-v1 on their blocks, the WASM / WebGPU champions' default)."""
     from ..formats.manifest import check_pair, is_gguf_file
     manifest = None
     if draft_dir is not None:
@@ -108,7 +112,7 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
                               champion_run_weights="model.q8.safetensors" if champion_weights == "q8" else "model.safetensors")
     if is_gguf_file(champion_dir):
         from .gguf_pair import load_gguf_pair
-        pair = load_gguf_pair(champion_dir)
+        pair = load_gguf_pair(champion_dir, matmul=champion_matmul)
         if draft_dir is not None:
             pair.orchestrator.draft = RunnerDraft(_reference(draft_dir))
         pair.manifest = manifest
@@ -116,7 +120,7 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
     tok_path = os.path.join(champion_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_file(tok_path)
     tok_config = read_tokenizer_config(champion_dir)
-    champion = _reference(champion_dir, weights=champion_weights, role="champion")
+    champion = _reference(champion_dir, weights=champion_weights, role="champion", matmul=champion_matmul)
     draft = _reference(draft_dir) if draft_dir is not None else None
     tok_bytes = read_regular_file(tok_path, max_bytes=MAX_TOKENIZER_BYTES)
     tokenizer_hash = hashlib.sha256(tok_bytes).hexdigest()   # same bytes the browser hashes
