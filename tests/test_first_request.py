@@ -84,3 +84,15 @@ def test_the_warmup_runs_at_load_and_leaves_no_trace(chromium_browser):  # noqa:
         finally:
             rt.close()
     assert runs[True] == runs[False]
+
+
+def test_demo_reports_the_first_request_against_the_later_ones():
+    """`exactspec demo` (toy pair) prints the first request's ms/token (the first prompt, champion
+    alone) against the median of that mode's later requests; it no longer runs a request of its
+    own to warm up (the engine's load does)."""
+    from exactspec.host.demo_browser import _first_request
+    rows = [{"greedy": {"none": {"decode_ms": d, "tokens": n}}} for d, n in ((60, 20), (40, 20), (50, 20), (44, 22))]
+    assert _first_request(rows) == {"ms_per_token": 3.0, "later_median_ms_per_token": 2.0, "ratio": 1.5}
+    assert _first_request(rows[:1])["ratio"] is None
+    source = (REPO_ROOT / "py" / "exactspec" / "host" / "demo_browser.py").read_text()
+    assert "rt.generate(warm)" not in source

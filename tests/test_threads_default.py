@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -198,3 +199,35 @@ def test_without_isolation_auto_runs_one_thread_and_threads_are_refused(chromium
         assert refused["error"]["code"] == "E_BAD_ARGUMENT" and "SharedArrayBuffer" in refused["error"]["message"]
     finally:
         context.close()
+
+
+def test_cli_threads_argument():
+    """`--threads` is "auto" or a count >= 1 (anything else: E_BAD_ARGUMENT in one line)."""
+    from exactspec.host.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "x"]).threads == "auto"
+    assert parser.parse_args(["generate", "--prompt", "x", "--threads", "3"]).threads == 3
+    for bad in ("0", "-1", "two"):
+        r = subprocess.run([sys.executable, "-m", "exactspec.host.cli", "generate", "--prompt", "x", "--threads", bad],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT / "py")))
+        assert r.returncode != 0 and "E_BAD_ARGUMENT: argument --threads: must be auto or a count >= 1" in r.stderr
+
+
+@pytest.mark.browser
+def test_cli_runs_the_wasm_champion_at_the_threads_asked():
+    """`exactspec generate --backend browser --champion-backend wasm --threads 2 --json`: the
+    receipt says threads-2, the load's timings include the warm-up phases, and the answer is the
+    one-thread answer."""
+    def run(threads):
+        r = subprocess.run([sys.executable, "-m", "exactspec.host.cli", "generate", "--prompt", "In the beginning", "--backend", "browser",
+                            "--champion-backend", "wasm", "--threads", str(threads), "--temperature", "0",
+                            "--max-new-tokens", "12", "--json"], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=str(REPO_ROOT / "py")))
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+    two, one = run(2), run(1)
+    assert "/threads-2/" in two["receipt"]["hardware_class"] and "/threads-1/" in one["receipt"]["hardware_class"]
+    load = two["timing_ms"]["load"]
+    assert load["warmup"] > 0 and load["champion_warmup"] > 0
+    assert two["token_ids"] == one["token_ids"]
+    print("CLI first request ms/token:", [round(o["timing_ms"]["decode"] / max(1, len(o["token_ids"])), 2) for o in (two, one)])

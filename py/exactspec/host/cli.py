@@ -68,7 +68,23 @@ def _add_generation_args(p):
                    help="reference: CPython/NumPy; browser: headless Chromium (champion on WebGPU or WASM, WASM draft, Pyodide)")
     p.add_argument("--champion-backend", default="auto", choices=["auto", "webgpu", "wasm"],
                    help="browser backend only: auto takes WebGPU from a hardware adapter, else the WASM-SIMD champion")
+    p.add_argument("--threads", default="auto", type=_threads_arg,
+                   help="browser backend, WASM champion: auto (the cores of a cross-origin isolated page, kept only "
+                        "when timed faster at load) or a count (docs/browser.md, Threads)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _threads_arg(text: str):
+    """--threads: "auto" or a count >= 1."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be auto or a count >= 1, got {text!r}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,7 +217,7 @@ def _run(args, seeds, stream=None) -> list:
             raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser backend runs the q8 champion only")
         from .browser_run import BrowserRuntime
         champion, draft = _models(args)
-        with BrowserRuntime(champion, draft, champion_backend=args.champion_backend) as rt:
+        with BrowserRuntime(champion, draft, champion_backend=args.champion_backend, threads=args.threads) as rt:
             outs = []
             for seed in seeds:
                 out = rt.generate(_browser_payload(args, seed))
