@@ -128,16 +128,21 @@ def make_cases(fmt: str, seed: int) -> list:
 
 # ----------------------------------------------------------------------------- a scalar reading of the doc
 def scalar_activations(xb):
-    """One block of 32 float32 -> (qx list, dx float32), section 1, with Python floats (exact here)."""
+    """One block of 32 float32 -> (qx list, dx float32), section 1, with Python floats: the table
+    constants from their definition (not from the twin), x * s exact in float64 then rounded once
+    to float32, round() half to even."""
     vals = [float(v) for v in xb]
-    if any(not math.isfinite(v) for v in vals):
+    if any(not math.isfinite(v) for v in vals) or max(abs(v) for v in vals) >= 2.0 ** 100:
         return [0] * 32, F32(np.nan)
     amax = max(abs(v) for v in vals)
     if amax < 2.0 ** -100:
         return [0] * 32, F32(0)
     E = math.frexp(amax)[1] - 1
-    e = E - 6 if amax * 2.0 ** -(E - 6) <= 127 else E - 5
-    return [round(v * 2.0 ** -e) for v in vals], F32(2.0 ** e)       # round(): half to even
+    j = int((amax / 2.0 ** E - 1.0) * 64)                # the top 6 mantissa bits
+    scale = float(F32(8128.0 / (65 + j)))
+    step = float(F32(1.0 / scale))
+    s = scale * 2.0 ** -E
+    return [round(float(F32(v * s))) for v in vals], F32(step * 2.0 ** E)
 
 
 def scalar_block(fmt: str, blk: bytes):
@@ -237,24 +242,26 @@ def test_twin_equals_scalar_reading_of_the_doc(fmt):
 
 
 def test_activation_quantisation_cases():
-    """Section 1 on chosen blocks: the dx = 2^e choice at the 127 boundary, ties to even, the 2^-100
-    threshold, non-finite blocks; and on random blocks the scalar reading gives the same qx, dx."""
-    x = np.zeros((1, 32 * 7), F32)
-    x[0, 0:3] = [127, 0.5, -2.5]                         # E = 6: 127 <= 127 -> e = 0
-    x[0, 32:35] = [127.5, 1.0, 3.0]                      # 127.5 > 127 -> e = 1: 63.75 -> 64, 0.5 -> 0, 1.5 -> 2
-    x[0, 64] = np.ldexp(F32(1), -100)                    # amax = 2^-100: a normal block, e = -106
+    """Section 1 on chosen blocks: the table scale at a mantissa-bin edge, 127 reached, ties to even,
+    the 2^-100 and 2^100 thresholds, non-finite blocks; and on random blocks the scalar reading gives
+    the same qx, dx."""
+    x = np.zeros((1, 32 * 8), F32)
+    x[0, 0:3] = [127, 0.5, -2.5]                         # amax 127 = 2^6 (1 + 63/64 + ...): j = 63
+    x[0, 32:35] = [1.0, 0.5, -1.0]                        # amax 1: E = 0, j = 0, s = 8128/65
+    x[0, 64] = np.ldexp(F32(1), -100)                    # amax = 2^-100: a normal block
     x[0, 96] = np.ldexp(F32(1), -101)                    # below: a zero block
     x[0, 128] = np.nan
     x[0, 160] = -np.inf
-    x[0, 192:194] = [F32(3e38), F32(-1)]                 # E = 127: dx = 2^121
+    x[0, 192:194] = [np.ldexp(F32(1), 100), F32(-1)]     # amax = 2^100: refused as NaN
+    x[0, 224:226] = [np.nextafter(np.ldexp(F32(1), 100), F32(0)), F32(3e29)]   # just below 2^100: a block
     qx, dx, xsum = qt.quantize_activations(x)
-    assert dx[0, :2].tolist() == [1.0, 2.0]
-    assert qx[0, 0:3].tolist() == [127, 0, -2] and qx[0, 32:35].tolist() == [64, 0, 2]
-    assert dx[0, 2] == np.ldexp(1.0, -106) and qx[0, 64] == 64
+    s63, s0 = F32(8128 / 128), F32(8128 / 65)
+    assert qx[0, 0:3].tolist() == [126, 0, -2] and dx[0, 0] == F32(1 / s63) * 64   # s = 63.5 / 64: 126.008 -> 126
+    assert qx[0, 32:35].tolist() == [125, 63, -125] and dx[0, 1] == F32(1 / s0)     # s = 125.046: 62.52 -> 63
+    assert qx[0, 64] == 125 and dx[0, 2] == np.ldexp(F32(1 / s0), -100)
     assert dx[0, 3] == 0 and not qx[0, 96:128].any()
-    assert np.isnan(dx[0, 4:6]).all() and not qx[0, 128:192].any()
-    assert dx[0, 6] == 2.0 ** 121 and qx[0, 192] == round(3e38 / 2.0 ** 121)
-    assert xsum[0, :2].tolist() == [125, 66]
+    assert np.isnan(dx[0, 4:7]).all() and not qx[0, 128:224].any()
+    assert np.isfinite(dx[0, 7]) and qx[0, 224] == 127
     rng = np.random.default_rng(3)
     x = special_inputs(9, 256, rng)
     qx, dx, xsum = qt.quantize_activations(x)
@@ -602,3 +609,14 @@ def test_wasm_refuses_what_the_format_cannot_hold():
     unknown = run_wasm([("Q8_0", (1, 2, 32, bytes(2 * 34), None, x))], fmt_code=7)["results"][0]["status"]
     assert statuses[0] != 0 and statuses[1] != 0 and unknown != 0, (statuses, unknown)
     assert statuses[2:] == [4, 4]           # ERR_MODEL_LOAD (wasm/wasm_status.h)
+
+
+def test_the_kernels_tables_are_generated_from_the_twin():
+    """wasm/qact_table.h and the table in shaders/quantize_act.wgsl are tools/gen_qact_table.py's
+    output of the twin's ACT_SCALE / ACT_STEP; a hand edit of either is caught."""
+    import subprocess
+    import sys
+    gen = REPO_ROOT / "tools" / "gen_qact_table.py"
+    assert subprocess.run([sys.executable, str(gen), "--check"], capture_output=True).returncode == 0
+    assert qt.ACT_SCALE[0] == np.float32(8128 / 65) and qt.ACT_SCALE[63] == np.float32(63.5)
+    assert (qt.ACT_SCALE * (1 + (np.arange(64) + 1) / 64) <= 127 * (1 + 2.0 ** -23)).all()   # |x s| < 127.5

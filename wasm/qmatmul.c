@@ -4,6 +4,7 @@
  * float32 sequence acc = acc + (dw * dx) * isum (+ (mw * dx) * xsum), in block order.
  */
 #include "qmatmul.h"
+#include "qact_table.h"   /* QACT_SCALE, QACT_STEP (tools/gen_qact_table.py) */
 
 int qf_known(int fmt) {
     return fmt == QF_F32 || fmt == QF_I8F || fmt == QF_ROWQ8 || fmt == QF_Q8_0 || fmt == QF_Q4_0 ||
@@ -46,7 +47,8 @@ static inline float f16_f32(uint16_t h) {
 }
 
 /* ============================================================================================
- * Activations: amax -> dx = 2^e with amax * 2^-e in (63.5, 127]; qx = nearest_even(x * 2^-e).
+ * Activations: amax = 2^E (1 + f) -> s = 2^-E QACT_SCALE[f's top 6 bits], qx = nearest_even(x s),
+ * dx = 2^E QACT_STEP[...]: 125..127 levels at the block's largest element, every operation exact.
  * ========================================================================================== */
 
 void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
@@ -64,14 +66,13 @@ void qact_quantize(QAct *a, const float *x, int x_stride, int n, int K) {
             m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
             float amax = wasm_f32x4_extract_lane(m, 0);        /* NaN if any lane is NaN */
             float dx, inv;
-            if (!(amax <= 3.4028234663852886e38f)) { dx = __builtin_nanf(""); inv = 0.0f; }   /* NaN / inf */
+            if (!(amax < 0x1p100f)) { dx = __builtin_nanf(""); inv = 0.0f; }          /* NaN, inf or >= 2^100 */
             else if (amax < 0x1p-100f) { dx = 0.0f; inv = 0.0f; }
-            else {
-                int E = (int)(f32_bits(amax) >> 23) - 127;      /* amax is normal: its exponent */
-                float down = bits_f32((uint32_t)(127 - (E - 6)) << 23);   /* 2^-(E-6) */
-                int e = amax * down <= 127.0f ? E - 6 : E - 5;
-                dx = bits_f32((uint32_t)(127 + e) << 23);
-                inv = bits_f32((uint32_t)(127 - e) << 23);
+            else {       /* amax = 2^E (1 + f), j = f's top 6 bits: s = 2^-E SCALE[j], dx = 2^E STEP[j] (exact) */
+                uint32_t bits = f32_bits(amax);
+                int E = (int)(bits >> 23) - 127, j = (int)((bits >> 17) & 63u);
+                inv = bits_f32((uint32_t)(127 - E) << 23) * QACT_SCALE[j];
+                dx = bits_f32((uint32_t)(127 + E) << 23) * QACT_STEP[j];
             }
             v128_t vinv = wasm_f32x4_splat(inv), sum = wasm_i32x4_splat(0), q16[4];
             for (int i = 0; i < 4; i++) {

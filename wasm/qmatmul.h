@@ -1,6 +1,6 @@
 /* qmatmul.h — the q8act-v1 matmul (docs/quant_kernels.md): weights in their quantised blocks
  * (the q8 artifact's int8 rows, GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K), activations quantised per
- * block of 32 to int8 with power-of-two scales, products summed in int32, the float work per
+ * block of 32 to int8 (table scales, exact ops), products summed in int32, the float work per
  * output element one fixed sequence (batch-invariant). NumPy twin: py/exactspec/twins/qmatmul_twins.py.
  */
 #ifndef EXACTSPEC_WASM_QMATMUL_H
@@ -37,7 +37,7 @@ typedef struct {
 typedef struct {
     int16_t *q;                  /* (n, K) the int8 values, held as int16 */
     int8_t *q8;                  /* (n, K) the same as int8 (the relaxed-SIMD build's Q4 dot products) */
-    float *d;                    /* (n, K/32) the block scales: 2^e, 0 (zero block) or NaN */
+    float *d;                    /* (n, K/32) the block scales: 2^E STEP[j], 0 (zero block) or NaN */
     int32_t *s;                  /* (n, K/32) the sums of q per block */
     int n, K;
 } QAct;

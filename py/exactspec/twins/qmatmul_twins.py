@@ -6,7 +6,7 @@ float32 NumPy (one rounding per operation, no fused multiply-add), vectorised ov
 and sequential over blocks, so its results are the declared bits:
 
 - ROWQ8 and the GGUF block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): activations quantised per block of
-  32 with power-of-two scales (section 1), integer block sums (exact), one float term per block added
+  32 with table scales (section 1), integer block sums (exact), one float term per block added
   in block order (section 3);
 - F32 and I8F: the float matmul of docs/champion_wasm.md ("q8 arithmetic", "Batch invariance"): one
   f32x4 accumulator per element over the input in steps of 4, then (l0 + l2) + (l1 + l3), then
@@ -64,26 +64,34 @@ def _check_cols(name: str, cols: int) -> None:
 
 
 # ----------------------------------------------------------------------------- 1. activations
+# the activation scale tables (section 1): j = the top 6 mantissa bits of a block's amax
+ACT_SCALE = np.array([np.float32(8128.0 / (65 + j)) for j in range(64)], dtype=F32)     # 127 * 64 / (65 + j)
+ACT_STEP = np.array([np.float32(1.0 / float(ACT_SCALE[j])) for j in range(64)], dtype=F32)
+HUGE_BLOCK_AMAX = F32(2.0 ** 100)             # a block with amax at or above: dx NaN (the row becomes NaN)
+
+
 def quantize_activations(x):
     """x (n, K) float32 -> qx int8 (n, K), dx float32 (n, K/32), xsum int32 (n, K/32) (section 1).
 
-    A block with a non-finite element: dx NaN, qx 0; amax < 2^-100: dx 0, qx 0; else dx = 2^e with
-    amax * 2^-e in (63.5, 127], qx = nearest_even(x * 2^-e) (the scaling is exact)."""
+    A block with a non-finite element or amax >= 2^100: dx NaN, qx 0; amax < 2^-100: dx 0, qx 0;
+    else, with amax = 2^E (1 + f) and j = the top 6 bits of f: s = 2^-E ACT_SCALE[j] (exact),
+    qx = nearest_even(f32(x s)) (|qx| <= 127), dx = 2^E ACT_STEP[j] (exact)."""
     x = np.asarray(x, dtype=F32)
     n, K = x.shape
     if K % 32:
         raise ValueError(f"K {K} is not a multiple of 32")
     xb = x.reshape(n, K // 32, 32)
     amax = np.max(np.abs(xb), axis=-1)                        # NaN propagates: not finite
-    finite = np.isfinite(amax)
+    finite = np.isfinite(amax) & (amax < HUGE_BLOCK_AMAX)
     normal = finite & (amax >= ZERO_BLOCK_AMAX)
-    _, exp = np.frexp(np.where(normal, amax, F32(1)))         # amax = m * 2^exp, m in [0.5, 1)
-    E = exp.astype(np.int32) - 1                              # floor(log2(amax)), exact
-    e = np.where(np.ldexp(np.where(normal, amax, F32(1)), -(E - 6)) <= F32(127), E - 6, E - 5)
-    e = np.where(normal, e, 0).astype(np.int32)
-    scaled = np.ldexp(xb, -e[..., None])                      # exact (float32 stays float32)
-    qx = np.where(normal[..., None], np.rint(scaled), F32(0)).astype(np.int8)
-    dx = np.where(normal, np.ldexp(F32(1), e), np.where(finite, F32(0), F32(np.nan))).astype(F32)
+    bits = np.where(normal, amax, F32(1)).astype(F32).view(np.uint32)
+    E = (bits >> 23).astype(np.int32) - 127                   # floor(log2(amax)), exact
+    j = ((bits >> 17) & 63).astype(np.int64)
+    s = np.ldexp(ACT_SCALE[j], -E).astype(F32)                # exact: a power-of-two scaling
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = (xb * s[..., None]).astype(F32)              # one rounding
+    qx = np.where(normal[..., None], np.rint(np.where(normal[..., None], scaled, F32(0))), F32(0)).astype(np.int8)
+    dx = np.where(normal, np.ldexp(ACT_STEP[j], E).astype(F32), np.where(finite, F32(0), F32(np.nan))).astype(F32)
     xsum = qx.astype(np.int32).sum(axis=-1, dtype=np.int32)
     return qx.reshape(n, K), dx, xsum
 
