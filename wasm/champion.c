@@ -20,6 +20,7 @@
  *   champion_alloc(bytes) -> ptr                  bump allocation (argument buffers)
  *   champion_build_config(...)                    hyper-parameters; allocates state, KV
  *   champion_set_format(kind, layer, fmt)         (optional) a linear's format, before any tensor_ptr
+ *   champion_alloc_weights()                      (optional) the weight buffers; OOM refused here
  *   champion_tensor_ptr(kind, layer) -> ptr       where JS writes one tensor (allocates the weights
  *   champion_tensor_bytes(kind, layer) -> bytes     at the first call) and how many bytes it takes
  *   champion_check()                              marks the model built
@@ -131,6 +132,23 @@ static int plan_weights(void) {
         for (int i = 0; i < LIN_COUNT; i++)
             weights.layers[l].lin[i] = (QLin){ 0, 0, default_fmt, shape[i][0], shape[i][1] };
     return OK;
+}
+
+/* the weight bytes the current formats need (with_arena: plus what the arena already holds); 64-bit,
+ * so a model too large for wasm32 is refused at champion_build_config, before any tensor is fetched */
+static uint64_t planned_weight_bytes(int with_arena) {
+    extern uintptr_t arena_top;
+    uint64_t D = (uint64_t)cfg.hidden_size, total = with_arena ? (uint64_t)arena_top : 0;
+    total += (uint64_t)qf_row_bytes(weights.embed.fmt, weights.embed.cols) * (uint64_t)weights.embed.rows;
+    if (embed_q8) total += 4u * (uint64_t)weights.embed.rows;
+    if (!tied_head) total += ((uint64_t)qf_row_bytes(weights.lm_head.fmt, weights.lm_head.cols) + 4u) * (uint64_t)weights.lm_head.rows;
+    total += 4u * D * (1u + 2u * (uint64_t)cfg.num_layers);
+    for (int l = 0; l < cfg.num_layers; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            const QLin *L = &weights.layers[l].lin[i];
+            total += ((uint64_t)qf_row_bytes(L->fmt, L->cols) + 4u) * (uint64_t)L->rows;
+        }
+    return total;
 }
 
 static int build_weights(void) {
@@ -779,13 +797,23 @@ EXPORT("champion_set_format") int champion_set_format(int kind, int layer, int f
     return OK;
 }
 
+/* allocate every weight buffer in the formats set so far (champion_tensor_ptr does it at its first
+ * call): ERR_OUT_OF_MEMORY, before anything is written, when they cannot fit wasm32's 4 GiB or
+ * memory cannot grow; OK if already allocated */
+EXPORT("champion_alloc_weights") int champion_alloc_weights(void) {
+    if (!weights.layers) return ERR_MODEL_LOAD;
+    if (weights_ready) return OK;
+    if (planned_weight_bytes(1) > 0xFFFF0000ull) return ERR_OUT_OF_MEMORY;
+    return build_weights();
+}
+
 /* destination of one tensor (HF (out, in) layout) in its linear's format (values as the format
  * lays them out: float32, int8, or the GGUF blocks as in the file), the scales and the rest
  * float32; 0 if the kind is unknown or has no buffer (the scales of a block format). The first
  * call allocates every weight buffer. */
 EXPORT("champion_tensor_ptr") void *champion_tensor_ptr(int kind, int layer) {
     if (!weights.layers) return 0;
-    if (!weights_ready && build_weights() != OK) return 0;
+    if (champion_alloc_weights() != OK) return 0;
     QLin *L = lin_of(kind, layer);
     if (L) return (void *)L->w;
     if (kind == T_S_EMBED) return (void *)weights.embed.scale;

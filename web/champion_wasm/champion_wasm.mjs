@@ -247,6 +247,9 @@ export class WasmChampion {
       c.num_kv_heads, c.head_dim, maxContext, maxBlock, c.rms_norm_eps, c.rope_theta, q8Mode,
       c.qkv_bias ? 1 : 0, c.tie_word_embeddings ? 1 : 0, this.embedQ8 ? 1 : 0), "build");
     this._setFormats();
+    // the weight buffers in their formats, before any tensor is written: E_OUT_OF_MEMORY (coded) when
+    // they cannot fit wasm32's 4 GiB or memory cannot grow
+    if (this.wasm.champion_alloc_weights) check(this.wasm.champion_alloc_weights(), "alloc_weights (the weights in their formats)");
     if (c.rope_inv_freq) {             // scaled RoPE (linear, llama3): tables from the inverse frequencies
       const ptr = this._alloc(8 * c.rope_inv_freq.length);
       this._view(Float64Array, ptr, c.rope_inv_freq.length).set(c.rope_inv_freq);

@@ -134,7 +134,8 @@ async function statuses(wasm) {
   // out of memory: one buffer of 0xFFFF0000 bytes cannot fit above the heap base of a 32-bit space
   const D = 4096, V = 0xFFFF0000 / 4 / D;              // the champion's f32 embedding (V, D)
   const calls = {
-    champion_out_of_memory: (e) => e.champion_build_config(V, D, 4, 1, 1, 1, 4, 8, 1, 1e-5, 1e4, 0, 0, 1, 0),
+    // the weights are allocated after the formats are set: champion_alloc_weights refuses them
+    champion_out_of_memory: (e) => e.champion_build_config(V, D, 4, 1, 1, 1, 4, 8, 1, 1e-5, 1e4, 0, 0, 1, 0) || e.champion_alloc_weights(),
     draft_out_of_memory: (e) => e.draft_build_config(0xFFFF0000 / 4, 4, 4, 1, 1, 1, 4, 8, 1e-5, 1e4),   // logits (V,)
     champion_bad_config: (e) => e.champion_build_config(16, 6, 4, 1, 1, 1, 4, 8, 1, 1e-5, 1e4, 0, 0, 1, 0),   // D % 4
     draft_bad_config: (e) => e.draft_build_config(16, 6, 4, 1, 1, 1, 4, 8, 1e-5, 1e4),
