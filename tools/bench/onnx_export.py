@@ -78,7 +78,53 @@ def export_fp32(hf_dir: str, out_dir: str) -> str:
         for name in produced:
             if name.startswith("model.onnx"):              # model.onnx (+ model.onnx_data when over 2 GB)
                 shutil.move(os.path.join(tmp, name), os.path.join(onnx_dir, name))
-    return os.path.join(onnx_dir, FP32_NAME)
+    path = os.path.join(onnx_dir, FP32_NAME)
+    unshare_weights(path)
+    return path
+
+
+def unshare_weights(path: str, min_elements: int = 1 << 16) -> int:
+    """Give every use of a weight its own copy in the ONNX file at path; -> copies made.
+    torch's exporter merges parameters of equal value into one initializer, which each further
+    use reads through an Identity node: a widened model (tools/widen.py: all-zero appended
+    layers) then holds a handful of shared matrices that stay in the CPU's cache across layers
+    (onnxruntime would not stream the bytes the model holds), and onnxruntime's quantiser leaves
+    every MatMul fed by an Identity in float32. Each such Identity becomes an initializer of its
+    own (a copy), and so does every further direct use. Only tensors of min_elements or more (not
+    norms, not scalars); the main graph."""
+    import numpy as np
+    import onnx
+    model = onnx.load(path)
+    weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims)) >= min_elements}
+    copies = 0
+    for node in list(model.graph.node):
+        if node.op_type == "Identity" and node.input[0] in weights:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(weights[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+            model.graph.node.remove(node)
+            copies += 1
+    seen = set()
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name not in weights:
+                continue
+            if name not in seen:
+                seen.add(name)
+                continue
+            copy = onnx.TensorProto()
+            copy.CopyFrom(weights[name])
+            copy.name = f"{name}.copy{copies}"
+            model.graph.initializer.append(copy)
+            node.input[i] = copy.name
+            copies += 1
+    used = {name for node in model.graph.node for name in node.input}
+    for t in [t for t in model.graph.initializer if t.name in weights and t.name not in used]:
+        model.graph.initializer.remove(t)           # one whose every use is now a copy
+    if copies:
+        onnx.save(model, path)
+    return copies
 
 
 def export_int8(fp32_path: str) -> str:
