@@ -119,8 +119,10 @@ def test_summary_comparison_and_doc_lines():
            "tfjs": {"tfjs-fp32-t1": {"dtype": "fp32", "threads": 1, "version": "4.3.1"},
                     "tfjs-int8-t2": {"dtype": "int8", "threads": 2, "version": "4.3.1"}},
            "agreement": [{"prompt": "Hello there, world", "tfjs": {
-               "tfjs-fp32-t1": {"first_divergence": None, "same_prompt_ids": True},
-               "tfjs-int8-t2": {"first_divergence": 3, "same_prompt_ids": False}}}]}
+               "tfjs-fp32-t1": {"compared": True, "first_divergence": None, "same_prompt_ids": True},
+               "tfjs-int8-t2": {"compared": True, "first_divergence": 3, "same_prompt_ids": False}}},
+               {"prompt": "no ours runner", "tfjs": {"tfjs-fp32-t1": {"compared": False, "first_divergence": None,
+                                                                       "same_prompt_ids": None}}}]}
     lines = peer.tfjs_doc_lines(out)
     assert lines[0].startswith("transformers.js 4.3.1 (onnxruntime-web, WASM backend")
     assert "tfjs-fp32-t1 (fp32, 1 thread), tfjs-int8-t2 (int8, 2 threads)" in lines[0]

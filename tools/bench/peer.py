@@ -404,7 +404,8 @@ def run(args) -> dict:
         tcall = lambda fn, *a: page.evaluate(f"(a) => window.peerTfjs.{fn}(...a)", list(a))
 
         def tfjs_request(name, prompt, temperature):
-            t = tcall("generate", name, prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature})
+            t = tcall("generate", name, prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature,
+                                                                   "ids": prompt.get("tfjs_ids")})
             if "refused" in t:
                 raise refusal(name, t["refused"])
             return t
@@ -465,11 +466,13 @@ def run(args) -> dict:
                                                          "the template's rendered here")
                     entry.setdefault("ours_prompt_ids", res["prompt_ids"])
             ours_ids = next(iter(entry["ours"].values()))["token_ids"] if entry["ours"] else None
-            for name, _, _ in tfjs:                     # transformers.js tokenizes the same text itself
+            prompt["tfjs_ids"] = entry.get("ours_prompt_ids")   # transformers.js continues our prompt ids
+            for name, _, _ in tfjs:                     # (and tokenizes the same text itself, for the check)
                 t = tfjs_request(name, prompt, 0)
                 entry.setdefault("tfjs", {})[name] = {
                     "token_ids": t["token_ids"], "prompt_tokens": len(t["prompt_ids"]),
                     "same_prompt_ids": t["prompt_ids"] == entry["ours_prompt_ids"] if "ours_prompt_ids" in entry else None,
+                    "compared": ours_ids is not None,       # no ours runner: nothing to compare with
                     "first_divergence": first_divergence(t["token_ids"], ours_ids) if ours_ids is not None else None,
                     "first_divergence_wllama": first_divergence(t["token_ids"], w["token_ids"])}
             out["agreement"].append(entry)
@@ -560,8 +563,9 @@ def tfjs_doc_lines(out: dict) -> list:
     lines = [f"transformers.js {', '.join(versions)} (onnxruntime-web, WASM backend, each runner in its own iframe of the "
              f"cross-origin-isolated page) on `{out['models']['tfjs']}`: " + ", ".join(
                  f"{name} ({v['dtype']}, {v['threads']} thread{'s' if v['threads'] > 1 else ''})" for name, v in out["tfjs"].items())
-             + "; it tokenizes the prompt text itself and samples with Math.random (no seed)."]
-    agree = [(e["prompt"], name, v) for e in out["agreement"] for name, v in e.get("tfjs", {}).items()]
+             + "; it continues our prompt ids (its own tokenization of the text is checked against them) and "
+               "samples with Math.random (no seed)."]
+    agree = [(e["prompt"], name, v) for e in out["agreement"] for name, v in e.get("tfjs", {}).items() if v["compared"]]
     same = [a for a in agree if a[2]["first_divergence"] is None]
     lines.append(f"Greedy tokens, transformers.js against ours: {len(same)} of {len(agree)} (prompt, runner) runs identical"
                  + ("." if len(same) == len(agree) else "; first divergences: " + ", ".join(

@@ -41,22 +41,26 @@ async function load(modelUrl, dtype, threads) {
   }
 }
 
-/** One completion of `prompt` (text, tokenized here by the model's own tokenizer, as a user of
- *  transformers.js would): greedy at temperature 0, else sampling from the full distribution at
+/** One completion of `prompt`: from the token ids `ids` when given (our engine's prompt ids, so
+ *  both sides continue the same input), else from the text as the model's own tokenizer encodes it
+ *  (as a user of transformers.js would); prompt_ids is always that tokenizer's encoding of the
+ *  text, for the check. Greedy at temperature 0, else sampling from the full distribution at
  *  `temperature` (top_k 0, top_p 1; transformers.js samples with Math.random, no seed).
  *  -> {token_ids, prompt_ids, n_tokens, first_token_ms, total_ms} or {refused}. */
-async function generate(prompt, { maxTokens = 32, temperature = 0 } = {}) {
+async function generate(prompt, { maxTokens = 32, temperature = 0, ids = null } = {}) {
   try {
-    const inputs = tokenizer(prompt, { add_special_tokens: true });
-    const promptIds = Array.from(inputs.input_ids.data, Number);
+    const promptIds = Array.from(tokenizer(prompt, { add_special_tokens: true }).input_ids.data, Number);
+    const input = ids ?? promptIds;
+    const inputs = { input_ids: new tf.Tensor("int64", BigInt64Array.from(input, BigInt), [1, input.length]),
+                     attention_mask: new tf.Tensor("int64", new BigInt64Array(input.length).fill(1n), [1, input.length]) };
     let tFirst = null, puts = 0;
     const streamer = { put() { if (puts++ === 1) tFirst = performance.now(); }, end() {} };   // put #0: the prompt
     const sampling = temperature > 0 ? { do_sample: true, temperature, top_k: 0, top_p: 1 } : { do_sample: false };
     const t0 = performance.now();
     const out = await model.generate({ ...inputs, max_new_tokens: maxTokens, ...sampling, streamer });
     const t1 = performance.now();
-    const ids = Array.from(out.data, Number).slice(promptIds.length);
-    return { token_ids: ids, prompt_ids: promptIds, n_tokens: ids.length,
+    const generated = Array.from(out.data, Number).slice(input.length);
+    return { token_ids: generated, prompt_ids: promptIds, n_tokens: generated.length,
              first_token_ms: tFirst === null ? null : tFirst - t0, total_ms: t1 - t0 };
   } catch (err) {
     return { refused: coded(err) };
