@@ -67,7 +67,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   }
   if (amax >= HUGE || amax < TINY) {               // non-finite or huge: dx NaN (the row becomes NaN); tiny: a zero block
     for (var k = 0u; k < 8u; k++) { qx[base + k] = 0u; }
-    xb[j * nb + b] = vec2<f32>(select(0.0, bitcast<f32>(0x7fc00000u), amax >= HUGE), 0.0);   // a quiet NaN (no NaN constant: WGSL refuses one)
+    // a quiet NaN made at run time (amax's low bit): WGSL refuses a NaN constant expression
+    xb[j * nb + b] = vec2<f32>(bitcast<f32>(select(0u, 0x7fc00000u | (amax & 1u), amax >= HUGE)), 0.0);
     return;
   }
   // amax = 2^E (1 + f), j = the top 6 bits of f: s = 2^-E QACT_SCALE[j], dx = 2^E QACT_STEP[j], both exact

@@ -42,9 +42,11 @@ def test_qmatmul_shaders_equal_the_generator_output():
     committed = {name: (SHADERS / name).read_text() for name in gen.file_names()}
     params = {gen.parameters_of(text) for text in committed.values()}
     assert len(params) == 1 and None not in params, f"qmatmul shaders lost or differ in their GENERATED line: {params}"
-    C = params.pop()
-    for name, text in gen.generate(C).items():
-        assert committed[name] == text, f"shaders/{name} is stale or hand-edited: run `python3 shaders/gen_qmatmul.py {C}`"
+    C, R = params.pop()
+    for name, text in gen.generate(C, R).items():
+        assert committed[name] == text, f"shaders/{name} is stale or hand-edited: run `python3 shaders/gen_qmatmul.py {C} {R}`"
+    qmatmul_mjs = (REPO_ROOT / "web" / "gpu" / "qmatmul.mjs").read_text()
+    assert f"export const QMATMUL_ROWS = {R};" in qmatmul_mjs, "web/gpu/qmatmul.mjs's grid does not use the shaders' R"
 
 
 # ----------------------------------------------------------------------------- the page
@@ -137,8 +139,10 @@ def test_swiftshader_does_not_fuse_multiply_add(blocks_page):
 
 # ----------------------------------------------------------------------------- the quantiser
 def awkward_activations():
-    """Blocks that probe every branch of section 1: the 127 boundary on both sides, ties, a zero
-    block, a block below 2^-100, subnormals beside a normal, huge and tiny scales, NaN and Inf."""
+    """Blocks that probe every branch of section 1: amax mantissas at a table-index boundary and one
+    ulp past it (127/64, the top index), halves of a power-of-two grid, a zero block, a block below
+    2^-100, subnormals beside a normal, the largest amax below 2^100; and rows with a NaN, a -Inf
+    and an amax of exactly 2^100 (those blocks' dx NaN: the row becomes NaN)."""
     one = F32(1)
     blocks = []
     b = np.linspace(-1, 1, 32, dtype=F32)
@@ -153,11 +157,13 @@ def awkward_activations():
     sub = np.full(32, np.ldexp(one, -140), F32)               # subnormals beside 2^-100 (they round to 0)
     sub[5] = np.ldexp(one, -100)
     blocks.append(sub)
-    blocks.append(np.full(32, F32(3.0e38)) * np.where(np.arange(32) % 2, 1, -1).astype(F32))
+    below = np.nextafter(np.ldexp(one, 100), F32(0))         # the largest amax a block may have
+    blocks.append(np.linspace(-1, 1, 32, dtype=F32) * below)
     return np.stack([np.concatenate(blocks),
                      np.concatenate(blocks[::-1]),
                      np.concatenate([b] * 3 + [np.array([np.nan] + [0.5] * 31, F32)] + [b] * 4),
-                     np.concatenate([b] * 7 + [np.array([1.0] * 31 + [-np.inf], F32)])])
+                     np.concatenate([b] * 7 + [np.array([1.0] * 31 + [-np.inf], F32)]),
+                     np.concatenate([b] * 5 + [np.linspace(-1, 1, 32, dtype=F32) * np.ldexp(one, 100)] + [b] * 2)])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -169,9 +175,9 @@ def test_quantize_act_equals_the_twin_bitwise(blocks_page, path):
     want_qx, want_dx, want_xsum = twin.quantize_activations(x)
     assert np.array_equal(qx, want_qx)
     assert np.array_equal(dx, want_dx, equal_nan=True) and np.array_equal(bits(dx)[~np.isnan(dx)], bits(want_dx)[~np.isnan(dx)])
-    assert np.isnan(dx[2, 3]) and np.isnan(dx[3, 7]) and np.isnan(dx).sum() == 2
+    assert np.isnan(dx[2, 3]) and np.isnan(dx[3, 7]) and np.isnan(dx[4, 5]) and np.isnan(dx).sum() == 3
     assert np.array_equal(xsum, want_xsum.astype(F32))
-    assert np.isnan(y[2:]).all() and not np.isnan(y[:2]).any()                  # a NaN or Inf input: its row is NaN
+    assert np.isnan(y[2:]).all() and not np.isnan(y[:2]).any()      # a NaN, -Inf or 2^100 block: its row is NaN
     assert_bitwise(y[:2], twin.qmatmul("Q8_0", raw, x[:2], rows, cols), "quantize_act rows 0-1 matmul")
 
 
@@ -533,3 +539,75 @@ def test_gpu_and_wasm_q8act_champions_agree_on_gguf_blocks(gpu_page, arch):
                        config["vocab_size"], 22, f"tiny GGUF {arch}")
     assert info["forms"]["embed"] == "Q8_0" and info["forms"]["head"] == "Q4_1"
     assert info["forms"]["layers"][0] == {"qkv": "Q4_0", "o": "Q8_0", "gateUp": "Q4_1", "down": "Q8_0"}
+
+
+# ----------------------------------------------------------------------------- the real SmolLM2 GGUF
+SMOLLM2_JS = """async ([url, config, prompt, steps]) => {
+  const { requestDevice } = await import('/web/gpu/device.mjs');
+  const { compileChampionPipelines, createChampionFromTensors } = await import('/web/gpu/champion.mjs');
+  const { createWasmChampion } = await import('/web/champion_wasm/champion_wasm.mjs');
+  const { fetchGgufFile, ggufTensorMap } = await import('/web/gguf/gguf_tensors.mjs');
+  const t = (window.f32t ??= {});
+  if (!t.device) { t.device = await requestDevice(); t.pipelines = compileChampionPipelines(t.device); }
+  t.champion?.destroy();
+  t.champion = null;
+  const { bytes, identity } = await fetchGgufFile(fetch, url);
+  const tensors = ggufTensorMap(bytes, config, 'smollm2.gguf', { lazy: true, blocks: true });
+  const common = { maxBlock: 9, maxContext: 64, matmul: 'q8act' };
+  const t0 = performance.now();
+  const gpu = await createChampionFromTensors({ device: t.device, config, tensors, identity, label: 'smollm2.gguf',
+                                                pipelinesPromise: t.pipelines, ...common });
+  const loadMs = performance.now() - t0;
+  const wasm = await createWasmChampion({ wasmUrl: '/web/build/cpu.wasm', tensors, identity, configJson: config, simd: 'simd128', ...common });
+  const V = gpu.vocabSize, argmax = (row) => { let b = 0; for (let v = 1; v < V; v++) if (row[v] > row[b]) b = v; return b; };
+  const ids = [...prompt], gpuTokens = [], wasmTokens = [], ms = [];
+  let same = 0, worst = 0;
+  for (let s = 0; s < steps; s++) {
+    const block = s === 0 ? prompt : [ids[ids.length - 1]], start = s === 0 ? 0 : ids.length - 1;
+    const t1 = performance.now();
+    await gpu.forward(Int32Array.from(block), start);
+    const g = await gpu.readLogits(block.length);
+    ms.push(performance.now() - t1);
+    await wasm.forward(Int32Array.from(block), start);
+    const w = await wasm.readLogits(block.length);
+    const gu = new Uint32Array(g.buffer), wu = new Uint32Array(w.buffer);
+    for (let r = 0; r < block.length; r++) {
+      let equal = true;
+      for (let v = r * V; v < (r + 1) * V; v++) { equal &&= gu[v] === wu[v]; worst = Math.max(worst, Math.abs(g[v] - w[v])); }
+      same += equal;
+    }
+    const last = (a) => a.subarray((block.length - 1) * V, block.length * V);
+    gpuTokens.push(argmax(last(g)));
+    wasmTokens.push(argmax(last(w)));
+    ids.push(gpuTokens[gpuTokens.length - 1]);
+  }
+  const out = { gpuTokens, wasmTokens, same, rows: prompt.length + steps - 1, worst, ms, loadMs, identity,
+                weights: gpu.memoryPlan.weights, forms: gpu.forms, fileBytes: bytes.byteLength, wasmWeights: wasm.weightBytes };
+  gpu.destroy();
+  wasm.destroy();
+  return out;
+}"""
+
+
+def test_smollm2_gguf_q8act_greedy_equals_the_wasm_champion(gpu_page):
+    """The real SmolLM2-135M Q4_1 GGUF in its blocks on WebGPU (every linear Q4_1 on qmatmul_q4_1,
+    the tied Q8_0 embedding gathered from and multiplied in its blocks): weights held = the file's
+    tensors, and greedy tokens equal the WASM champion's q8act in the same page (rows of logits
+    bit-identical counted and printed)."""
+    from test_gpu_f32_linears import smollm2_gguf, validated
+    from exactspec.formats.gguf_model import GGUFModel
+    from exactspec.formats.gguf_tokenizer import load_tokenizer
+    gguf = smollm2_gguf()
+    with GGUFModel(gguf) as model:
+        config = validated(model.config)
+        tokenizer = load_tokenizer(model.file)
+    prompt = tokenizer.encode("The capital of France is")
+    url = "/" + gguf.resolve().relative_to(REPO_ROOT).as_posix()
+    got = gpu_page.evaluate(SMOLLM2_JS, [url, config, prompt, 8])
+    print(f"[smollm2 q8act] GPU load {got['loadMs']:.0f} ms, step ms {[round(m) for m in got['ms']]}, weights {got['weights']} "
+          f"(file {got['fileBytes']}, WASM {got['wasmWeights']}), tokens {got['gpuTokens']} {tokenizer.decode(got['gpuTokens'])!r}, "
+          f"{got['same']} of {got['rows']} rows bit-identical to WASM, max abs {got['worst']:.3g}")
+    assert {f for layer in got["forms"]["layers"] for f in layer.values()} == {"Q4_1"}
+    assert got["forms"]["embed"] == "Q8_0" and got["forms"]["head"] == "tied"
+    assert got["weights"] <= got["fileBytes"]                  # every weight once, in its blocks (norms as float32)
+    assert got["gpuTokens"] == got["wasmTokens"]

@@ -9,6 +9,7 @@ export const QMATMUL_FORMATS = {
   Q4_1: { stem: "q4_1", blockBytes: 20 },
 };
 export const DOT4_FEATURE = "packed_4x8_integer_dot_product";
+export const QMATMUL_ROWS = 4;      // output rows per invocation: shaders/gen_qmatmul.py's R (its GENERATED line)
 const cdiv = (a, b) => Math.ceil(a / b);
 const u = (v) => [v, "u32"];
 
@@ -41,7 +42,7 @@ export const QOPS = {
   quantize_act: (d) => ({ meta: [u(d.n), u(d.cols)], grid: [cdiv(d.cols / 32, 64), d.n, 1] }),
   qmatmul: (d) => ({
     meta: [u(d.n), u(d.rows), u(d.cols), u(d.accumulate ? 1 : 0), u(d.stride ?? d.rows), u(d.row0 ?? 0), u(0)],
-    grid: [cdiv(d.rows, 64), 1, 1],
+    grid: [cdiv(d.rows, 64 * QMATMUL_ROWS), 1, 1],
   }),
 };
 

@@ -97,5 +97,56 @@ async function gather({ format, n, hidden, rows, row0 = 0, weight, ids, x0 }) {
   return out;
 }
 
-window.harness = { features, run, gather };
+/** ms per linear (best of `tries`, `reps` in one submission) at (n, rows, cols): quantize_act +
+ *  the format's qmatmul on each path, and the float kernel matmul_q8 on int8 rows (random bytes:
+ *  timing only, nothing is read back). tools/bench/gpu_qmatmul.py drives it. */
+async function bench({ format, n, rows, cols, reps = 10, tries = 3 }) {
+  device ??= await requestDevice();
+  const { createPipelines } = await import("../gpu/device.mjs");
+  const { qmatmulWeightBytes } = await import("../gpu/qmatmul.mjs");
+  paths.float ??= await createPipelines(device, new URL("../../shaders/", import.meta.url), ["matmul_q8"]);
+  const random = (bytes) => { const a = new Uint8Array(bytes); for (let i = 0; i < bytes; i++) a[i] = (i * 2654435761) >>> 24; return a; };
+  const wq = storageBuffer(device, qmatmulWeightBytes(format, rows, cols) + 4, random(qmatmulWeightBytes(format, rows, cols)));
+  const w8 = storageBuffer(device, rows * cols, random(rows * cols));
+  const s = storageBuffer(device, rows * 4, new Float32Array(rows).fill(1e-3));
+  const x = storageBuffer(device, n * cols * 4, new Float32Array(n * cols).map((_, i) => Math.sin(i)));
+  const qx = storageBuffer(device, n * cols), xb = storageBuffer(device, n * (cols / 32) * 8), y = storageBuffer(device, n * rows * 4);
+  const metas = metaBuffer(device, 3);
+  const { OPS } = await import("../gpu/champion.mjs");
+  const words = packMeta(QOPS.quantize_act({ n, cols }).meta, new ArrayBuffer(768), 0);
+  packMeta(QOPS.qmatmul({ n, rows, cols }).meta, words, 1);
+  packMeta(OPS.matmul_q8({ n, rows, cols }).meta, words, 2);
+  device.queue.writeBuffer(metas, 0, words);
+  const time = async (encode) => {
+    let best = Infinity;
+    for (let t = 0; t < tries; t++) {
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      for (let r = 0; r < reps; r++) encode(pass);
+      pass.end();
+      const t0 = performance.now();
+      device.queue.submit([enc.finish()]);
+      await device.queue.onSubmittedWorkDone();
+      best = Math.min(best, (performance.now() - t0) / reps);
+    }
+    return best;
+  };
+  const dispatch = (pass, pipeline, groups, grid) => { pass.setPipeline(pipeline); pass.setBindGroup(0, groups[0]); pass.setBindGroup(1, groups[1]); pass.dispatchWorkgroups(...grid); };
+  const out = {};
+  for (const dot4 of [true, false]) {
+    const p = await pipelinesFor(dot4);
+    const qa = bindGroups(device, p.quantize_act, [x, qx, xb], metas, 0);
+    const mm = bindGroups(device, p[format], [format === "ROWQ8" ? w8 : wq, ...(format === "ROWQ8" ? [s] : []), qx, xb, y], metas, 1);
+    out[dot4 ? "dot4" : "unpack"] = await time((pass) => {
+      dispatch(pass, p.quantize_act, qa, QOPS.quantize_act({ n, cols }).grid);
+      dispatch(pass, p[format], mm, QOPS.qmatmul({ n, rows, cols }).grid);
+    });
+  }
+  const fq = bindGroups(device, paths.float.matmul_q8, [w8, s, x, y], metas, 2);
+  out.matmul_q8 = await time((pass) => dispatch(pass, paths.float.matmul_q8, fq, OPS.matmul_q8({ n, rows, cols }).grid));
+  [wq, w8, s, x, qx, xb, y, metas].forEach((b) => b.destroy());
+  return out;
+}
+
+window.harness = { features, run, gather, bench };
 window.harnessReady = true;
