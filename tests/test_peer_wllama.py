@@ -1,5 +1,6 @@
 """wllama (llama.cpp compiled to WASM) on our F32 GGUF export gives exactly our champion's greedy
-tokens (LlamaReference, f32 weights); only the benchmark's server serves wllama; tools/bench/peer.py
+tokens (LlamaReference, f32 weights), at 1 thread and (runner wllama@2t, beside it) really at 2;
+only the benchmark's server serves wllama; tools/bench/peer.py
 on the real model (SmolLM2 GGUF) gives wllama's greedy tokens on the very same file. Starts Chromium:
 run under the browser lock (flock /tmp/browser.lock ...)."""
 import importlib.util
@@ -18,6 +19,7 @@ from exactspec.reference.models import default_models_dir, load_pair
 from exactspec.core.orchestrator import GenerationConfig
 from exactspec.reference.processors import SamplingPolicy
 from exactspec.host.server import CONTENT_SECURITY_POLICY, StaticServer
+from exactspec.core.errors import ExactSpecError
 
 sys.path.insert(0, str(REPO_ROOT / "tools" / "bench"))
 import peer  # noqa: E402  (tools/bench/peer.py: PeerServer, open_bench_page)
@@ -94,6 +96,25 @@ def test_wllama_greedy_tokens_equal_reference_f32(wllama_page):
         assert got["text"] == ref.text, prompt
 
 
+def test_wllama_two_thread_runner_runs_two_threads_beside_the_one_thread_runner(wllama_page):
+    """peer.py --wllama-threads 1,2: runner wllama@2t, a second Wllama instance in the same
+    (cross-origin-isolated) page, really runs 2 threads: wllama's count, its worker's pthread pool of
+    2, and 3 new workers seen by the browser (wllama's worker and its 2 pthreads; the 1-thread runner
+    started 1); both runners answer afterwards with the same greedy tokens."""
+    page, one = wllama_page
+    assert (one["n_threads"], one["multithread"], one["pthread_pool"], one["cross_origin_isolated"]) == (1, False, 0, True)
+    started = []
+    page.on("worker", lambda worker: started.append(worker.url))
+    two = page.evaluate("(url) => window.peerBench.loadWllama(url, {name: 'wllama@2t', nThreads: 2})", "/models/gguf/champion.f32.gguf")
+    assert (two["n_threads"], two["multithread"], two["pthread_pool"], two["cross_origin_isolated"]) == (2, True, 2, True)
+    assert len(started) == 3, started
+    assert peer.wllama_threads_checked("wllama@2t", 2, two)["n_threads"] == 2
+    gen = "([name, p]) => window.peerBench.wllamaGenerate(p, {name, maxTokens: 12, temperature: 0, withIds: true})"
+    for prompt in PROMPTS[:2]:
+        ids = {name: page.evaluate(gen, [name, prompt])["token_ids"] for name in ("wllama", "wllama@2t")}
+        assert len(ids["wllama"]) == 12 and ids["wllama@2t"] == ids["wllama"], prompt
+
+
 # ---- the bench's pure parts ----
 
 def test_bench_arithmetic_and_doc_section():
@@ -131,6 +152,39 @@ def test_bench_prompt_set_and_stratum_tables():
     assert "| ours-wasm:lookup | 0 | summary | 5.0 | 2.00 |" in peer.stratum_table(rows)
     assert peer.load_table({"wllama": 1500.0, "ours-wasm": 9000.0}, {"wllama": 1200.0}).splitlines()[2:] == [
         "| wllama | 1.5 | 1.2 |", "| ours-wasm | 9.0 | - |"]
+
+
+def test_bench_wllama_runners_and_their_best():
+    assert peer.wllama_runners("1,2") == [("wllama", 1), ("wllama@2t", 2)]
+    assert peer.wllama_runners("2,1,2") == [("wllama@2t", 2), ("wllama", 1)]
+    with pytest.raises(SystemExit, match=r"^E_BAD_ARGUMENT: --wllama-threads 0: a thread count"):
+        peer.wllama_runners("1,0")
+    assert peer.is_wllama("wllama@2t") and not peer.is_wllama("ours-wasm@abc:none")
+    rec = lambda runner, ms, t=0.0: {"runner": runner, "temperature": t, "ms_per_token": ms, "own_ms_per_token": ms,
+                                     "first_token_ms": 1.0, "tokens_per_round": 1.0, "n_tokens": 8}
+    rows = peer.summarise([rec("wllama", 6.0), rec("wllama@2t", 4.0), rec("ours-wasm:none", 2.0),
+                           rec("wllama", 5.0, t=1.0), rec("wllama@2t", 8.0, t=1.0), rec("ours-wasm:none", 2.5, t=1.0)],
+                          {"wllama": 1000.0, "wllama@2t": 1100.0, "ours-wasm": 2000.0})
+    by = {(r["runner"], r["temperature"]): r for r in rows}
+    # "vs wllama": against wllama's fastest runner of each temperature (2 threads at T 0, 1 thread at T 1)
+    assert by[("ours-wasm:none", 0.0)]["vs_wllama"] == 2.0 and by[("ours-wasm:none", 1.0)]["vs_wllama"] == 2.0
+    assert by[("wllama", 0.0)]["vs_wllama"] == round(4 / 6, 3) and by[("wllama@2t", 0.0)]["load_ms"] == 1100
+    table = peer.markdown_table(rows)
+    assert "| wllama | 0 | 6.0 | 0.67x |" in table and "| wllama@2t | 0 | 4.0 | 1.00x |" in table
+    out = {"rows": rows, "wllama": {"wllama": {"threads": 1}, "wllama@2t": {"threads": 2}},
+           "agreement": [{"prompt": "p", "wllama_runners": {"wllama": {"first_divergence": None}, "wllama@2t": {"first_divergence": 3}}}]}
+    assert peer.wllama_doc_lines(out) == [
+        "Greedy tokens, wllama@2t against wllama: 0 of 1 (prompt, runner) runs identical; first divergences: 'p' wllama@2t at 3.",
+        'wllama at its best thread count (the fastest runner: "vs wllama" is against it): '
+        "T = 0: wllama@2t 4.0 ms/token; T = 1: wllama 5.0 ms/token."]
+    assert peer.wllama_threads_text(out) == "runners wllama (1 thread), wllama@2t (2 threads)"
+    assert peer.wllama_threads_text({"wllama": {"wllama": {"threads": 1}}}) == "1 thread"
+    # a page that is not cross-origin isolated: wllama quietly runs 1 thread, and the bench stops
+    quiet = {"n_threads": 1, "multithread": False, "pthread_pool": 0, "cross_origin_isolated": False}
+    with pytest.raises(ExactSpecError, match=r"^E_INTERNAL: wllama@2t: wllama runs 1 thread\(s\) \(pthread pool 0\), not 2 "
+                                             r"\(page cross-origin isolated: False\)$"):
+        peer.wllama_threads_checked("wllama@2t", 2, quiet)
+    assert peer.wllama_threads_checked("wllama", 1, quiet)["threads"] == 1
 
 
 def test_bench_refusal_names_the_runner_and_the_code_once():
@@ -174,6 +228,8 @@ def test_peer_on_the_real_gguf_gives_wllamas_greedy_tokens(smollm2_gguf, tmp_pat
     for mode in ("wasm:none", "wasm:lookup"):
         assert entry["ours"][mode]["prompt_tokens"] == entry["wllama_prompt_tokens"], mode
         assert entry["ours"][mode]["token_ids"] == entry["wllama"], mode
-    assert set(out["load_ms"]) == set(out["second_load_ms"]) == {"wllama", "ours-wasm"}
-    assert {r["runner"] for r in out["rows"]} == {"wllama", "ours-wasm:none", "ours-wasm:lookup"}
+    assert entry["wllama_runners"]["wllama@2t"]["token_ids"] == entry["wllama"]     # 2 threads, the same tokens
+    assert {name: v["n_threads"] for name, v in out["wllama"].items()} == {"wllama": 1, "wllama@2t": 2}
+    assert set(out["load_ms"]) == set(out["second_load_ms"]) == {"wllama", "wllama@2t", "ours-wasm"}
+    assert {r["runner"] for r in out["rows"]} == {"wllama", "wllama@2t", "ours-wasm:none", "ours-wasm:lookup"}
     assert (tmp_path / "peer.md").read_text().startswith("Last run: ")

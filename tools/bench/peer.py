@@ -1,4 +1,4 @@
-"""Side by side with llama.cpp: wllama (llama.cpp compiled to WASM, 1 thread, CPU) on a GGUF file,
+"""Side by side with llama.cpp: wllama (llama.cpp compiled to WASM, CPU, 1 and 2 threads) on a GGUF file,
 and our engine with each champion backend in every mode, on the same prompts, in one headless
 Chromium page, interleaved over rounds so machine noise hits all alike.
 
@@ -6,6 +6,7 @@ Chromium page, interleaved over rounds so machine noise hits all alike.
                                [--rounds 3] [--prompts 3] [--corpus-strata dialogue,summary,extraction]
                                [--corpus-only] [--max-new-tokens 40] [--k 4] [--backends webgpu,wasm]
                                [--modes none,draft,lookup] [--chat auto|on|off] [--no-doc] [--baseline COMMIT]
+                               [--wllama-threads 1,2]
                                [--tfjs ONNX_FOLDER [--tfjs-dtypes fp32,int8] [--tfjs-threads 1,2]]
 
 Modes: none | draft | lookup (at --k), NAME@K (draft@2: at k = 2), or NAME-adaptive (the
@@ -21,6 +22,11 @@ compared one for one. Prints the tables, writes build/bench/ (JSON and Markdown)
 generated section of docs/performance.md (and, for a --champion, the "real model" sections of
 docs/performance.md and docs/models.md), with the exact command, date, load and commit. Numbers,
 not assertions: the machine is shared and noisy.
+
+--wllama-threads: one wllama runner per thread count (wllama, wllama@2t, ...), each its own Wllama
+instance (worker) in the page; a runner that does not really run its thread count (wllama falls back
+to 1 thread without cross-origin isolation) stops the run. "vs wllama" and the doc's comparisons are
+against wllama's fastest runner per temperature (llama.cpp at its best thread count).
 
 --tfjs adds transformers.js (onnxruntime-web WASM) on an ONNX export of the same champion
 (tools/bench/onnx_export.py; bench-only install: tools/bench/setup_onnx.sh): one runner per dtype
@@ -117,6 +123,33 @@ def bench_models(champion, draft, gguf, mounts: dict) -> dict:
         raise SystemExit(f"E_BAD_ARGUMENT: --champion {champion}: neither a .gguf file nor a model folder (no config.json)")
     return {"champion": url, "draft": where(draft, "draft", "draft")[0] if draft else None, "local": local,
             "gguf": where(gguf, "gguf")[0] if gguf else (url if local.endswith(".gguf") else None)}
+
+
+def wllama_runners(threads: str) -> list:
+    """--wllama-threads "1,2" -> [(runner name, threads)]: [("wllama", 1), ("wllama@2t", 2)]."""
+    out = []
+    for t in (t for t in threads.split(",") if t):
+        if not t.isdigit() or int(t) < 1:
+            raise SystemExit(f"E_BAD_ARGUMENT: --wllama-threads {t}: a thread count (1, 2, ...)")
+        name = "wllama" if int(t) == 1 else f"wllama@{int(t)}t"
+        if name not in (n for n, _ in out):
+            out.append((name, int(t)))
+    if not out:
+        raise SystemExit("E_BAD_ARGUMENT: --wllama-threads: at least one thread count")
+    return out
+
+
+def is_wllama(runner: str) -> bool:
+    return runner == "wllama" or runner.startswith("wllama@")
+
+
+def wllama_best(rows: list) -> dict:
+    """temperature -> the fastest wllama row (lowest ms/token) of that temperature."""
+    best: dict = {}
+    for r in rows:
+        if is_wllama(r["runner"]) and (r["temperature"] not in best or r["ms_per_token"] < best[r["temperature"]]["ms_per_token"]):
+            best[r["temperature"]] = r
+    return best
 
 
 def tfjs_runners(dtypes: str, threads: str) -> list:
@@ -281,7 +314,8 @@ def median_or_none(values, digits: int = 2):
 
 
 def summarise(records: list, load_ms: dict) -> list:
-    """One row per (runner, temperature): medians over every prompt and round."""
+    """One row per (runner, temperature): medians over every prompt and round; vs_wllama against
+    wllama's fastest runner of that temperature."""
     groups: dict = {}
     for r in records:
         groups.setdefault((r["runner"], r["temperature"]), []).append(r)
@@ -293,7 +327,7 @@ def summarise(records: list, load_ms: dict) -> list:
                      "first_token_ms": med("first_token_ms"),
                      "tokens_per_round": med("tokens_per_round"), "tokens": med("n_tokens"),
                      "load_ms": round(load_ms[runner.rsplit(":", 1)[0]])})
-    base = {row["temperature"]: row["ms_per_token"] for row in rows if row["runner"] == "wllama"}
+    base = {t: row["ms_per_token"] for t, row in wllama_best(rows).items()}
     for row in rows:
         row["vs_wllama"] = round(base[row["temperature"]] / row["ms_per_token"], 3) if row["temperature"] in base else None
     return rows
@@ -388,6 +422,7 @@ def run(args) -> dict:
     if args.baseline:                          # the same backends from an earlier commit's engine, interleaved
         baseline_tree(args.baseline)
         backends += [f"{b}@{args.baseline}" for b in backends]
+    wllamas = wllama_runners(args.wllama_threads)
     tfjs = tfjs_runners(args.tfjs_dtypes, args.tfjs_threads) if args.tfjs else []
     if args.tfjs:
         models["tfjs"] = tfjs_model_url(args.tfjs, [dtype for _, dtype, _ in tfjs], mounts)
@@ -396,7 +431,7 @@ def run(args) -> dict:
     browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
     out = {"machine": machine_facts(browser), "args": vars(args), "command": args.command, "models": models,
            "chat": render is not None, "prompts": prompts, "load_ms": {}, "second_load_ms": {},
-           "unavailable": {}, "agreement": [], "records": [], "tfjs": {}}
+           "unavailable": {}, "agreement": [], "records": [], "wllama": {}, "tfjs": {}}
     engine_models = {"champion": models["champion"], "draft": models["draft"]}
     try:
         context, page = open_bench_page(browser, server)
@@ -405,13 +440,15 @@ def run(args) -> dict:
 
         def tfjs_request(name, prompt, temperature):
             t = tcall("generate", name, prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature,
-                                                                   "ids": prompt.get("tfjs_ids")})
+                                                                   "ids": prompt.get("tfjs_ids"), "chat": render is not None})
             if "refused" in t:
                 raise refusal(name, t["refused"])
             return t
-        for key in ("load_ms", "second_load_ms"):    # the second load replaces the first in the same page
-            w = call("loadWllama", models["gguf"], {"nThreads": 1})
-            out[key]["wllama"], out["libllama"] = w["load_ms"], w["libllama"]
+        for wname, threads in wllamas:               # one Wllama instance (worker) per runner, side by side
+            for key in ("load_ms", "second_load_ms"):    # the second load replaces the first in the same page
+                w = call("loadWllama", models["gguf"], {"name": wname, "nThreads": threads})
+                out[key][wname], out["libllama"] = w["load_ms"], w["libllama"]
+            out["wllama"][wname] = wllama_threads_checked(wname, threads, w)
         ours = []
         for backend in backends:
             name = f"ours-{backend}"
@@ -451,11 +488,18 @@ def run(args) -> dict:
                 raise refusal(f"ours-{backend} {mode}", r["refused"])
             return r
 
-        # untimed pass (warm-up of every runner): greedy tokens of wllama and of ours, every mode
+        # untimed pass (warm-up of every runner): greedy tokens of wllama and of ours, every mode; ours
+        # and every other wllama runner are compared with the first wllama runner ("wllama": 1 thread)
         for prompt in prompts:
-            w = call("wllamaGenerate", prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": 0, "withIds": True})
+            ws = {wname: call("wllamaGenerate", prompt["wllama_prompt"], {"name": wname, "maxTokens": args.max_new_tokens,
+                                                                           "temperature": 0, "withIds": True})
+                  for wname, _ in wllamas}
+            w = ws[wllamas[0][0]]
             entry = {"prompt": prompt["text"], "stratum": prompt["stratum"], "wllama": w["token_ids"],
-                     "wllama_prompt_tokens": w["prompt_tokens"], "ours": {}}
+                     "wllama_prompt_tokens": w["prompt_tokens"], "wllama_runner": wllamas[0][0], "ours": {},
+                     "wllama_runners": {wname: {"token_ids": v["token_ids"], "prompt_tokens": v["prompt_tokens"],
+                                                "first_divergence": first_divergence(v["token_ids"], w["token_ids"])}
+                                        for wname, v in ws.items()}}
             for backend in ours:
                 for mode in modes:
                     res = ours_request(backend, mode, 0, prompt, 0)["result"]
@@ -470,7 +514,7 @@ def run(args) -> dict:
             for name, _, _ in tfjs:                     # (and tokenizes the same text itself, for the check)
                 t = tfjs_request(name, prompt, 0)
                 entry.setdefault("tfjs", {})[name] = {
-                    "token_ids": t["token_ids"], "prompt_tokens": len(t["prompt_ids"]),
+                    "token_ids": t["token_ids"], "prompt_tokens": len(t["prompt_ids"]), "prompt_ids": t["prompt_ids"],
                     "same_prompt_ids": t["prompt_ids"] == entry["ours_prompt_ids"] if "ours_prompt_ids" in entry else None,
                     "compared": ours_ids is not None,       # no ours runner: nothing to compare with
                     "first_divergence": first_divergence(t["token_ids"], ours_ids) if ours_ids is not None else None,
@@ -481,6 +525,9 @@ def run(args) -> dict:
                   f"{'' if same_prompt else ', NOT the same count as ours'}): " + ", ".join(
                       f"{k} {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
                       for k, v in entry["ours"].items()), flush=True)
+            for wname, v in list(entry["wllama_runners"].items())[1:]:
+                print(f"  {wname} against {wllamas[0][0]}: {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}",
+                      flush=True)
             for name, v in entry.get("tfjs", {}).items():
                 print(f"  {name} against ours: {'same' if v['first_divergence'] is None else 'differs at ' + str(v['first_divergence'])}"
                       f"{'' if v['same_prompt_ids'] is not False else ' (prompt ids NOT the same as ours)'}", flush=True)
@@ -492,12 +539,14 @@ def run(args) -> dict:
                 for i, prompt in enumerate(prompts):
                     seed = 1000 * rnd + i
                     common = {"round": rnd, "temperature": temperature, "prompt": i, "stratum": prompt["stratum"]}
-                    w = call("wllamaGenerate", prompt["wllama_prompt"], {"maxTokens": args.max_new_tokens, "temperature": temperature, "seed": seed})
-                    out["records"].append({"runner": "wllama", **common,
-                                           "n_tokens": w["n_tokens"], "first_token_ms": w["first_token_ms"],
-                                           "ms_per_token": decode_ms_per_token(w["first_token_ms"], w["total_ms"], w["n_tokens"]),
-                                           "tokens_per_round": 1.0, "llama_timings": w["timings"],
-                                           "own_ms_per_token": (w["timings"] or {}).get("predicted_per_token_ms")})
+                    for wname, _ in wllamas:
+                        w = call("wllamaGenerate", prompt["wllama_prompt"], {"name": wname, "maxTokens": args.max_new_tokens,
+                                                                             "temperature": temperature, "seed": seed})
+                        out["records"].append({"runner": wname, **common,
+                                               "n_tokens": w["n_tokens"], "first_token_ms": w["first_token_ms"],
+                                               "ms_per_token": decode_ms_per_token(w["first_token_ms"], w["total_ms"], w["n_tokens"]),
+                                               "tokens_per_round": 1.0, "llama_timings": w["timings"],
+                                               "own_ms_per_token": (w["timings"] or {}).get("predicted_per_token_ms")})
                     for name, _, _ in tfjs:
                         t = tfjs_request(name, prompt, temperature)
                         out["records"].append({"runner": name, **common, "n_tokens": t["n_tokens"],
@@ -531,6 +580,19 @@ def run(args) -> dict:
     out["rows"] = summarise(out["records"], out["load_ms"])
     out["stratum_rows"] = stratum_rows(out["records"])
     return out
+
+
+def wllama_threads_checked(name: str, threads: int, loaded: dict) -> dict:
+    """The page's account of wllama runner `name` (loadWllama's answer) -> its thread facts, after
+    checking that it really runs `threads` threads: wllama's own count, and for more than one its
+    worker's pthread pool of that size (wllama quietly runs 1 thread on a page that is not
+    cross-origin isolated)."""
+    facts = {"threads": threads, **{k: loaded.get(k) for k in ("n_threads", "multithread", "pthread_pool", "cross_origin_isolated")}}
+    if loaded.get("n_threads") != threads or (threads > 1 and (not loaded.get("multithread") or loaded.get("pthread_pool") != threads)):
+        raise ExactSpecError(E_INTERNAL, f"{name}: wllama runs {loaded.get('n_threads')} thread(s) (pthread pool "
+                                         f"{loaded.get('pthread_pool')}), not {threads} (page cross-origin isolated: "
+                                         f"{loaded.get('cross_origin_isolated')})")
+    return facts
 
 
 def webgpu_verify_ratio(browser, server, k: int, start_pos: int = 64, reps: int = 20) -> dict:
@@ -579,6 +641,34 @@ def tfjs_doc_lines(out: dict) -> list:
     return lines
 
 
+def wllama_doc_lines(out: dict) -> list:
+    """The doc's lines on wllama's runners: greedy tokens of each against the first, and wllama at its
+    best (the fastest runner, the one every "vs wllama" is against) per temperature."""
+    runners = list(out.get("wllama") or {})
+    lines = []
+    if len(runners) > 1:
+        agree = [(e["prompt"], name, v["first_divergence"]) for e in out["agreement"]
+                 for name, v in e.get("wllama_runners", {}).items() if name != runners[0]]
+        same = sum(d is None for _, _, d in agree)
+        lines.append(f"Greedy tokens, {', '.join(runners[1:])} against {runners[0]}: {same} of {len(agree)} (prompt, runner) runs identical"
+                     + ("." if same == len(agree) else "; first divergences: " + ", ".join(
+                         f"{p[:20]!r} {name} at {d}" for p, name, d in agree if d is not None) + "."))
+    best = wllama_best(out["rows"])
+    if best:
+        lines.append("wllama at its best thread count (the fastest runner: \"vs wllama\" is against it): " + "; ".join(
+            f"T = {t:g}: {r['runner']} {r['ms_per_token']:.1f} ms/token" for t, r in sorted(best.items())) + ".")
+    return lines
+
+
+def wllama_threads_text(out: dict) -> str:
+    """"1 thread" or "runners wllama (1 thread), wllama@2t (2 threads)" (older JSON: 1 thread)."""
+    runners = out.get("wllama") or {"wllama": {"threads": 1}}
+    if len(runners) == 1:
+        (v,) = runners.values()
+        return f"{v['threads']} thread{'s' if v['threads'] > 1 else ''}"
+    return "runners " + ", ".join(f"{name} ({v['threads']} thread{'s' if v['threads'] > 1 else ''})" for name, v in runners.items())
+
+
 def doc_section(out: dict) -> str:
     m, a = out["machine"], out["args"]
     models = out["models"]
@@ -587,19 +677,22 @@ def doc_section(out: dict) -> str:
                                                     " on both sides" if out["chat"] else "; raw prompts"))
     lines = [f"Last run: {m['date']}, commit `{m['commit']}`, {m['cpus']} CPUs ({m['machine']}), Chromium "
              f"{m['chromium']}, load average (1/5/15 min) {' / '.join(map(str, m['load_1_5_15']))} before and "
-             f"{' / '.join(map(str, m['load_after']))} after; llama.cpp `{out.get('libllama')}` (wllama 3.13.0, 1 thread); {what}.",
+             f"{' / '.join(map(str, m['load_after']))} after; llama.cpp `{out.get('libllama')}` (wllama 3.13.0, "
+             f"{wllama_threads_text(out)}); {what}.",
              "", f"`{out['command']}`: medians over {len(out['prompts'])} prompts x {a['rounds']} rounds.",
              "", markdown_table(out["rows"]), "", "Load (page clock):", "", load_table(out["load_ms"], out["second_load_ms"]), ""]
     if len({p["stratum"] for p in out["prompts"]}) > 1:
         lines += ["Per stratum:", "", stratum_table(out["stratum_rows"]), ""]
     agree = [(e["prompt"], k, v["first_divergence"]) for e in out["agreement"] for k, v in e["ours"].items()]
     same = sum(d is None for _, _, d in agree)
-    lines.append(f"Greedy tokens ({a['max_new_tokens']} at most), ours against wllama: {same} of {len(agree)} (prompt, backend, mode) runs identical"
+    ref = next(iter(out.get("wllama") or {"wllama": None}))
+    lines.append(f"Greedy tokens ({a['max_new_tokens']} at most), ours against {ref}: {same} of {len(agree)} (prompt, backend, mode) runs identical"
                  + ("." if same == len(agree) else "; first divergences: " + ", ".join(
                      f"{p[:20]!r} {k} at {d}" for p, k, d in agree if d is not None) + "."))
     counts = [e for e in out["agreement"] if any(v["prompt_tokens"] != e["wllama_prompt_tokens"] for v in e["ours"].values())]
     lines.append("Prompt token counts: " + ("the same on both sides for every prompt." if not counts else
                                             f"different for {len(counts)} prompts: " + ", ".join(repr(e["prompt"][:20]) for e in counts) + "."))
+    lines += wllama_doc_lines(out)
     lines += tfjs_doc_lines(out)
     for backend, err in out["unavailable"].items():
         lines.append(f"Champion backend `{backend}`: unavailable in this engine ({err['code']}: {err['message']}).")
@@ -634,6 +727,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="where the run's JSON goes, its Markdown beside it "
                                          "(default build/bench/peer.json; peer_real_model.json with --champion)")
     ap.add_argument("--no-doc", action="store_true", help="do not rewrite the docs' generated sections")
+    ap.add_argument("--wllama-threads", default="1,2",
+                    help="wllama thread counts, comma-separated: one runner each (wllama, wllama@2t, ...)")
     ap.add_argument("--tfjs", help="an ONNX model folder (tools/bench/onnx_export.py) of the same champion: adds "
                                    "transformers.js runners (onnxruntime-web WASM; bash tools/bench/setup_onnx.sh)")
     ap.add_argument("--tfjs-threads", default="1,2", help="transformers.js thread counts, comma-separated")
