@@ -130,7 +130,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       notify({ stage: "warmup" });
       let n = 0;
       warm = await warmUp((payload) => runQuiet(payload, `warmup-${n++}`), warmupRequests({
-        maxBlock: built.info.champion.max_block, vocabSize: built.info.champion.vocab_size, draft: !!built.info.draft, chat: chatTemplate }));
+        maxBlock: built.info.champion.max_block, vocabSize: built.info.champion.vocab_size, draft: !!built.info.draft, chat: chatTemplate }),
+      typeof options.warm_up === "object" && options.warm_up ? options.warm_up : {});   // {minCalls, budgetMs}
     }
     const late = built.whenDraft();
     lateDraft = late;

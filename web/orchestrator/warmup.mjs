@@ -27,7 +27,7 @@ export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = fals
  *  least one pass: one small request each left the first user request slow, measured), a failed
  *  one reported, never thrown (warm-up only saves time).
  *  -> {ms, requests, rounds (champion calls), tokens, errors: [sentence]} */
-export async function warmUp(run, requests, { minCalls = 48, budgetMs = 1500 } = {}) {
+export async function warmUp(run, requests, { minCalls = 48, budgetMs = 1000 } = {}) {
   const t0 = performance.now();
   let tokens = 0, rounds = 0, ran = 0;
   const errors = [];
