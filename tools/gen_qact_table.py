@@ -16,6 +16,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
+from exactspec.host.safe_files import write_file  # noqa: E402  (never through a link)
 from exactspec.twins.qmatmul_twins import ACT_SCALE, ACT_STEP  # noqa: E402
 
 HEADER = ROOT / "wasm" / "qact_table.h"
@@ -62,7 +63,7 @@ def main() -> int:
             print(f"stale: {p.relative_to(ROOT)} (run python tools/gen_qact_table.py)")
         return 1 if stale else 0
     for p in stale:
-        p.write_text(want[p])
+        write_file(p, want[p])
         print(f"wrote {p.relative_to(ROOT)}")
     return 0
 
