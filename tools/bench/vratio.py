@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "py"))
 from exactspec.formats.gguf_model import GGUFModel  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402  (never through a link)
 
 
 def main() -> int:
@@ -27,7 +28,7 @@ def main() -> int:
         config = Path(tmp) / "config.json"
         if args.model.endswith(".gguf"):
             with GGUFModel(args.model) as m:
-                config.write_text(json.dumps(m.config))
+                write_file(config, json.dumps(m.config))
         cmd = ["node", "--experimental-wasm-relaxed-simd", str(ROOT / "tools/bench/vratio.mjs"), args.model,
                str(args.reps), args.threads, str(out), str(config)]
         rc = subprocess.run(cmd).returncode
