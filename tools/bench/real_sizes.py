@@ -2,7 +2,7 @@
 k = 2..4, greedy, in one headless Chromium (tools/bench/peer.py's server, page and helpers).
 
     flock /tmp/browser.lock python tools/bench/real_sizes.py [--make] [--champion FILE.gguf] [--draft FILE.gguf|FOLDER|none] [--gguf FILE]
-        [--prompts 2] [--max-new-tokens 24] [--ks 2,3,4] [--wllama-threads 1] [--engine-options JSON]
+        [--prompts 2] [--max-new-tokens 24] [--ks 2,3,4] [--wllama-threads 1,2] [--engine-options JSON]
         [--no-wllama] [--json build/bench/real_sizes.json]
 
 Default pair (--make builds what is missing of it first, docs/models.md "Real sizes"): the shipped champion widened to
@@ -12,7 +12,7 @@ exported F32 (a GGUF draft pairs with a GGUF champion: the same tokenizer metada
 Run at most one such job at a time (flock /tmp/browser.lock): the page holds ~1.1 GB per runner.
 
 Runners, one after another, each in a fresh browser context (so each one's memory is its own):
-wllama (llama.cpp's WASM build, --wllama-threads), our engine with the champion alone (WASM champion,
+wllama (llama.cpp's WASM build) at each of --wllama-threads, our engine with the champion alone (WASM champion,
 Engine.create's options from --engine-options, e.g. '{"threads": 2}'), then our engine with the draft,
 every k of --ks. Each runner first answers one untimed request (the warm-up; wllama's also gives its
 greedy token ids), then every prompt once, timed in the page (peer.mjs's clock: ms/token after the
@@ -113,6 +113,17 @@ def browser_pss_bytes(root: int | None = None) -> int:
     return total
 
 
+def wllama_thread_counts(text: str) -> list:
+    """--wllama-threads "1,2" -> [1, 2] (SystemExit naming the value when one is not a count >= 1)."""
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"E_BAD_ARGUMENT: --wllama-threads {text!r}: thread counts >= 1, comma-separated")
+    return counts
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 2) if values else None
@@ -144,7 +155,8 @@ def summarise(runners: list) -> list:
                "draft_inline": draft_inline(r)}
         rows.append(row)
     alone = next((row for row in rows if row["runner"] == "ours:none"), None)
-    wllama = next((row for row in rows if row["runner"] == "wllama"), None)
+    wllamas = [row for row in rows if row["runner"].startswith("wllama") and row["ms_per_token"]]
+    wllama = min(wllamas, key=lambda row: row["ms_per_token"]) if wllamas else None    # its best thread count
     for row in rows:
         row["vs_alone"] = (round(alone["ms_per_token"] / row["ms_per_token"], 3)
                            if alone and alone["ms_per_token"] and row["ms_per_token"] else None)
@@ -234,12 +246,13 @@ def run(args, browser=None) -> dict:
         runner["browser_pss_growth"] = runner["pss_peak"] - pss0
 
     try:
-        if not args.no_wllama:
-            context, page = page_for("wllama")
+        for threads in ([] if args.no_wllama else wllama_thread_counts(args.wllama_threads)):
+            name = f"wllama:{threads}t"
+            context, page = page_for(name)
             pss0 = browser_pss_bytes()
             call = lambda fn, *a: page.evaluate(f"(a) => window.peerBench.{fn}(...a)", list(a))
-            w = call("loadWllama", models["gguf"], {"nThreads": args.wllama_threads, "timeoutMs": args.timeout_s * 1000})
-            runner = {"name": "wllama", "load_ms": w["load_ms"], "libllama": w["libllama"], "n_threads": w["n_threads"],
+            w = call("loadWllama", models["gguf"], {"nThreads": threads, "timeoutMs": args.timeout_s * 1000})
+            runner = {"name": name, "load_ms": w["load_ms"], "libllama": w["libllama"], "n_threads": w["n_threads"],
                       "records": []}
             measured(runner, pss0)
             warm = call("wllamaGenerate", prompts[0], {"maxTokens": args.max_new_tokens, "temperature": 0, "withIds": True})
@@ -250,7 +263,7 @@ def run(args, browser=None) -> dict:
                                           "ms_per_token": peer.decode_ms_per_token(w["first_token_ms"], w["total_ms"], w["n_tokens"]),
                                           "tokens_per_round": 1.0, "llama_timings": w["timings"]})
                 measured(runner, pss0)
-                print(f"wllama: prompt {i}: {runner['records'][-1]['ms_per_token']} ms/token", flush=True)
+                print(f"{name}: prompt {i}: {runner['records'][-1]['ms_per_token']} ms/token", flush=True)
             call("unload")
             context.close()
             out["runners"].append(runner)
@@ -311,7 +324,7 @@ def agreement(runners: list) -> dict:
     for r in runners:
         if r["name"].startswith("ours:draft"):
             out["draft_vs_alone"][r["name"]] = [peer.first_divergence(rec["token_ids"], want[rec["prompt"]]) for rec in r["records"]]
-    wllama = next((r for r in runners if r["name"] == "wllama"), None)
+    wllama = next((r for r in runners if r["name"].startswith("wllama")), None)
     if wllama and wllama.get("warmup_token_ids") is not None and 0 in want:
         out["wllama_vs_alone"] = peer.first_divergence(wllama["warmup_token_ids"], want[0])
     return out
@@ -323,7 +336,7 @@ def report(out: dict) -> str:
              f"{' / '.join(map(str, m['load_1_5_15']))} before, {' / '.join(map(str, m['load_after']))} after; champion "
              f"`{out['models']['champion']}`" + (f" ({out['weight_file_bytes']:,} bytes)" if out["weight_file_bytes"] else "")
              + (f", draft `{out['models']['draft']}`" if out["models"]["draft"] else "") + f"; engine options "
-             f"`{json.dumps(out['engine_options'])}`; wllama {a['wllama_threads']} thread(s).",
+             f"`{json.dumps(out['engine_options'])}`; wllama at {a['wllama_threads']} thread(s) (vs wllama: against its fastest).",
              "", f"`{out['command']}`: greedy, medians over {len(out['prompts'])} prompts, {a['max_new_tokens']} new tokens at most.",
              "", markdown_table(out["rows"]), ""]
     alone = next((r for r in out["runners"] if r["name"] == "ours:none"), None)
@@ -340,7 +353,7 @@ def report(out: dict) -> str:
     bad = {k: v for k, v in ag["draft_vs_alone"].items() if any(d is not None for d in v)}
     lines.append("Greedy tokens, draft runs against the champion alone: " + (
         "identical in every run." if not bad else "DIFFERENT: " + ", ".join(f"{k} at {v}" for k, v in bad.items()) + "."))
-    if ag["wllama_vs_alone"] is not None or any(r["name"] == "wllama" for r in out["runners"]):
+    if ag["wllama_vs_alone"] is not None or any(r["name"].startswith("wllama") for r in out["runners"]):
         lines.append("wllama's greedy answer to the first prompt against ours: " + (
             "identical." if ag["wllama_vs_alone"] is None else f"differs from token {ag['wllama_vs_alone']}."))
     return "\n".join(lines)
@@ -357,13 +370,15 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--ks", default="2,3,4", help="the draft's k values, comma-separated")
-    ap.add_argument("--wllama-threads", type=int, default=1)
+    ap.add_argument("--wllama-threads", default="1,2", help="wllama's thread counts, comma-separated: one runner each "
+                                                            "(more than 1 needs the cross-origin isolated page peer.py's server makes)")
     ap.add_argument("--engine-options", default="{}", help="Engine.create options as JSON (championBackend is wasm)")
     ap.add_argument("--no-wllama", action="store_true")
     ap.add_argument("--timeout-s", type=int, default=1800, help="per page call (a 1.7B load or request is slow)")
     ap.add_argument("--json", help=f"where the JSON goes, its Markdown beside it (default {DEFAULT_JSON})")
     args = ap.parse_args(argv)
     args.command = "python tools/bench/real_sizes.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    wllama_thread_counts(args.wllama_threads)
     default_pair = args.champion is None
     args.champion = args.champion or os.path.join(REPO, DEFAULT_CHAMPION)
     args.draft = None if args.draft == "none" else (args.draft or (os.path.join(REPO, DEFAULT_DRAFT) if default_pair else None))
