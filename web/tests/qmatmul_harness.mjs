@@ -68,7 +68,9 @@ if (out.exports) {
     if (c.scale) { const s = bytesOf(c.scale); new Uint8Array(mem(), sPtr, s.length).set(s); }
     new Uint8Array(mem(), oPtr, 4 * c.n * c.rows).fill(0xA5);   // a result not written shows
     new Uint8Array(mem(), oPtr + 4 * c.n * c.rows, GUARD).fill(0x5A);
-    const status = e.champion_qmatmul(c.fmt, wPtr, c.scale ? sPtr : 0, xPtr, c.n, c.rows, c.cols, oPtr);
+    // the weights' load-time check (a non-finite f16 scale: E_MODEL_LOAD), then the matmul
+    const checked = e.champion_qmatmul_check ? e.champion_qmatmul_check(c.fmt, wPtr, c.rows, c.cols) : 0;
+    const status = checked === 0 || checked === 2 ? e.champion_qmatmul(c.fmt, wPtr, c.scale ? sPtr : 0, xPtr, c.n, c.rows, c.cols, oPtr) : checked;
     const result = status === 0 ? Buffer.from(new Uint8Array(mem(), oPtr, 4 * c.n * c.rows).slice()).toString("base64") : "";
     const guardOk = new Uint8Array(mem(), oPtr + 4 * c.n * c.rows, GUARD).every((b) => b === 0x5A);
     out.results.push({ status, out: result, guard_ok: guardOk });
