@@ -44,12 +44,13 @@ async function load(modelUrl, dtype, threads) {
 /** One completion of `prompt`: from the token ids `ids` when given (our engine's prompt ids, so
  *  both sides continue the same input), else from the text as the model's own tokenizer encodes it
  *  (as a user of transformers.js would); prompt_ids is always that tokenizer's encoding of the
- *  text, for the check. Greedy at temperature 0, else sampling from the full distribution at
+ *  text, for the check: with chat (the text is a rendered chat template, which holds its own
+ *  special tokens) without adding special tokens, as transformers.js's apply_chat_template does. Greedy at temperature 0, else sampling from the full distribution at
  *  `temperature` (top_k 0, top_p 1; transformers.js samples with Math.random, no seed).
  *  -> {token_ids, prompt_ids, n_tokens, first_token_ms, total_ms} or {refused}. */
-async function generate(prompt, { maxTokens = 32, temperature = 0, ids = null } = {}) {
+async function generate(prompt, { maxTokens = 32, temperature = 0, ids = null, chat = false } = {}) {
   try {
-    const promptIds = Array.from(tokenizer(prompt, { add_special_tokens: true }).input_ids.data, Number);
+    const promptIds = Array.from(tokenizer(prompt, { add_special_tokens: !chat }).input_ids.data, Number);
     const input = ids ?? promptIds;
     const inputs = { input_ids: new tf.Tensor("int64", BigInt64Array.from(input, BigInt), [1, input.length]),
                      attention_mask: new tf.Tensor("int64", new BigInt64Array(input.length).fill(1n), [1, input.length]) };
