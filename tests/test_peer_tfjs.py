@@ -163,3 +163,48 @@ def test_gguf_to_hf_folder_gives_the_model_back(tmp_path):
         Tokenizer.from_file(os.path.join(source, "tokenizer.json")).encode(text).ids
     with open(hf / "generation_config.json") as f:
         assert json.load(f)["do_sample"] is False
+
+
+class _Tensor:
+    """Enough of onnx.TensorProto for unshare_weights: name, dims, data, CopyFrom."""
+    def __init__(self, name="", dims=(), data=None):
+        self.name, self.dims, self.data = name, list(dims), data
+
+    def CopyFrom(self, other):
+        self.name, self.dims, self.data = other.name, list(other.dims), other.data
+
+
+class _Node:
+    def __init__(self, op_type, inputs, outputs):
+        self.op_type, self.input, self.output = op_type, list(inputs), list(outputs)
+
+
+def test_unshare_weights_gives_every_use_its_own_weight(tmp_path, monkeypatch):
+    """torch's exporter merges equal parameters into one initializer read through Identity nodes
+    (the widened model's zero layers): after unshare_weights every MatMul reads an initializer of
+    its own, directly (what onnxruntime's quantiser needs), unused originals are gone, small
+    tensors stay shared. onnx itself lives only in the export venv: a stand-in module here."""
+    import types
+    big, small = (256, 256), (256,)
+    graph = types.SimpleNamespace(
+        initializer=[_Tensor("W", big, "zeros"), _Tensor("V", big, "v"), _Tensor("norm", small, "ones")],
+        node=[_Node("MatMul", ["x", "W"], ["a"]),                     # a direct use of W
+              _Node("Identity", ["W"], ["W_id1"]), _Node("MatMul", ["a", "W_id1"], ["b"]),
+              _Node("Identity", ["W"], ["W_id2"]), _Node("MatMul", ["b", "W_id2"], ["c"]),
+              _Node("MatMul", ["c", "V"], ["d"]), _Node("MatMul", ["d", "V"], ["e"]),      # V used twice
+              _Node("Mul", ["e", "norm"], ["f"]), _Node("Mul", ["f", "norm"], ["g"])]) # small: left shared
+    model = types.SimpleNamespace(graph=graph)
+    saved = []
+    fake = types.SimpleNamespace(load=lambda path: model, save=lambda m, path: saved.append(path), TensorProto=_Tensor)
+    monkeypatch.setitem(sys.modules, "onnx", fake)
+    assert onnx_export.unshare_weights(str(tmp_path / "model.onnx")) == 3       # two Identities, one second use of V
+    assert saved == [str(tmp_path / "model.onnx")]
+    assert [n.op_type for n in graph.node].count("Identity") == 0
+    inits = {t.name: t for t in graph.initializer}
+    matmul_weights = [n.input[1] for n in graph.node if n.op_type == "MatMul"]
+    assert len(set(matmul_weights)) == 5 and all(w in inits for w in matmul_weights)
+    assert [inits[w].data for w in matmul_weights] == ["zeros", "zeros", "zeros", "v", "v"]
+    assert [n.input[1] for n in graph.node if n.op_type == "Mul"] == ["norm", "norm"]
+    assert len(graph.initializer) == 6                      # W (its direct use), 2 Identity copies, V, V's copy, norm
+    saved.clear()
+    assert onnx_export.unshare_weights(str(tmp_path / "model.onnx")) == 0 and saved == []   # nothing left to do
