@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "py"))
+from exactspec.host.safe_files import copy_file, write_file  # noqa: E402  (never through a link)
 
 FP32_NAME, INT8_NAME = "model.onnx", "model_int8.onnx"     # transformers.js: dtype fp32, int8
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -43,21 +43,20 @@ def generation_config(config: dict, stop_ids) -> dict:
 
 
 def write_json(path: str, value: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, ensure_ascii=False)
+    write_file(path, json.dumps(value, indent=1, ensure_ascii=False))
 
 
 def hf_folder_from_gguf(gguf_path: str, hf_dir: str) -> None:
     """gguf_path dequantised to a float32 Hugging Face folder (config, model.safetensors, tokenizer)."""
     import numpy as np
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
     from exactspec.formats.gguf_model import GGUFModel
     from exactspec.formats.gguf_tokenizer import stop_token_ids, tokenizer_config, tokenizer_spec
 
     os.makedirs(hf_dir, exist_ok=True)
     with GGUFModel(gguf_path) as model:
         tensors = {name: np.ascontiguousarray(model.read_float32(name), dtype=np.float32) for name in model.names}
-        save_file(tensors, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+        write_file(os.path.join(hf_dir, "model.safetensors"), save(tensors, metadata={"format": "pt"}))
         write_json(os.path.join(hf_dir, "config.json"), model.config)
         write_json(os.path.join(hf_dir, "tokenizer.json"), tokenizer_spec(model.file))
         write_json(os.path.join(hf_dir, "tokenizer_config.json"), tokenizer_config(model.file))
@@ -77,7 +76,7 @@ def export_fp32(hf_dir: str, out_dir: str) -> str:
             raise SystemExit(f"onnx_export: optimum wrote {produced}, no {FP32_NAME}")
         for name in produced:
             if name.startswith("model.onnx"):              # model.onnx (+ model.onnx_data when over 2 GB)
-                shutil.move(os.path.join(tmp, name), os.path.join(onnx_dir, name))
+                copy_file(os.path.join(tmp, name), os.path.join(onnx_dir, name))   # tmp goes with its folder
     path = os.path.join(onnx_dir, FP32_NAME)
     unshare_weights(path)
     return path
@@ -150,7 +149,7 @@ def export(src: str, out_dir: str, int8: bool = True) -> dict:
         hf_dir = src
     for name in ("config.json", "generation_config.json", *TOKENIZER_FILES):
         if os.path.isfile(os.path.join(hf_dir, name)):
-            shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, name))
+            copy_file(os.path.join(hf_dir, name), os.path.join(out_dir, name))
     missing = [n for n in ("config.json", *TOKENIZER_FILES) if not os.path.isfile(os.path.join(out_dir, n))]
     if missing:
         raise SystemExit(f"onnx_export: {src}: no {', '.join(missing)} (transformers.js needs them)")
