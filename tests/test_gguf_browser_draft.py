@@ -63,7 +63,7 @@ def test_a_gguf_draft_drafts_for_the_gguf_champion_and_stays_exact(smollm2_path,
         alone, drafted = (rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": mode}})["result"]
                           for mode in ("none", "draft"))
     assert drafted["stats"]["mode"] == "draft" and drafted["stats"]["proposed"] > 0, drafted["stats"]
-    assert drafted["token_ids"] == alone["token_ids"] and "Paris" in alone["text"], (alone["text"], drafted["text"])
+    assert drafted["token_ids"] == alone["token_ids"] and alone["finish_reason"] == drafted["finish_reason"], (alone["text"], drafted["text"])
     assert sha256_file(tiny_gguf_draft)[0] in str(drafted["receipt"])
 
 

@@ -421,7 +421,9 @@ def test_the_default_is_the_real_model_and_it_holds_a_conversation(chromium_brow
             _, _, alone = answer(page, "none", 12, "What is the capital of France?")     # greedy: temperature 0
             _, _, drafted = answer(page, "draft", 12, "What is the capital of France?")
             assert sum(page.evaluate("() => window.appState.live.proposedPerRound")) > 0
-            assert "".join(t for _, t in drafted) == "".join(t for _, t in alone) and "Paris" in "".join(t for _, t in alone)
+            # the same text as champion alone (not "Paris": under q8act-v1 this question's first token turns on a
+            # 0.08 logit margin, docs/champion_wasm.md; the one-word question below asks for the answer)
+            assert "".join(t for _, t in drafted) == "".join(t for _, t in alone) and "".join(t for _, t in alone).strip()
             page.click("#new_conversation")
         else:
             assert page.text_content("#model_note") == "No draft is made for it here: prompt lookup and champion alone."
