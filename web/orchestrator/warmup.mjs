@@ -24,10 +24,11 @@ export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = fals
 
 /** Run the requests with run(payload) -> result, in turn and over again until `minCalls` champion
  *  calls (prefill blocks and rounds: stats.target_calls) have run or `budgetMs` has passed (at
- *  least one pass: one small request each left the first user request slow, measured), a failed
+ *  least one pass; 48 calls left the toy pair's first answer alone 1.04-3.07x its later ones, 300
+ *  made it 0.80-0.95x, measured: docs/performance.md), a failed
  *  one reported, never thrown (warm-up only saves time).
  *  -> {ms, requests, rounds (champion calls), tokens, errors: [sentence]} */
-export async function warmUp(run, requests, { minCalls = 48, budgetMs = 1000 } = {}) {
+export async function warmUp(run, requests, { minCalls = 240, budgetMs = 1500 } = {}) {
   const t0 = performance.now();
   let tokens = 0, rounds = 0, ran = 0;
   const errors = [];
