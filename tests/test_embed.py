@@ -48,6 +48,7 @@ def test_npm_pack_lists_what_a_site_needs():
     py_files = json.loads((REPO_ROOT / "web/orchestrator/py_files.json").read_text())
     need = {"web/exactspec.mjs", "web/exactspec.d.ts", "web/orchestrator/engine.mjs", "web/fetch_progress.mjs", "web/protocol.mjs",
             "web/orchestrator/worker.mjs", "web/orchestrator/py_files.json", "web/build/cpu.wasm", "web/build/cpu_mt.wasm",
+            "web/build/cpu_relaxed.wasm", "web/build/cpu_mt_relaxed.wasm",
             "web/models/manifest.json", "web/models/champion/model.q8.safetensors", "web/models/draft/model.safetensors",
             "web/models/champion/tokenizer.json", "web/examples/embed.html", "py/exactspec/core/protocol.json",
             *(f"py/exactspec/{f}" for f in py_files), *(f"shaders/{p.name}" for p in (REPO_ROOT / "shaders").glob("*.wgsl"))}
