@@ -59,7 +59,8 @@ def test_npm_pack_lists_what_a_site_needs():
                        if os.path.normpath(os.path.join(os.path.dirname(path), target)) not in listed})
     assert unpacked == [], unpacked                                # every module a packed one imports is packed
     assert not [p for p in listed if p.startswith(("web/tests/", "tests/", "node_modules/")) or p == "web/models/champion/model.safetensors"]
-    assert sorted(p for p in listed if p.startswith("web/build/")) == ["web/build/cpu.wasm", "web/build/cpu_mt.wasm"]  # the CPU module only
+    assert sorted(p for p in listed if p.startswith("web/build/")) == ["web/build/cpu.wasm", "web/build/cpu_mt.wasm", "web/build/cpu_mt_relaxed.wasm",
+                                                                        "web/build/cpu_relaxed.wasm"]  # the CPU module only
 
 
 def test_server_sends_cors_and_corp_only_when_asked():
