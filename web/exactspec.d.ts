@@ -21,7 +21,9 @@ export interface EngineOptions {
   draft?: ModelSource;                  // default: the shipped draft; null: champion alone
   manifest?: string | null;             // a pair manifest URL; null: none (the pair is still checked)
   championBackend?: "auto" | "webgpu" | "wasm";
-  threads?: "auto" | number;            // WASM champion threads
+  /** WASM champion threads: "auto" (min(cores, 4) in a cross-origin isolated page, kept only when
+   *  timed faster at load; else 1) or a count (docs/browser.md, "Threads"). */
+  threads?: "auto" | number;
   /** The WASM champion's quantised matmul: "q8act" (q8act-v1, weights in their blocks,
    *  docs/quant_kernels.md), "f32" (the float function, blocks dequantised at load), "auto" (q8act
    *  where the weights allow it). ready.info.champion.matmul says which ran. */
@@ -29,6 +31,8 @@ export interface EngineOptions {
   draftPlacement?: "auto" | "inline" | "worker";
   /** Ready as soon as the champion is; the draft follows ("draft_ready" progress). Default false. */
   draftInBackground?: boolean;
+  /** The load's warm-up requests through every mode (default true; ready.timing_ms.warmup). */
+  warmUp?: boolean | { minCalls?: number; budgetMs?: number };
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
   assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
@@ -105,12 +109,15 @@ export interface ReadyInfo {
   info: {
     champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number;
                 matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null;   // WASM: the matmul function, weight bytes held
-                simd: "relaxed" | "simd128" | null };                              // WASM: the module build (relaxed SIMD where it is right)
+                simd: "relaxed" | "simd128" | null;                                // WASM: the module build (relaxed SIMD where it is right)
+                threads?: number; threads_why?: string;                            // WASM: threads in use, and the plan / calibration
+                warmup_ms?: { forwards_ms: number; calibrate_ms: number } };       // WASM: the champion's warm forwards, calibration
     draft: { identity: string; placement: "inline" | "worker" } | null;
     draft_error: { code: ErrorCode; message: string } | null;
     draft_loading: boolean;             // draftInBackground: true until "draft_ready"
     pyodide_snapshot: string;           // "used", or why Pyodide booted the ordinary way
     chat_template: boolean;             // the champion has a chat template (a conversation can be sent)
+    warmup: { requests: number; rounds: number; tokens: number; errors: string[] } | null;   // null: warmUp false
   };
 }
 

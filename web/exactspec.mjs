@@ -209,17 +209,18 @@ class ExactSpecEngine {
 
 /** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
  *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads, matmul,
- *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground}.
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp}.
+ *  warmUp (default true; false, or {minCalls, budgetMs}): the load's warm-up requests (docs/browser.md).
  *  draftInBackground: resolve as soon as the champion is ready; onProgress then sees
  *  {stage: "draft_ready", draft, draft_error} when speculation can start. */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
-    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false } = options;
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
   const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress, await loadModelFiles(urls.py));
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, matmul, draftPlacement, whenBusy,
-    onProgress, draftInBackground, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
+    onProgress, draftInBackground, warmUp, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
   wrapped.urls = urls;
