@@ -29,6 +29,7 @@ from browser_fixture import chromium_browser  # noqa: F401
 HARNESS = Path(REPO) / "web" / "tests" / "blocks_harness.mjs"
 WASM = str(Path(REPO) / "web" / "build" / "cpu.wasm")
 TOY = os.path.join(default_models_dir(), "champion")
+TOY_DRAFT = os.path.join(default_models_dir(), "draft")
 MEMORY_RATIO = 1.15            # issue 19: WASM memory for weights <= 1.15x the weight file
 # every linear in a block type (memory, batch invariance); MIXED adds float linears (F16, BF16)
 BLOCKS = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_1,
@@ -254,6 +255,26 @@ def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browse
     try:
         assert rt.ready["info"]["champion"]["matmul"] == "f32"
         assert rt.ready["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
+    finally:
+        rt.close()
+
+
+def test_the_engine_passes_q8act_to_the_webgpu_champion_only_when_asked(chromium_browser):
+    """matmul "q8act" reaches the WebGPU champion (ready.info.champion.matmul names it, and greedy
+    speculation still equals that champion alone); "auto" keeps the GPU's float kernels (docs/gpu.md)."""
+    from exactspec.host.browser_run import BrowserRuntime
+    cfg = {"temperature": 0, "max_new_tokens": 6}
+    rt = BrowserRuntime(TOY, TOY_DRAFT, browser=chromium_browser, champion_backend="webgpu", warm_up=False, matmul="q8act")
+    try:
+        assert rt.ready["info"]["champion"]["backend"] == "webgpu" and rt.ready["info"]["champion"]["matmul"] == "q8act-v1"
+        alone = rt.generate({"prompt": "And the LORD said", "config": {**cfg, "speculate": "none"}})["result"]
+        drafted = rt.generate({"prompt": "And the LORD said", "config": {**cfg, "speculate": "draft", "k": 4}})["result"]
+        assert drafted["token_ids"] == alone["token_ids"] and len(alone["token_ids"]) == 6
+    finally:
+        rt.close()
+    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="webgpu", warm_up=False)
+    try:
+        assert rt.ready["info"]["champion"]["matmul"] == "f32"
     finally:
         rt.close()
 

@@ -24,9 +24,10 @@ export interface EngineOptions {
   /** WASM champion threads: "auto" (min(cores, 4) in a cross-origin isolated page, kept only when
    *  timed faster at load; else 1) or a count (docs/browser.md, "Threads"). */
   threads?: "auto" | number;
-  /** The WASM champion's quantised matmul: "q8act" (q8act-v1, weights in their blocks,
-   *  docs/quant_kernels.md), "f32" (the float function, blocks dequantised at load), "auto" (q8act
-   *  where the weights allow it). ready.info.champion.matmul says which ran. */
+  /** The champion's quantised matmul: "q8act" (q8act-v1, weights in their blocks,
+   *  docs/quant_kernels.md), "f32" (the float function, blocks dequantised at load), "auto" (on the
+   *  WASM champion q8act where the weights allow it; on WebGPU the float kernels, docs/gpu.md).
+   *  ready.info.champion.matmul says which ran. */
   matmul?: "auto" | "q8act" | "f32";
   draftPlacement?: "auto" | "inline" | "worker";
   /** Ready as soon as the champion is; the draft follows ("draft_ready" progress). Default false. */
@@ -108,7 +109,7 @@ export interface ReadyInfo {
   timing_ms: Record<string, number>;
   info: {
     champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number;
-                matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null;   // WASM: the matmul function, weight bytes held
+                matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null;   // the matmul function; WASM: weight bytes held
                 simd: "relaxed" | "simd128" | null;                                // WASM: the module build (relaxed SIMD where it is right)
                 threads?: number; threads_why?: string;                            // WASM: threads in use, and the plan / calibration
                 warmup_ms?: { forwards_ms: number; calibrate_ms: number } };       // WASM: the champion's warm forwards, calibration

@@ -121,20 +121,26 @@ export function prepareChampion(kind) {
   };
 }
 
-async function openWebGpu({ championUrl, championConfig = null, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null }) {
+// the WebGPU champion's matmul: "q8act" only when asked for; "auto" keeps the float kernels there (on
+// SwiftShader q8act is 2.3-2.8x slower per linear: docs/gpu.md)
+const gpuMatmul = (matmul) => (matmul === "q8act" ? "q8act" : "f32");
+
+async function openWebGpu({ championUrl, championConfig = null, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null,
+                            matmul = "auto" }) {
+  const fn = gpuMatmul(matmul);
   const device = prepared ? await prepared.devicePromise : await requestDevice();
   const accounting = trackDevice(device);
   accounting.refuseAfter = refuseAllocAfter;
   let champion = null, acceptor = null;
   try {
-    if (isGgufUrl(championUrl)) {      // a GGUF file: its tensor map, float32 linears
+    if (isGgufUrl(championUrl)) {      // a GGUF file: its tensor map (float32 linears, or blocks under q8act)
       const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
-      const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl));
+      const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl), { blocks: fn === "q8act" });
       champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: ggufLabel(championUrl),
-        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines });
+        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn });
     } else {
       champion = await createChampion({ device, modelUrl: championUrl, config: championConfig, maxBlock, maxContext,
-        pipelinesPromise: prepared?.pipelines });
+        pipelinesPromise: prepared?.pipelines, matmul: fn });
     }
     acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock });
   } catch (err) {
@@ -145,6 +151,7 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
   const backend = {
     kind: "webgpu", identity: champion.identity, artifactBytes: champion.artifactBytes, vocabSize: champion.vocabSize,
     maxContext: champion.maxContext, config: champion.config, lost: false,
+    matmul: champion.matmulFunction ?? "f32",                              // "q8act-v1" | "f32" 
     forward: (ids, startPos) => champion.forward(ids, startPos),
     decide: (args) => acceptor.decide({ ...args, logitsBuffer: champion.logitsBuffer }),
     injectNaN(nRows) {   // fault: this block's rows become NaN, as a numeric failure would

@@ -60,7 +60,8 @@ export function startModuleWorker(url) {
 export class Engine {
   /** Create an engine and load a pair. options: {whenBusy: "queue"|"refuse", timeoutMs, silenceTimeoutMs, faults,
    *  refuseAllocAfter, workerUrl, championBackend: "auto"|"webgpu"|"wasm", threads: "auto"|n,
-   *  matmul: "auto"|"q8act"|"f32" (the WASM champion's quantised matmul, docs/champion_wasm.md),
+   *  matmul: "auto"|"q8act"|"f32" (the quantised matmul: "auto" is q8act on the WASM champion, the float kernels
+   *  on WebGPU; "q8act" on both; docs/champion_wasm.md, docs/gpu.md),
    *  draftPlacement: "auto"|"inline"|"worker"}. `faults` enables engine.fault() (tests). "auto"
    *  takes WebGPU only from a hardware adapter; the draft runs inline next to a WASM champion. */
   static async create(models, options = {}) {
