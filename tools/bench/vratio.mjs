@@ -24,10 +24,11 @@ async function load(wasmName, threads) {
     const raw = JSON.parse(readFileSync(configArg, "utf8"));           // GGUFModel(path).config (vratio.py)
     const tensors = ggufTensorMap(bytes, raw, model, { blocks: true });
     return createWasmChampion({ wasmBytes: build(wasmName), configJson: validatedConfigFromJson(JSON.stringify(raw)), tensors, identity: "bench",
-                                threads, maxBlock: 9, maxContext: 1024, matmul: "q8act" });
+                                threads, maxBlock: 9, maxContext: Math.min(1024, raw.max_position_embeddings), matmul: "q8act" });
   }
-  return createWasmChampion({ wasmBytes: build(wasmName), threads, maxBlock: 9, maxContext: 1024, matmul: "q8act",
-    configJson: validatedConfigFromJson(readFileSync(path.join(model, "config.json"))),
+  const configJson = validatedConfigFromJson(readFileSync(path.join(model, "config.json")));
+  return createWasmChampion({ wasmBytes: build(wasmName), threads, maxBlock: 9, matmul: "q8act", configJson,
+    maxContext: Math.min(1024, JSON.parse(readFileSync(path.join(model, "config.json"), "utf8")).max_position_embeddings),
     weightsBytes: new Uint8Array(readFileSync(path.join(model, "model.q8.safetensors"))) });
 }
 
