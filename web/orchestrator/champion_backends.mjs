@@ -60,20 +60,24 @@ const warmIds = (champion) => Int32Array.from({ length: champion.maxBlock }, (_,
 
 /** Run the WASM champion on blocks of 1, 2, 3, 4 and maxBlock at position 0, so that the code a
  *  request runs (the small blocks' and the largest's paths) is compiled and tiered up before it
- *  (its prefill starts again at 0). All of 1..9 cost 45 positions, ~1.3 s at 135M; these 19. -> ms. */
-export function warmForwards(champion) {
+ *  (its prefill starts again at 0). All of 1..9 cost 45 positions, ~1.3 s at 135M; these 19; and
+ *  no more once `budgetMs` has passed (the 1.7B shape spent 8.6 s here). -> ms. */
+export function warmForwards(champion, { budgetMs = 400 } = {}) {
   const t0 = performance.now();
   const ids = warmIds(champion);
   const last = Math.min(champion.maxBlock, champion.maxContext);
-  for (const n of new Set([1, 2, 3, 4, last].filter((b) => b <= last))) champion.forwardNow(ids.subarray(0, n), 0);
+  for (const n of new Set([1, last, 2, 3, 4].filter((b) => b <= last))) {   // a large model stops early: its
+    champion.forwardNow(ids.subarray(0, n), 0);                           // forwards tier up on their own
+    if (performance.now() - t0 > budgetMs) break;
+  }
   return performance.now() - t0;
 }
 
 const quantile = (xs, q) => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(q * s.length))]; };
 
 /** Time a decode step (a block of 1) plus a verification block (5) at 1 thread and at the pool's
- *  size, interleaved, for up to `reps` pairs within about `budgetMs` (at least 3, and no more once
- *  the medians differ by 2x); keep the pool's
+ *  size, interleaved, for up to `reps` pairs within about `budgetMs` (at least 1, 3 when the budget
+ *  allows, and no more once the medians differ by 2x); keep the pool's
  *  size only when its median is at least 10% faster and its upper quartile no slower.
  *  -> {threads, ms: {1: median, n: median}, reps}; the champion is left at the chosen count. */
 export function calibrateThreads(champion, { reps = 9, budgetMs = 1500 } = {}) {
@@ -88,7 +92,10 @@ export function calibrateThreads(champion, { reps = 9, budgetMs = 1500 } = {}) {
     return ratio > 2 || ratio < 0.5;
   };
   let r = 0;
-  for (; r < reps && (r < 3 || (performance.now() - t0 < budgetMs && !clear())); r++) {
+  // at least one pair; up to 3 within the budget (a 1.7B pair takes ~1.6 s: 3 cost 5 s of load), more
+  // only while within it and unclear
+  const within = () => performance.now() - t0 < budgetMs;
+  for (; r < reps && (r < 1 || (within() && (r < 3 || !clear()))); r++) {
     for (const n of r % 2 ? [1, pool] : [pool, 1]) {
       champion.setThreads(n);
       const s = performance.now();
