@@ -137,7 +137,6 @@ static int plan_weights(void) {
 /* the weight bytes the current formats need (with_arena: plus what the arena already holds); 64-bit,
  * so a model too large for wasm32 is refused at champion_build_config, before any tensor is fetched */
 static uint64_t planned_weight_bytes(int with_arena) {
-    extern uintptr_t arena_top;
     uint64_t D = (uint64_t)cfg.hidden_size, total = with_arena ? (uint64_t)arena_top : 0;
     total += (uint64_t)qf_row_bytes(weights.embed.fmt, weights.embed.cols) * (uint64_t)weights.embed.rows;
     if (embed_q8) total += 4u * (uint64_t)weights.embed.rows;

@@ -26,6 +26,9 @@ extern unsigned char __heap_base;
 
 void *arena_alloc(uint32_t nbytes);
 
+/* the arena's next free byte (16-aligned); what it holds so far is arena_top - __heap_base */
+extern uintptr_t arena_top;
+
 void zero_bytes(void *dst, uint32_t n);
 
 /* ============================================================================================
