@@ -115,6 +115,38 @@ def test_each_mode_streams_marked_tokens(app):
     assert all(w in legend for w in ("accepted proposal", "correction", "extra token", "champion step"))
 
 
+def test_the_auto_panel_renders_objects_as_text(app):
+    """The live panel's renderers fed synthetic objects of the contracts (docs/core.md): each line
+    is text (a message carrying markup stays text, no element made), hidden when it has nothing."""
+    app.wait_for_function("() => window.appReady === true")
+    lines = ("#auto_now", "#auto_rounds", "#calibration_line", "#batch_check_line")
+    shown = app.evaluate("""() => {
+      const p = window.appState.panel;
+      p.renderAuto({ auto: { method: "draft", k: 3, reason: "cheapest", acceptance: { draft: 0.72 },
+        cost_per_token_ms: { none: 5.6, draft: 4.1, lookup: null } }, autoCounts: { draft: 2, lookup: 0, none: 1 } });
+      p.showDeviceLines({ calibration: { version: 1, source: "cache", ms: 180, backend: "wasm", measured_n: [1, 9],
+          verify_ms: [null, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.8], draft_ms_per_proposal: 0.6 },
+        batch_check: { backend: "webgpu", positions: 5, ms: 4, result: "variant", first_mismatch: { position: 1, index: 7 } },
+        champion_fallback: { code: "E_BATCH_VARIANT", message: "<img src=x onerror=alert(1)>" } });
+      return ["auto_now", "auto_rounds", "calibration_line", "batch_check_line"].map((id) => {
+        const el = document.getElementById(id);
+        return [el.hidden, el.textContent, el.children.length];
+      });
+    }""")
+    assert shown == [
+        [False, "Using the draft, 3 tokens ahead: it costs 4.1 ms a token against 5.6 ms for the champion alone "
+                "(acceptance 72%)", 0],
+        [False, "Rounds: 2 with the draft, 1 champion alone", 0],
+        [False, "Measured on this device earlier in 180 ms (WASM): a champion step 3.5 ms, a block of 9 rows 7.8 ms, "
+                "a draft proposal 0.60 ms (from cache)", 0],
+        [False, "The GPU champion was not used (E_BATCH_VARIANT: <img src=x onerror=alert(1)>): the champion runs on "
+                "WASM, so greedy answers stay exactly the champion's", 0]]
+    app.screenshot(path=str(SHOTS / "page-auto-panel-synthetic.png"), full_page=True)
+    app.evaluate("() => { window.appState.panel.renderAuto({ auto: null, autoCounts: null });"
+                 " window.appState.panel.showDeviceLines({}); }")          # an older engine: nothing said
+    assert all(app.is_hidden(sel) for sel in lines)
+
+
 def test_two_turns_the_second_carries_the_first_answer(app):
     """Chat on: the second turn's prompt is the whole conversation in the chat template, the
     first answer included, with transformers' ids."""

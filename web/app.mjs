@@ -1,12 +1,14 @@
 // The page: chats with the real model (SmolLM2-135M-Instruct from its GGUF file) by default, or
 // the fast test pair; loads with real progress, streams answers with every token marked by its
-// source, plots live statistics, and offers each answer's privacy-safe receipt as JSON.
+// source, plots live statistics (with what speculate "auto" chose and why, in words), and offers
+// each answer's privacy-safe receipt as JSON.
 // It drives the engine only through the public module (exactspec.mjs), like an embedding site.
 import { createEngine, optionNames } from "./exactspec.mjs";
 import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_progress.mjs";
 import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
 import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
 import { createConversation } from "./ui/conversation.mjs";
+import { autoSentence, batchCheckSentence, calibrationSentence, roundsText } from "./ui/auto_panel.mjs";
 
 const $ = (id) => document.getElementById(id);
 const MEMORY_POLL_MS = 1000;
@@ -20,6 +22,7 @@ const TEST_PAIR_LABEL = "the fast test pair (shipped; trained here on the King J
 const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, loads: 0, source: TEST_PAIR,
   conversation: null };
 window.appState = page;   // tests read appState.stage / loads / lastResult (this page's memory only)
+page.panel = { showDeviceLines, renderAuto };   // the panel's renderers, for tests feeding them objects
 
 function setStatus(text, isError = false) {
   $("status").textContent = text;
@@ -57,6 +60,33 @@ function setModes(info) {
   opt.textContent = draftOk ? "speculative (draft model)"
     : info.draft_loading ? "speculative (draft model) — the draft is loading…" : "speculative (draft model) — no draft loaded";
   if (!draftOk && $("speculate").value === "draft") $("speculate").value = "lookup";
+}
+
+/** A line of the live panel: its text (textContent: never markup), hidden when there is none. */
+function setLine(id, text) {
+  $(id).textContent = text ?? "";
+  $(id).hidden = !text;
+}
+
+/** The load's measurements auto relies on: the calibration and the batch-invariance check. */
+function showDeviceLines(info) {
+  setLine("calibration_line", calibrationSentence(info?.calibration));
+  setLine("batch_check_line", batchCheckSentence(info));
+}
+
+/** What auto is doing now and its rounds by method (`statsAuto`: the result's stats.auto). */
+function renderAuto(s, statsAuto = null) {
+  setLine("auto_now", autoSentence(s.auto));
+  setLine("auto_rounds", roundsText(s.autoCounts, statsAuto));
+}
+
+/** k and the k policy mean nothing under auto (it picks k in 0..8 itself): shown so. */
+function setKControls() {
+  const auto = $("speculate").value === "auto";
+  for (const id of ["k", "scheduler"]) {
+    $(id).disabled = auto;
+    $(id).title = auto ? "auto chooses k each round itself" : "";
+  }
 }
 
 /** Load buttons off while a load runs: a second click would start a second engine (each with its
@@ -112,6 +142,7 @@ async function loadModels(source, label) {
   setStatus(`models loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s; champion on ${champ.backend} (${champ.backend_why})${draftNote}`,
     !!info.draft_error);
   setModes(info);
+  showDeviceLines(info);
   setChat(!!info.chat_template);
   $("go").disabled = false;
   page.stage = "ready";
@@ -188,6 +219,7 @@ function draftArrived(p) {
   if (!page.engine?.engine?.ready) return;
   const info = page.engine.engine.ready.info;
   setModes(info);
+  showDeviceLines(info);               // a calibration taken with the draft replaces the one without
   setStatus(p.draft_error ? `the draft could not load (${p.draft_error.code}: ${p.draft_error.message}); champion alone and prompt lookup work`
     : `draft ready (${info.draft.placement}, ${(p.draft_load_ms / 1000).toFixed(1)} s): speculation on`, !!p.draft_error);
   window.appDraftReady = true;
@@ -249,6 +281,7 @@ function renderLive(live, result = null) {
   $("survival_chart").innerHTML = survivalChart(s.survival);
   $("rounds_chart").innerHTML = roundsChart(s.acceptedPerRound, s.proposedPerRound);
   $("waterfall_chart").innerHTML = waterfallChart(waterfall(page.loadTiming, s.answer));
+  renderAuto(s, result?.stats?.auto ?? null);
   page.live = s;
 }
 
@@ -272,6 +305,7 @@ function showStats(r) {
     ["decode", `${t.decode.toFixed(0)} ms (${(1000 * r.token_ids.length / Math.max(t.decode, 1)).toFixed(1)} tokens/s)`],
     ["draft / verify per round", t.per_round ? `${t.per_round.draft.toFixed(1)} / ${t.per_round.verify.toFixed(1)} ms` : "–"],
   ];
+  if (st.auto) rows.push(["auto", roundsText(null, st.auto) ?? "–"]);
   $("stats").replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
     for (const x of [k, v]) {
@@ -363,6 +397,8 @@ function main() {
   $("stop").onclick = () => page.engine?.cancel();
   $("new_conversation").onclick = () => { if (!page.running) newConversation(); };
   $("chat").onchange = newConversation;            // turns in and out of the template do not mix
+  $("speculate").onchange = setKControls;
+  setKControls();
   $("download_receipt").onclick = downloadReceipt;
   const idle = () => !page.running && page.stage !== "loading" && page.stage !== "probing";
   $("load_models").onclick = () => {

@@ -3,7 +3,10 @@
 // snapshot: tokens/s, time to first token, the survival curve S_i (fraction of speculative rounds
 // whose first i proposals were all accepted), accepted tokens per round, and the latency
 // waterfall. While streaming, prefill is the first token's wait less its round's draft and
-// verify time; after the result, the orchestrator's own timing_ms replaces every estimate.
+// verify time; after the result, the orchestrator's own timing_ms replaces every estimate. Under
+// speculate "auto", `auto` is the last round's choice (round.auto) and `autoCounts` its rounds by method.
+
+import { countMethods } from "./auto_panel.mjs";
 
 export const SOURCES = ["accepted", "correction", "extra", "baseline"];
 
@@ -65,6 +68,8 @@ function snapshotOf(st, now, result) {
     proposedPerRound: st.rounds.map((r) => r.proposed),
     survival: survivalCurve(st.rounds),
     bySource: { ...st.bySource },
+    auto: [...st.rounds].reverse().find((r) => r.auto)?.auto ?? null,
+    autoCounts: countMethods(st.rounds),
     answer,
   };
 }
