@@ -508,7 +508,16 @@ export class WasmChampion {
     for (const t of tokenIds) if (!isUint(Number(t), V)) throw badArgument(`token id ${t} outside [0, ${V})`);
     this._writeInts(this._ids, tokenIds);
     check(this.wasm.champion_forward(this._ids, n, startPos), "forward");
+    if (this._batchVariant && n > 1) {   // fault: the block's last row gets one logit's lowest bit flipped
+      this._view(Uint32Array, this.wasm.champion_logits(), n * V)[(n - 1) * V + (n * 7919 + 17) % V] ^= 1;
+    }
   }
+
+  /** Fault injection (tests, web/orchestrator/batch_check.mjs): from now on every forwardNow of a
+   *  block of n > 1 flips the lowest mantissa bit of one logit of its last row, (n * 7919 + 17) % V,
+   *  in the rows decide() reads: the block path is then batch-variant. (The one-call CPU round,
+   *  roundNow, runs its forward inside the module and is not touched.) */
+  setBatchVariantFault() { this._batchVariant = true; }
 
   /** Float32Array (n * V): logits rows 0..n-1 of the last forward (tests and diagnostics). */
   async readLogits(n) {

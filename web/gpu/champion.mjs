@@ -307,6 +307,7 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
   const metaWords = new ArrayBuffer(steps.length * META_STRIDE);
   const { vocab: V } = hp, B = maxBlock;
   let length = 0;   // positions [0, length) hold valid K/V
+  let variant = null;   // the batch-variance fault (setBatchVariantFault), or null
   const champion = {
     config, identity, artifactBytes, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
     matmulFunction: MATMUL_FUNCTIONS[matmul],                 // "f32" | "q8act-v1": part of the champion's identity
@@ -336,6 +337,12 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
         pass.setBindGroup(0, s.groups[0]);
         pass.setBindGroup(1, s.groups[1]);
         pass.dispatchWorkgroups(...grid);
+      }
+      if (variant && n > 1) {         // fault: a block's last row gets one logit's lowest bit flipped
+        writeBytes(device, variant.at, 0, Uint32Array.of((n - 1) * V + (n * 7919 + 17) % V));
+        pass.setPipeline(variant.pipeline);
+        pass.setBindGroup(0, variant.group);
+        pass.dispatchWorkgroups(1);
       }
       pass.end();
       device.queue.writeBuffer(metas, 0, metaWords);
@@ -368,9 +375,25 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
       }
       return ms;
     },
+    /** Fault injection (tests, web/orchestrator/batch_check.mjs): from now on every forward of a
+     *  block of n > 1 flips the lowest mantissa bit of one logit of its last row, (n * 7919 + 17) % V,
+     *  in one more dispatch after the LM head: the block path is then batch-variant, as a kernel whose
+     *  sums depended on the block size would be. */
+    setBatchVariantFault() {
+      if (variant) return;
+      const module = device.createShaderModule({ label: "batch_variant_fault", code: `
+        @group(0) @binding(0) var<storage, read_write> logits: array<u32>;
+        @group(0) @binding(1) var<uniform> at: vec4<u32>;
+        @compute @workgroup_size(1) fn main() { logits[at.x] = logits[at.x] ^ 1u; }` });
+      const pipeline = device.createComputePipeline({ label: "batch_variant_fault", layout: "auto", compute: { module, entryPoint: "main" } });
+      const at = device.createBuffer({ label: "batch_variant_fault.at", size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      const group = device.createBindGroup({ layout: pipeline.getBindGroupLayout(0),
+        entries: [{ binding: 0, resource: { buffer: bufs.logits } }, { binding: 1, resource: { buffer: at } }] });
+      variant = { pipeline, at, group };
+    },
     /** Free every buffer this champion made (weights, activations, KV cache, metas). */
     destroy() {
-      const owned = new Set([...Object.values(bufs).flat(), metas, ...steps.flatMap((s) => s.tensorsOf)]);
+      const owned = new Set([...Object.values(bufs).flat(), metas, ...steps.flatMap((s) => s.tensorsOf), ...(variant ? [variant.at] : [])]);
       for (const b of owned) b.destroy();
       length = 0;
     },

@@ -6,6 +6,8 @@
 // and give decide() results of one layout (protocol.json round_record):
 //   backend = { kind, identity, artifactBytes, vocabSize, maxContext, config, lost,
 //               forward(ids Int32Array, startPos), decide(args) -> Int32Array, the round record's decision words,
+//               readLogits(n) -> Float32Array n*V (the last forward's rows: the load-time batch check,
+//               web/orchestrator/batch_check.mjs), setBatchVariantFault() (tests: the block path made variant),
 //               wasm only: forwardNow / decideNow, the same synchronously,
 //               injectNaN(nRows), loseDevice(), memory(), hardwareClass(), close(),
 //               wasm only: beginNow / roundNow / lastFailure / cpuDraft / loadDraft, the CPU round in
@@ -22,8 +24,10 @@ import { codedError } from "../protocol.mjs";
 
 export const CHAMPION_BACKENDS = ["auto", "webgpu", "wasm"];
 
-/** -> {kind: "webgpu"|"wasm", why}: what "auto" (or an explicit choice) resolves to here. */
-export async function chooseChampionBackend(requested = "auto") {
+/** -> {kind: "webgpu"|"wasm", why}: what "auto" (or an explicit choice) resolves to here.
+ *  softwareAdapterCounts (tests, with faults: options.fault_adapter_is_hardware): "auto" takes a
+ *  fallback (software) adapter as if it were hardware, so SwiftShader exercises auto's WebGPU path. */
+export async function chooseChampionBackend(requested = "auto", { softwareAdapterCounts = false } = {}) {
   if (!CHAMPION_BACKENDS.includes(requested)) {
     throw codedError("E_BAD_ARGUMENT", `championBackend must be one of ${CHAMPION_BACKENDS.join(", ")}, got ${JSON.stringify(requested)}`);
   }
@@ -33,6 +37,7 @@ export async function chooseChampionBackend(requested = "auto") {
   try { adapter = await navigator.gpu.requestAdapter(); } catch { adapter = null; }
   if (!adapter) return { kind: "wasm", why: "no WebGPU adapter" };
   const fallback = adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter ?? false;
+  if (fallback && softwareAdapterCounts) return { kind: "webgpu", why: "a fallback (software) adapter, taken as hardware (test fault)" };
   return fallback ? { kind: "wasm", why: "the WebGPU adapter is a fallback (software) one" }
     : { kind: "webgpu", why: "hardware WebGPU adapter" };
 }
@@ -161,6 +166,8 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
     matmul: champion.matmulFunction ?? "f32",                              // "q8act-v1" | "f32" 
     forward: (ids, startPos) => champion.forward(ids, startPos),
     decide: (args) => acceptor.decide({ ...args, logitsBuffer: champion.logitsBuffer }),
+    readLogits: (n) => champion.readLogits(n),
+    setBatchVariantFault: () => champion.setBatchVariantFault(),
     injectNaN(nRows) {   // fault: this block's rows become NaN, as a numeric failure would
       device.queue.writeBuffer(champion.logitsBuffer, 0, new Float32Array(nRows * champion.vocabSize).fill(NaN));
     },
@@ -198,6 +205,8 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     simd: champion.simd,                                                  // "relaxed" | "simd128": the module build
     forward: (ids, startPos) => champion.forward(ids, startPos),
     async decide(args) { return backend.decideNow(args); },
+    readLogits: (n) => champion.readLogits(n),
+    setBatchVariantFault: () => champion.setBatchVariantFault(),
     // synchronous twins (CPU work: nothing to wait for), which spare the orchestrator an event-loop hop
     forwardNow: (ids, startPos) => champion.forwardNow(ids, startPos),
     decideNow(args) {

@@ -22,6 +22,7 @@ E_RESIDUAL_INVARIANT = "E_RESIDUAL_INVARIANT"        # residual mass not finite 
 E_DRAFT_LOST = "E_DRAFT_LOST"                        # draft worker / backend failed
 E_DEVICE_LOST = "E_DEVICE_LOST"                      # GPU device / champion backend lost
 E_NO_WEBGPU = "E_NO_WEBGPU"                          # no WebGPU adapter or device
+E_BATCH_VARIANT = "E_BATCH_VARIANT"                  # the champion's block logits differ from one-by-one (load-time check)
 E_SHADER = "E_SHADER"                                # shader compile / pipeline failure
 E_OUT_OF_MEMORY = "E_OUT_OF_MEMORY"                  # an allocation was refused
 E_TIMEOUT = "E_TIMEOUT"                              # an operation exceeded its time limit
