@@ -7,8 +7,11 @@ import shutil
 import pytest
 
 from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
-from exactspec.evaluation.corpus import FIELDS, check_lock, file_hashes, load_corpus, lock_of, select
-from exactspec.evaluation.gates import check_same_gates, evaluate, gates_hash, load_gates
+from exactspec.evaluation import analysis as A
+from exactspec.evaluation.corpus import (FIELDS, check_lock, file_hashes, load_corpus, lock_of, record_test_run,
+                                        recorded_test_runs, select, write_lock)
+from exactspec.evaluation.gates import (GATES_V2_PATH, check_same_gates, evaluate, evaluate_v2, gates_hash, judge,
+                                       load_gates)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = {"version": 1, "gates": [
@@ -25,8 +28,18 @@ def test_gate_verdicts_exact():
     assert v["same"]["passed"] is True and v["fast"]["passed"] is False and v["lean"]["passed"] is True
     assert v["strata"]["passed"] is False and v["strata"]["value"] == 0.94
     assert v["strata"]["per_stratum"] == {"code": (1.2, True), "chat": (0.94, False), "json": (None, None)}
-    assert v["absent"]["passed"] is None and v["absent"]["value"] is None
+    assert v["absent"]["passed"] is False and v["absent"]["value"] is None and v["absent"]["verdict"] == "fail (no data)"
     assert evaluate(DOC, {"per": {"code": 0.95}})[3]["passed"] is True
+
+
+def test_no_data_is_a_fail_never_a_pass():
+    """gates.evaluate (v1) once returned passed None for a metric without data, and the conclusion
+    counted it as a pass: now every gate without data is "fail (no data)" with passed False."""
+    v = {g["id"]: g for g in evaluate(DOC, {})}
+    assert all(g["verdict"] == "fail (no data)" and g["passed"] is False for g in v.values())
+    part = {g["id"]: g for g in evaluate(DOC, {"per": {"code": 1.2, "json": None}})}["strata"]
+    assert part["verdict"] == "fail (no data)" and part["passed"] is False
+    assert A.conclusion(evaluate(DOC, {"mismatches": 0}), {}) != "adopt"
 
 
 def test_gate_file_is_checked_and_hashed(tmp_path):
@@ -66,14 +79,106 @@ def test_corpus_lock_catches_every_change(tmp_path, change):
     assert e.value.code == E_MANIFEST_MISMATCH
 
 
+CORPUS, LOCK = os.path.join(REPO, "eval", "corpus"), os.path.join(REPO, "eval", "corpus.lock.json")
+STRATA = {"casual", "dialogue", "summary", "extraction", "json", "code", "repetitive", "unicode", "long_context", "adversarial"}
+
+
 def test_shipped_corpus_matches_its_lock_and_covers_the_strata():
-    prompts, h = load_corpus(os.path.join(REPO, "eval", "corpus"), os.path.join(REPO, "eval", "corpus.lock.json"))
-    strata = {p["stratum"] for p in prompts}
-    assert strata == {"casual", "dialogue", "summary", "extraction", "json", "code", "repetitive", "unicode",
-                      "long_context", "adversarial"}
-    assert all(sum(p["stratum"] == s for p in prompts) >= 3 for s in strata)
-    assert all(sorted(p) == sorted(FIELDS) for p in prompts) and any(p["chat"] for p in prompts)
-    assert len({p["seed"] for p in prompts}) == len(prompts)
-    assert [p["stratum"] for p in select(prompts, 1)] == sorted(strata)
+    dev, h_dev = load_corpus(CORPUS, LOCK, "dev")
+    test, h_test = load_corpus(CORPUS, LOCK, "test")
+    assert h_dev != h_test
+    for split, prompts, least in (("dev", dev, 1), ("test", test, 2)):
+        assert {p["stratum"] for p in prompts} == STRATA
+        assert all(sum(p["stratum"] == s for p in prompts) >= least for s in STRATA)
+        assert all(sorted(p) == sorted(FIELDS) and p["split"] == split for p in prompts)
+    everything = dev + test
+    assert len({p["seed"] for p in everything}) == len(everything) and any(p["chat"] for p in test)
+    assert [p["stratum"] for p in select(test, 1)] == sorted(STRATA)
+    with open(LOCK) as f:
+        lock = json.load(f)
+    assert lock["splits"]["dev"]["sha256"] == h_dev and lock["splits"]["test"]["sha256"] == h_test
     doc, _ = load_gates(os.path.join(REPO, "eval", "gates.json"))
     assert {g["id"] for g in doc["gates"]} >= {"greedy_identity", "conversational_t1_2x", "no_stratum_below", "peak_memory"}
+
+
+def test_a_dev_run_cannot_read_the_test_prompts(tmp_path):
+    dev, _ = load_corpus(CORPUS, LOCK, "dev")
+    assert dev and all(p["split"] == "dev" for p in dev)
+    assert not {p["id"] for p in dev} & set(json.load(open(LOCK))["splits"]["test"]["ids"])
+    with pytest.raises(ExactSpecError) as e:
+        load_corpus(CORPUS, LOCK, "all")
+    assert e.value.code == E_BAD_ARGUMENT
+    with pytest.raises(TypeError):
+        load_corpus(CORPUS, LOCK)                      # the split is always chosen, never defaulted to both
+    # a test prompt moved into dev (and the files re-locked) is refused against the lock the run was planned with
+    d = tmp_path / "corpus"
+    shutil.copytree(CORPUS, d)
+    write_lock(str(d), str(tmp_path / "lock.json"))
+    planned = json.load(open(tmp_path / "lock.json"))
+    path = d / "casual.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[1]["split"] = "dev"
+    path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n")
+    planned["files"] = file_hashes(str(d))            # even with the file hashes refreshed by hand
+    (tmp_path / "lock2.json").write_text(json.dumps(planned))
+    with pytest.raises(ExactSpecError) as e:
+        load_corpus(str(d), str(tmp_path / "lock2.json"), "dev")
+    assert e.value.code == E_MANIFEST_MISMATCH and "dev split differs" in e.value.message
+
+
+def test_test_split_runs_are_counted_once_per_run(tmp_path):
+    path = str(tmp_path / "runs.json")
+    assert recorded_test_runs(path) == []
+    assert record_test_run("a", "abc", "2026-12-02", path) == 1
+    assert record_test_run("a", "abc", "2026-12-02", path) == 1     # a resumed run is not counted again
+    assert record_test_run("b", "def", "2026-12-03", path) == 2
+    assert [r["run"] for r in recorded_test_runs(path)] == ["a", "b"]
+    with open(os.path.join(REPO, "eval", "test_split_runs.json")) as f:
+        assert isinstance(json.load(f)["runs"], list)
+
+
+V2 = {"version": 2, "gates": [
+    {"id": "same", "metric": "mismatches", "op": "==", "threshold": 0, "applies_to": "all"},
+    {"id": "fast", "metric": "speedup", "op": ">=", "threshold": 1.5, "ci": True, "applies_to": ["real-wasm"]},
+    {"id": "lean", "metric": "memory", "op": "<=", "threshold": 1.3, "ci": True},
+    {"id": "strata", "metric": "per", "op": ">=", "threshold": 0.95, "per_stratum": True, "ci": True}]}
+
+
+def test_ci_verdicts_pass_fail_inconclusive_and_no_data():
+    assert judge(1.6, ">=", 1.5, (1.51, 1.7)) == "pass"
+    assert judge(1.6, ">=", 1.5, (1.49, 1.7)) == "inconclusive"      # the point clears, the interval does not
+    assert judge(1.4, ">=", 1.5, (1.3, 1.49)) == "fail"
+    assert judge(1.4, ">=", 1.5, (1.3, 1.5)) == "inconclusive"
+    assert judge(1.2, "<=", 1.3, (1.1, 1.29)) == "pass" and judge(1.2, "<=", 1.3, (1.1, 1.35)) == "inconclusive"
+    assert judge(1.4, "<=", 1.3, (1.31, 1.5)) == "fail"
+    assert judge(None, ">=", 1.5, None) == "fail (no data)" and judge(0, "==", 0) == "pass"
+
+
+def test_v2_gates_per_topology_and_per_stratum_cells():
+    m = {"mismatches": 0, "speedup": {"value": 1.6, "ci": (1.52, 1.7)}, "memory": {"value": 1.1, "ci": (1.05, 1.2)},
+         "per": {"code T=0": {"value": 1.0, "ci": (0.96, 1.04)}, "code T=1": {"value": 0.97, "ci": (0.9, 1.05)}}}
+    v = {g["id"]: g for g in evaluate_v2(V2, m, "real-wasm")}
+    assert v["same"]["verdict"] == "pass" and v["fast"]["verdict"] == "pass" and v["lean"]["verdict"] == "pass"
+    assert v["strata"]["verdict"] == "inconclusive" and v["strata"]["passed"] is False
+    assert v["strata"]["value"] == 0.97 and v["strata"]["ci"] == (0.9, 1.05)      # the worst cell is shown
+    assert "fast" not in {g["id"] for g in evaluate_v2(V2, m, "toy-wasm")}          # applies_to
+    m["per"]["json T=0"] = {"value": None, "ci": None}
+    assert {g["id"]: g for g in evaluate_v2(V2, m, "toy-wasm")}["strata"]["verdict"] == "fail (no data)"
+    m["per"]["json T=1"] = {"value": 0.8, "ci": (0.7, 0.9)}
+    assert {g["id"]: g for g in evaluate_v2(V2, m, "toy-wasm")}["strata"]["verdict"] == "fail"
+    none = {g["id"]: g for g in evaluate_v2(V2, {}, "real-wasm")}
+    assert all(g["verdict"] == "fail (no data)" and not g["passed"] for g in none.values())
+    # a CI gate given a value without an interval cannot pass
+    assert evaluate_v2(V2, {"speedup": 2.0}, "real-wasm")[1]["verdict"] == "inconclusive"
+
+
+def test_shipped_gates_v2_are_written_with_their_rule():
+    doc, _ = load_gates(os.path.join(REPO, GATES_V2_PATH))
+    assert doc["version"] == 2 and doc["confidence_interval"]["resamples"] == 2000
+    assert "inconclusive" in doc["verdict_rule"] and "fail (no data)" in doc["verdict_rule"]
+    ids = {g["id"]: g for g in doc["gates"]}
+    assert ids["auto_never_slower"]["threshold"] == 0.95 and ids["auto_never_slower"]["ci"] and ids["auto_never_slower"]["per_stratum"]
+    assert ids["auto_keeps_best_fixed"]["threshold"] == 0.9 and ids["greedy_identity"]["threshold"] == 0
+    assert ids["real_conversational_t1"]["threshold"] == 1.5 and ids["real_conversational_t1"]["applies_to"] == ["real-wasm"]
+    assert ids["end_to_end_with_loads"]["ci"] and ids["distribution"]["threshold"] == 0.001
+    assert "per generated token" in doc["speedup"]

@@ -1,6 +1,8 @@
 """From a run's records to its results (pure): speed-ups per request and stratum, survival and
 E[G(k)], the cost model and its prediction, break-even N_min, latency decomposition, memory by
-category, quality, the gate metrics and the conclusion per topology."""
+category, quality, the gate metrics and the conclusion per topology. The functions that take a
+`backend` compare records' "backend" field; the v2 report passes records whose "backend" is their
+topology ("toy-wasm", "real-wasm", ...), so the same code groups by topology."""
 from __future__ import annotations
 
 from . import metrics as M
@@ -29,14 +31,18 @@ def per_request_speedups(records: list) -> list:
     for r in records:
         if r["arm"] == "none":
             continue
-        base = idx.get(("wasm" if r["backend"] == "wllama" else r["backend"], "none", r["prompt_id"], r["temperature"],
-                        r.get("rep", 0)))
+        base = idx.get((_wllama_base(r["backend"]), "none", r["prompt_id"], r["temperature"], r.get("rep", 0)))
         if base is None:
             continue
         out.append({"backend": r["backend"], "arm": r["arm"], "prompt_id": r["prompt_id"], "stratum": r["stratum"],
                     "temperature": r["temperature"], "speedup": M.speedup(base["total_ms"], r["total_ms"]),
                     "decode_speedup": M.speedup(decode_ms_per_token(base), decode_ms_per_token(r))})
     return out
+
+
+def _wllama_base(backend: str) -> str:
+    """wllama runs are set against the WASM champion alone of the same pair ("toy-wllama" -> "toy-wasm")."""
+    return backend[:-len("wllama")] + "wasm" if backend.endswith("wllama") else backend
 
 
 def group_median(rows: list, keys: tuple, field: str) -> dict:
@@ -260,3 +266,156 @@ def cold_warm(run_info: dict, records: list, backend: str) -> dict | None:
     out["cold_speedup"] = M.speedup(out["cold_baseline_ms"], out["cold_spec_ms"])
     out["warm_speedup"] = M.speedup(out["warm_baseline_ms"], out["warm_spec_ms"])
     return out
+
+
+# ---- evaluation v2 (gates_v2.json): per-token speed-ups with bootstrap intervals, per topology ----
+FIXED_ARMS = ("none",) + tuple(f"draft-k{k}" for k in DRAFT_KS) + ("lookup-k4",)
+MIN_SAMPLES = 20          # a conditional distribution test needs this many samples in each arm
+POSITIONS = 4
+
+
+def topology_of(rec: dict) -> str:
+    """The record's topology ("<pair>-<backend>"); a v1 record has only its backend."""
+    return rec.get("topology") or rec["backend"]
+
+
+def n_tokens(rec: dict):
+    return rec.get("n_tokens") if rec.get("n_tokens") is not None else len(rec.get("token_ids") or [])
+
+
+def per_token_rows(records: list) -> list:
+    """Each request of an arm against champion alone (same topology, prompt, T, repeat), per
+    generated token: ratio = alone's page ms per token / the arm's (> 1: the arm is faster)."""
+    idx = {(topology_of(r), r["arm"], r["prompt_id"], r["temperature"], r.get("rep", 0)): r for r in records}
+    out = []
+    for r in records:
+        if r["arm"] == "none":
+            continue
+        t = topology_of(r)
+        base = idx.get((_wllama_base(t), "none", r["prompt_id"], r["temperature"], r.get("rep", 0)))
+        if base is None:
+            continue
+        mb, ma = M.ms_per_token(base["total_ms"], n_tokens(base)), M.ms_per_token(r["total_ms"], n_tokens(r))
+        ratio = M.speedup(mb, ma)
+        if ratio is None:
+            continue
+        out.append({"topology": t, "arm": r["arm"], "prompt_id": r["prompt_id"], "stratum": r["stratum"],
+                    "temperature": r["temperature"], "rep": r.get("rep", 0), "ratio": ratio,
+                    "base_ms_per_token": mb, "arm_ms_per_token": ma})
+    return out
+
+
+def cell_name(stratum: str, t: float) -> str:
+    return f"{stratum} T={t:g}"
+
+
+def _stat(groups: list) -> dict:
+    """{"value": geometric mean of the pooled values, "ci": stratified bootstrap, "n": count}."""
+    flat = [v for g in groups for v in g]
+    return {"value": M.geo_mean(flat), "ci": M.bootstrap_ci(groups) if flat else None, "n": len(flat)}
+
+
+def _rows(rows, topology, arm, t=None, strata=None):
+    return [r for r in rows if r["topology"] == topology and r["arm"] == arm and (t is None or r["temperature"] == t)
+            and (strata is None or r["stratum"] in strata)]
+
+
+def auto_speedup_cells(rows: list, topology: str, strata: list, temps: list) -> dict:
+    """{"<stratum> T=<t>": {value, ci, n}}: auto's per-token speed-up over champion alone; every
+    planned cell appears (value None: no data)."""
+    return {cell_name(s, t): _stat([[r["ratio"] for r in _rows(rows, topology, "auto", t, [s])]])
+            for s in strata for t in temps}
+
+
+def auto_over_best_fixed_cells(rows: list, topology: str, strata: list, temps: list) -> dict:
+    """{"<stratum> T=<t>": {value, ci, n, best}}: auto against the best fixed arm of the cell (the
+    highest point speed-up among champion alone, draft-k*, lookup-k4), paired by (prompt, repeat)."""
+    out = {}
+    for s in strata:
+        for t in temps:
+            auto = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, "auto", t, [s])}
+            cands = {"none": {k: 1.0 for k in auto}}
+            for arm in FIXED_ARMS[1:]:
+                got = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, arm, t, [s])}
+                if got:
+                    cands[arm] = got
+            best = max(sorted(cands), key=lambda a: M.geo_mean(cands[a].values()) or 0.0) if auto else None
+            pairs = [auto[k] / cands[best][k] for k in sorted(auto) if best and k in cands[best]]
+            out[cell_name(s, t)] = {**_stat([pairs]), "best": best}
+    return out
+
+
+def conversational_auto(rows: list, topology: str, conversational: list, t: float = 1.0) -> dict:
+    """auto's per-token speed-up at T = t on the conversational strata pooled (stratified bootstrap)."""
+    return _stat([[r["ratio"] for r in _rows(rows, topology, "auto", t, [s])] for s in conversational])
+
+
+def engine_load_ms(loads: dict, topology: str, role: str):
+    """The page-clock load of the topology's engine, role "alone" or "spec" (None when not recorded)."""
+    got = loads.get(f"{topology}-{role}")
+    return got.get("load_ms") if got else None
+
+
+def end_to_end_with_loads(rows: list, loads: dict, topology: str, conversational: list, tokens: int,
+                          t: float = 1.0) -> dict:
+    """The adoption condition with loads: per conversational request at T = t, (L_alone + N c_alone)
+    / (L_spec + N c_auto), N = tokens; geometric mean, stratified bootstrap (loads held fixed)."""
+    la, ls = engine_load_ms(loads, topology, "alone"), engine_load_ms(loads, topology, "spec")
+    if la is None or ls is None:
+        return {"value": None, "ci": None, "n": 0, "load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens}
+    groups = [[(la + tokens * r["base_ms_per_token"]) / (ls + tokens * r["arm_ms_per_token"])
+               for r in _rows(rows, topology, "auto", t, [s])] for s in conversational]
+    return {**_stat(groups), "load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens}
+
+
+def greedy_mismatches_v2(records: list, topology: str):
+    """Speculative arms' T = 0 answers that differ from champion alone's in the topology (None: nothing compared)."""
+    idx = {(topology_of(r), r["arm"], r["prompt_id"], r["temperature"], r.get("rep", 0)): r for r in records}
+    compared = mism = 0
+    for r in records:
+        if topology_of(r) != topology or r["arm"] in ("none", "wllama") or r["temperature"] != 0:
+            continue
+        base = idx.get((topology, "none", r["prompt_id"], 0.0, r.get("rep", 0)))
+        if base is not None:
+            compared += 1
+            mism += r["token_ids"] != base["token_ids"]
+    return mism if compared else None
+
+
+def distribution_tests(samples: list, topology: str, positions: int = POSITIONS, min_samples: int = MIN_SAMPLES) -> dict:
+    """The stronger distribution gate: per (prompt, position 1..positions, arm in auto / draft-k4) a
+    chi-square homogeneity test against champion alone on the samples that share the most common
+    prefix before the position; Bonferroni over the tests run. {"tests": [...], "m", "min_adjusted_p"}."""
+    by: dict = {}
+    for s in samples:
+        if topology_of(s) == topology:
+            by.setdefault((s["prompt_id"], s["arm"]), []).append((s.get("seed", 0), list(s["token_ids"])))
+    tests = []
+    for pid in sorted({p for p, _ in by}):
+        base = [ids for _, ids in sorted(by.get((pid, "none"), []))]
+        for arm in ("auto", "draft-k4"):
+            other = [ids for _, ids in sorted(by.get((pid, arm), []))]
+            if not base or not other:
+                continue
+            for j in range(1, positions + 1):
+                prefix, a, b = M.conditional_position_samples(base, other, j)
+                if len(a) < min_samples or len(b) < min_samples:
+                    continue
+                tests.append({"prompt_id": pid, "arm": arm, "position": j, "prefix": prefix, "n_none": len(a),
+                              "n_arm": len(b), "p": M.homogeneity_p_value(a, b)})
+    adj = M.bonferroni([x["p"] for x in tests])
+    for x, p in zip(tests, adj):
+        x["p_adjusted"] = p
+    return {"tests": tests, "m": len(tests), "min_adjusted_p": min(adj) if adj else None}
+
+
+def conclusion_v2(verdicts: list) -> str:
+    """The topology's reading from its gate verdicts (anything but pass counts as not passing)."""
+    by = {v["id"]: v["verdict"] for v in verdicts}
+    for gate in ("greedy_identity", "distribution"):
+        if gate in by and by[gate] != "pass":
+            return f"keep speculation off: {gate} {by[gate]} (the champion is not shown to be preserved)"
+    not_passed = [f"{g} ({v})" for g, v in by.items() if v != "pass"]
+    if not not_passed:
+        return "auto passes every gate: keep it the default"
+    return "auto does not pass every gate: " + ", ".join(not_passed)

@@ -1,13 +1,18 @@
-"""Preregistered gates (eval/gates.json): load with their hash, evaluate on metrics, refuse a run
-recorded under a different gate file."""
+"""Preregistered gates (eval/gates_v2.json; eval/gates.json is v1's record): load with their hash, judge
+metrics (with bootstrap intervals in v2: pass, fail, inconclusive, fail (no data)), refuse a run recorded
+under a different gate file."""
 from __future__ import annotations
 
 import hashlib
 import json
 import operator
+import os
 
 from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 
+GATES_V1_PATH = os.path.join("eval", "gates.json")
+GATES_V2_PATH = os.path.join("eval", "gates_v2.json")
+PASS, FAIL, INCONCLUSIVE, NO_DATA = "pass", "fail", "inconclusive", "fail (no data)"
 OPS = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 
 
@@ -34,20 +39,87 @@ def check_same_gates(run_gates_hash: str, current_hash: str) -> None:
 
 
 def evaluate(doc: dict, metrics: dict) -> list:
-    """One verdict per gate: {id, metric, op, threshold, value, passed}; passed is None when the
-    run has no value for the metric (e.g. a backend without the arm). A gate with per_stratum
-    reads metrics[metric] as {stratum: value} and passes only if every stratum does."""
+    """v1 gates, one verdict per gate: {id, metric, op, threshold, value, verdict, passed}. No value
+    for the metric (e.g. a backend without the arm) is "fail (no data)" with passed False: never a
+    pass. A gate with per_stratum reads metrics[metric] as {stratum: value}: it fails if a stratum
+    fails, and fails (no data) if a stratum, or every stratum, has no value."""
     out = []
     for g in doc["gates"]:
         value = metrics.get(g["metric"])
-        test = OPS[g["op"]]
         verdict = {k: g[k] for k in ("id", "metric", "op", "threshold")}
         if g.get("per_stratum") and isinstance(value, dict):
-            per = {s: (v, None if v is None else bool(test(v, g["threshold"]))) for s, v in value.items()}
-            known = [ok for _, ok in per.values() if ok is not None]
+            per = {s: (v, judge(v, g["op"], g["threshold"])) for s, v in value.items()}
             verdict.update(value=min((v for v, _ in per.values() if v is not None), default=None),
-                           per_stratum=per, passed=all(known) if known else None)
+                           per_stratum={s: (v, j == PASS if j != NO_DATA else None) for s, (v, j) in per.items()},
+                           verdict=combine(j for _, j in per.values()))
         else:
-            verdict.update(value=value, passed=None if value is None else bool(test(value, g["threshold"])))
+            verdict.update(value=value, verdict=judge(value, g["op"], g["threshold"]))
+        verdict["passed"] = verdict["verdict"] == PASS
+        out.append(verdict)
+    return out
+
+
+def judge(value, op: str, threshold, ci=None) -> str:
+    """One verdict. With ci = (lo, hi): >= passes only when lo clears the threshold and fails only
+    when hi is below it (<= mirrored); in between "inconclusive". Without ci the value is compared.
+    No value: "fail (no data)", never a pass."""
+    if value is None:
+        return NO_DATA
+    if ci is None:
+        return PASS if OPS[op](value, threshold) else FAIL
+    lo, hi = ci
+    if op in (">=", ">"):
+        return PASS if OPS[op](lo, threshold) else FAIL if not OPS[op](hi, threshold) else INCONCLUSIVE
+    if op in ("<=", "<"):
+        return PASS if OPS[op](hi, threshold) else FAIL if not OPS[op](lo, threshold) else INCONCLUSIVE
+    return PASS if lo == hi == threshold else FAIL if not (lo <= threshold <= hi) else INCONCLUSIVE
+
+
+def combine(verdicts) -> str:
+    """A gate over cells: fail if one fails, else fail (no data) if one has none (or there are no
+    cells), else inconclusive if one is, else pass."""
+    verdicts = list(verdicts)
+    for v in (FAIL, NO_DATA, INCONCLUSIVE):
+        if not verdicts or v in verdicts:
+            return NO_DATA if not verdicts else v
+    return PASS
+
+
+def applies(gate: dict, topology: str) -> bool:
+    scope = gate.get("applies_to", "all")
+    return scope == "all" or topology in scope
+
+
+def evaluate_v2(doc: dict, metrics: dict, topology: str) -> list:
+    """One verdict per gate that applies to `topology`: {id, metric, op, threshold, ci_gate, value,
+    ci, verdict, passed (verdict == pass)}. metrics[metric] is a number, {"value", "ci"}, or for a
+    per-stratum gate {cell: {"value", "ci"}} (cells "<stratum> T=<t>"); absent or None: no data.
+    The per-stratum value and interval shown are the worst cell's (lowest value for >=)."""
+    out = []
+    for g in doc["gates"]:
+        if not applies(g, topology):
+            continue
+        m = metrics.get(g["metric"])
+        want_ci = bool(g.get("ci"))
+        verdict = {k: g[k] for k in ("id", "metric", "op", "threshold")}
+        verdict["ci_gate"] = want_ci
+        if g.get("per_stratum"):
+            cells = {}
+            for cell, c in sorted((m or {}).items()):
+                c = c if isinstance(c, dict) else {"value": c, "ci": None}
+                v = (INCONCLUSIVE if want_ci and c.get("value") is not None and c.get("ci") is None
+                     else judge(c.get("value"), g["op"], g["threshold"], c.get("ci") if want_ci else None))
+                cells[cell] = {**c, "verdict": v}
+            known = [c for c in cells.values() if c.get("value") is not None]
+            worst = (min if g["op"] in (">=", ">") else max)(known, key=lambda c: c["value"]) if known else {}
+            verdict.update(value=worst.get("value"), ci=worst.get("ci"), cells=cells,
+                           verdict=combine(c["verdict"] for c in cells.values()))
+        else:
+            c = m if isinstance(m, dict) else {"value": m, "ci": None}
+            ci = c.get("ci") if want_ci else None
+            v = (INCONCLUSIVE if want_ci and c.get("value") is not None and ci is None   # no interval: cannot pass
+                 else judge(c.get("value"), g["op"], g["threshold"], ci))
+            verdict.update(value=c.get("value"), ci=ci, verdict=v)
+        verdict["passed"] = verdict["verdict"] == PASS
         out.append(verdict)
     return out

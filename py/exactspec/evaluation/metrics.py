@@ -141,3 +141,61 @@ def acceptance_by_bin(pairs, edges: list) -> list:
 
 def entropy_nats(probs) -> float:
     return -sum(p * math.log(p) for p in probs if p > 0)
+
+
+# ---- evaluation v2: per-token speed-ups, bootstrap intervals, the conditional distribution tests ----
+BOOT_RESAMPLES, BOOT_SEED, BOOT_LEVEL = 2000, 20261202, 0.95
+
+
+def ms_per_token(total_ms, n_tokens):
+    """Page ms per generated token (prefill included): the v2 unit; None without tokens."""
+    if total_ms is None or not n_tokens:
+        return None
+    return total_ms / n_tokens
+
+
+def geo_mean(values):
+    """Geometric mean of positive values (None when there are none)."""
+    vals = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def bootstrap_ci(groups, statistic=geo_mean, resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
+                 level: float = BOOT_LEVEL):
+    """Percentile bootstrap of statistic(pooled values): `groups` is a list of lists (strata); each
+    resample draws, within every group, as many values as it has, with replacement. A fixed seed
+    gives a fixed interval; constant values give a zero-width one. (lo, hi), or None without data."""
+    import numpy as np
+    groups = [[v for v in g if v is not None] for g in groups]
+    groups = [g for g in groups if g]
+    if not groups:
+        return None
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    stats = []
+    for _ in range(resamples):
+        pooled = [v for a in arrays for v in a[rng.integers(0, len(a), size=len(a))].tolist()]
+        stats.append(statistic(pooled))
+    lo, hi = np.quantile(np.asarray(stats, dtype=float), [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def conditional_position_samples(a: list, b: list, position: int) -> tuple:
+    """The tokens at answer position `position` (1-based) of the samples (lists of ids) of two
+    arms, kept only where the first position-1 tokens equal the most common such prefix among
+    both arms' samples that reach the position (ties: the smallest prefix). (prefix, a_tokens, b_tokens)."""
+    reach = [tuple(s[:position - 1]) for s in a + b if len(s) >= position]
+    if not reach:
+        return None, [], []
+    counts: dict = {}
+    for p in reach:
+        counts[p] = counts.get(p, 0) + 1
+    prefix = min(counts, key=lambda p: (-counts[p], p))
+    pick = lambda ss: [s[position - 1] for s in ss if len(s) >= position and tuple(s[:position - 1]) == prefix]
+    return list(prefix), pick(a), pick(b)
+
+
+def bonferroni(p_values: list) -> list:
+    """Each p times the number of tests, at most 1."""
+    m = len(p_values)
+    return [min(1.0, p * m) for p in p_values]
