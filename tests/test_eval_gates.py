@@ -1,6 +1,7 @@
 """Gates and corpus lock: evaluation on synthetic metrics, a changed gate file refused, the
 corpus lock catching an added, removed or changed file, and the shipped corpus and gates valid."""
 import json
+import math
 import os
 import shutil
 
@@ -182,3 +183,67 @@ def test_shipped_gates_v2_are_written_with_their_rule():
     assert ids["real_conversational_t1"]["threshold"] == 1.5 and ids["real_conversational_t1"]["applies_to"] == ["real-wasm"]
     assert ids["end_to_end_with_loads"]["ci"] and ids["distribution"]["threshold"] == 0.001
     assert "per generated token" in doc["speedup"]
+
+
+def _synthetic_run(run_dir):
+    """A run directory as the runner leaves it (run.json + checkpoints) for one topology, with
+    per-stratum auto speed-ups chosen to give each verdict: casual constant 1.25x (pass), dialogue
+    0.90-1.10x (inconclusive), json 0.8x (fail); summary planned but never run (fail (no data))."""
+    from exactspec.evaluation.runner import Checkpoints
+    _, g_hash = load_gates(os.path.join(REPO, GATES_V2_PATH))
+    ck = Checkpoints(str(run_dir))
+    speed = {"casual": [1.25, 1.25], "dialogue": [0.9, 1.1], "json": [0.8, 0.8]}
+    for s, ratios in speed.items():
+        for i, ratio in enumerate(ratios):
+            for t in (0.0, 1.0):
+                for arm, ms in (("none", 100.0), ("auto", 100.0 / ratio), ("draft-k2", 90.0)):
+                    ck.append(f"toy-wasm:{arm}", {
+                        "kind": "request", "pair": "toy", "topology": "toy-wasm", "backend": "wasm", "engine": "toy-wasm-" + ("alone" if arm == "none" else "spec"),
+                        "arm": arm, "prompt_id": f"{s}-{i}", "stratum": s, "split": "test", "temperature": t, "rep": 0, "seed": i,
+                        "token_ids": list(range(10)), "n_tokens": 10, "max_new_tokens": 10, "first_token_ms": 10.0, "total_ms": ms,
+                        "timing_ms": {"prefill": 5.0, "draft": 0.0, "verify": 0.0, "accept": 0.0, "total": ms - 1},
+                        "rounds": [[0, 0, 1, 0.0, 3.0]] * 10, "auto": {"rounds_by_method": {"none": 10}} if arm == "auto" else None,
+                        "peak_resident_bytes": {"champion": 1000, "draft": 100 if arm != "none" else 0}})
+    for arm in ("none", "auto"):
+        for seed in range(40):
+            ck.append("samples__toy-wasm", {"kind": "sample", "pair": "toy", "backend": "wasm", "topology": "toy-wasm", "arm": arm,
+                                            "prompt_id": "casual-0", "temperature": 1.0, "seed": seed, "token_ids": [seed % 3, 1, 2, 3]})
+    run = {"run": run_dir.name, "commit": "abc1234", "versions": {"policy": "auto v1", "scheduler": "adaptive-k 3"},
+           "test_split_runs": 1, "plan": {"split": "test", "split_sha256": "0" * 64, "gates_sha256": g_hash, "gates_version": 2,
+                                          "prompts": sorted({f"{s}-{i}" for s in speed for i in range(2)}), "temperatures": [0.0, 1.0],
+                                          "pairs": ["toy"], "strata": ["casual", "dialogue", "json", "summary"]},
+           "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0, "timing_ms": {"champion_load": 500.0}},
+                     "toy-wasm-spec": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1200.0,
+                                       "timing_ms": {"champion_load": 500.0, "draft_load": 150.0}}}}
+    with open(os.path.join(run_dir, "run.json"), "w") as f:
+        json.dump(run, f)
+
+
+def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(tmp_path):
+    from exactspec.evaluation.report import pack_raw, read_raw, write_report_from_raw
+    run_dir = tmp_path / "synthetic-run"
+    _synthetic_run(run_dir)
+    raw = str(tmp_path / "docs" / "raw.jsonl.gz")
+    packed = pack_raw(str(run_dir), raw, with_entropy=False)
+    first = open(raw, "rb").read()
+    assert pack_raw(str(run_dir), raw, with_entropy=False)["bytes"] == len(first) and open(raw, "rb").read() == first
+    shutil.rmtree(run_dir)                                   # nothing but the raw file from here on
+    info, requests, samples, _ = read_raw(raw)
+    assert info["commit"] == "abc1234" and len(requests) == 36 and len(samples) == 80 and packed["lines"] == 117
+    a = write_report_from_raw(raw, str(tmp_path / "one"), with_plots=False)
+    b = write_report_from_raw(raw, str(tmp_path / "two"), with_plots=False)
+    one, two = (open(tmp_path / d / "report.md").read() for d in ("one", "two"))
+    assert one == two and a["gates"] == b["gates"]
+    cells = {v["id"]: v for v in a["gates"]["toy-wasm"]["verdicts"]}["auto_never_slower"]["cells"]
+    assert cells["casual T=1"]["verdict"] == "pass" and cells["casual T=1"]["ci"] == pytest.approx((1.25, 1.25))
+    assert cells["dialogue T=0"]["verdict"] == "inconclusive" and cells["json T=0"]["verdict"] == "fail"
+    assert cells["summary T=0"]["verdict"] == "fail (no data)"
+    assert "| toy-wasm | auto_never_slower | 0.8 | [0.8, 0.8] | >= | 0.95 | **fail** |" in one
+    assert "| toy-wasm | dialogue | 0 | 2 | 0.99x | [0.90, 1.10] | **inconclusive** |" in one
+    assert "| toy-wasm | greedy_identity | 0 | no CI | == | 0 | pass |" in one
+    assert "| toy-wasm | real_conversational_t1 |" not in one                  # applies to real-wasm only
+    assert "The test split has been run 1 time(s)" in one and "<!-- headline: generated by exactspec bench -->" in one
+    # end to end with loads: (1000 + 256 x 10) / (1200 + 256 x 10 / ratio) per conversational request at T = 1
+    e2e = {v["id"]: v for v in a["gates"]["toy-wasm"]["verdicts"]}["end_to_end_with_loads"]
+    want = [(1000 + 2560) / (1200 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]
+    assert e2e["value"] == pytest.approx(math.exp(sum(map(math.log, want)) / 4))

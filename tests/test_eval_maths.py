@@ -79,7 +79,7 @@ def test_acceptance_by_entropy_bin():
 
 
 def test_arms_engines_and_configs():
-    assert len(FULL) == 12
+    assert len(FULL) == 13 and "auto" in FULL and "draft-adaptive" in FULL
     assert arm_spec("none")["engine"] == "alone" and arm_spec("lookup-k4")["engine"] == "alone"
     assert arm_spec("draft-k3") == {"speculate": "draft", "k": 3, "scheduler": "static", "engine": "spec"}
     assert arm_spec("draft-adaptive")["scheduler"] == "adaptive" and arm_spec("draft-adaptive")["k"] == 8
@@ -149,6 +149,7 @@ def test_bootstrap_fixed_seed_fixed_interval_and_constant_ratios_zero_width():
     ci = M.bootstrap_ci(data)
     assert ci == M.bootstrap_ci(data) and ci[0] < M.geo_mean([v for g in data for v in g]) < ci[1]
     assert M.bootstrap_ci(data, seed=1) != ci                     # the seed is what fixes it
+    assert M.bootstrap_ci(data, statistic=lambda v: M.geo_mean(v)) == pytest.approx(ci)   # the vectorised path agrees
     lo, hi = M.bootstrap_ci([[1.25] * 6, [1.25] * 3])
     assert lo == pytest.approx(1.25, abs=1e-12) and hi == pytest.approx(1.25, abs=1e-12)
     assert M.bootstrap_ci([[], [None]]) is None

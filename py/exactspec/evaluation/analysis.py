@@ -132,13 +132,13 @@ def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) 
     recs = [r for r in records if r["backend"] == backend and r["arm"] == arm and r["temperature"] == t]
     if not recs:
         return None
-    topo = f"{backend}-{arm_spec(arm)['engine']}"
+    topo = f"{backend}-{engine_role(recs[0])}"
     lt = (loads.get(topo) or {}).get("timing_ms", {})
     med = lambda f: M.median(f(r) for r in recs)
     tm = lambda key: (lambda r: r["timing_ms"].get(key, 0.0))
     return {"backend": backend, "arm": arm, "temperature": t,
             "load_runtime": (lt.get("pyodide", 0) + lt.get("install", 0)), "load_champion": lt.get("champion_load", 0),
-            "load_draft": lt.get("draft_load", 0) if arm_spec(arm)["engine"] == "spec" else 0.0,
+            "load_draft": lt.get("draft_load", 0) if engine_role(recs[0]) == "spec" else 0.0,
             "prefill": med(tm("prefill")), "draft": med(tm("draft")), "verify_and_correct": med(tm("verify")) + med(tm("accept")),
             "orchestrator": med(lambda r: r["timing_ms"]["total"] - sum(r["timing_ms"].get(k, 0) for k in ("prefill", "draft", "verify", "accept"))),
             "sync_and_output": med(lambda r: r["total_ms"] - r["timing_ms"]["total"]),
@@ -147,6 +147,13 @@ def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) 
 
 def _kv_bytes(info_cfg: dict, context: int) -> int:
     return 2 * info_cfg["layers"] * info_cfg["kv_heads"] * info_cfg["head_dim"] * context * KV_BYTES
+
+
+def engine_role(rec: dict) -> str:
+    """"alone" or "spec": the engine the request ran on (the record's "engine" name, else its arm's)."""
+    if rec.get("engine"):
+        return rec["engine"].rsplit("-", 1)[-1]
+    return "spec" if rec["arm"] == "auto" else arm_spec(rec["arm"])["engine"]
 
 
 def resident_total(peak: dict | None):
@@ -160,14 +167,16 @@ def memory_report(records: list, loads: dict, backend: str, model_shapes: dict) 
     two models, so equal to the logical sum), and peak resident (max over requests of the
     receipts' categories: champion memory, draft WASM memory, Pyodide heap)."""
     alone, spec = loads.get(f"{backend}-alone"), loads.get(f"{backend}-spec")
-    if not alone or not spec:
+    if not alone or not spec or not (spec.get("info") or {}).get("champion"):
         return None
     ctx = spec["info"]["champion"]["max_context"]
     art_c = spec["info"]["champion"]["artifact_bytes"]
     art_d = (spec["info"].get("draft") or {}).get("artifact_bytes") or 0
+    if not model_shapes:       # shapes unknown (e.g. a pair whose configs the report was not given): no KV bytes
+        model_shapes = {"champion": {"layers": 0, "kv_heads": 0, "head_dim": 0}, "draft": {"layers": 0, "kv_heads": 0, "head_dim": 0}}
     kv_c, kv_d = _kv_bytes(model_shapes["champion"], ctx), _kv_bytes(model_shapes["draft"], ctx)
     peak = lambda engine: max((resident_total(r.get("peak_resident_bytes")) or 0 for r in records
-                               if r["backend"] == backend and arm_spec(r["arm"])["engine"] == engine and r["arm"] != "wllama"), default=None)
+                               if r["backend"] == backend and r["arm"] != "wllama" and engine_role(r) == engine), default=None)
     p_alone, p_spec = peak("alone"), peak("spec")
     return {"backend": backend, "artifact_bytes": {"champion": art_c, "draft": art_d},
             "logical_bytes": {"alone": art_c + kv_c, "spec": art_c + kv_c + art_d + kv_d},
@@ -252,13 +261,13 @@ def break_even(records: list, loads: dict, backend: str, arm: str, strata: list)
 
 def cold_warm(run_info: dict, records: list, backend: str) -> dict | None:
     """T_baseline and T_spec from cold (engine load + its first request) and warm (the same
-    request later in the run), for the first prompt at T = 0."""
+    request later in the run, same arm as the cold one), for the first prompt at T = 0."""
     cold, loads = run_info.get("cold", {}), run_info.get("loads", {})
     a, s = cold.get(f"{backend}-alone"), cold.get(f"{backend}-spec")
     if not a or not s:
         return None
     idx = index(records)
-    wa, ws = idx.get((backend, "none", a["prompt_id"], 0.0, 0)), idx.get((backend, "draft-adaptive", s["prompt_id"], 0.0, 0))
+    wa, ws = idx.get((backend, "none", a["prompt_id"], 0.0, 0)), idx.get((backend, s.get("arm", "draft-adaptive"), s["prompt_id"], 0.0, 0))
     out = {"prompt_id": a["prompt_id"],
            "cold_baseline_ms": loads[f"{backend}-alone"]["load_ms"] + a["total_ms"],
            "cold_spec_ms": loads[f"{backend}-spec"]["load_ms"] + s["total_ms"],

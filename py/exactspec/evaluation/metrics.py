@@ -172,10 +172,12 @@ def bootstrap_ci(groups, statistic=geo_mean, resamples: int = BOOT_RESAMPLES, se
         return None
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(g, dtype=float) for g in groups]
-    stats = []
-    for _ in range(resamples):
-        pooled = [v for a in arrays for v in a[rng.integers(0, len(a), size=len(a))].tolist()]
-        stats.append(statistic(pooled))
+    draws = [rng.integers(0, len(a), size=(resamples, len(a))) for a in arrays]   # per group: resamples x its size
+    if statistic is geo_mean and all((a > 0).all() for a in arrays):
+        logs = sum(np.log(a)[d].sum(axis=1) for a, d in zip(arrays, draws))
+        stats = np.exp(logs / sum(len(a) for a in arrays))
+    else:
+        stats = [statistic([v for a, d in zip(arrays, draws) for v in a[d[i]].tolist()]) for i in range(resamples)]
     lo, hi = np.quantile(np.asarray(stats, dtype=float), [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 

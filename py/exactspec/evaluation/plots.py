@@ -13,7 +13,8 @@ def _save(fig, out_dir: str, name: str) -> list:
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"{name}.{ext}")
         with replacing(path, "wb") as f:   # never through a link planted at the path
-            fig.savefig(f, format=ext, dpi=110, bbox_inches="tight")
+            fig.savefig(f, format=ext, dpi=110, bbox_inches="tight",
+                        metadata={"Date": None} if ext == "svg" else None)   # no date: the same run, the same files
         paths.append(path)
     return paths
 
@@ -37,11 +38,11 @@ def write_plots(res: dict, out_dir: str) -> dict:
 def _survival(fig, res):
     ax = fig.add_subplot(111)
     for s in res["survival"]:
-        if s["temperature"] == 0 and s["backend"] == "wasm":
+        if s["temperature"] == 0 and s["backend"] in ("wasm", "toy-wasm"):
             xs = [i + 1 for i, v in enumerate(s["S"]) if v is not None]
             ax.plot(xs, [s["S"][i - 1] for i in xs], marker="o", label=s["stratum"],
                     lw=2.5 if s["stratum"] == "all" else 1)
-    ax.set(xlabel="proposal position i", ylabel="survival S_i", title="Survival by position and stratum (draft k = 8, T = 0, WASM)", ylim=(0, 1.02))
+    ax.set(xlabel="proposal position i", ylabel="survival S_i", title="Survival by position and stratum (draft k = 8, T = 0, toy pair, WASM)", ylim=(0, 1.02))
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, ncol=2)
 
@@ -93,7 +94,7 @@ def _entropy(fig, res):
     for b in bins:
         ax.annotate(str(b["n"]), ((b["lo"] + b["hi"]) / 2, b["rate"]), fontsize=7)
     ax.set(xlabel="draft entropy (nats; CPython reference draft on the browser's ids)", ylabel="acceptance rate",
-           ylim=(0, 1.05), title="Acceptance vs draft entropy (draft k = 8, T = 0, WASM; labels: n)")
+           ylim=(0, 1.05), title="Acceptance vs draft entropy (draft k = 8, T = 0, toy pair, WASM; labels: n)")
 
 
 def _heatmap(fig, res):
@@ -110,7 +111,7 @@ def _heatmap(fig, res):
                 if v is not None:
                     ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=5)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle("Method x stratum (WASM, T = 0 and 1 pooled)", fontsize=10)
+    fig.suptitle("Method x stratum (toy pair, WASM, T = 0 and 1 pooled; request-time medians)", fontsize=10)
 
 
 def _ecdf(fig, res):
@@ -118,7 +119,7 @@ def _ecdf(fig, res):
     for name, (xs, ys) in res["ecdf"].items():
         ax.step(xs, ys, where="post", label=name)
     ax.axvline(1.0, color="grey", ls="--")
-    ax.set(xscale="log", xlabel="per-request speed-up (end to end, vs champion alone)", ylabel="fraction of requests",
+    ax.set(xscale="log", xlabel="per-request speed-up per generated token (vs champion alone)", ylabel="fraction of requests",
            title="ECDF of per-request speed-up")
     ax.legend(fontsize=7)
 
