@@ -316,6 +316,9 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         L.append(f"A {split}-split run: tuning information; the preregistered verdicts are those of a test-split run.")
     for nr in res.get("not_run") or []:
         L.append(f"Not run: {nr.get('pair')}-{nr.get('backend')}: {nr.get('why')}.")
+    if res.get("raw"):
+        L.append(f"Raw per-request results: `{res['raw']['path']}` ({res['raw']['bytes']:,} bytes, gzip JSONL); "
+                 f"`exactspec bench --run {res['run']} --report-only` regenerates this report and its plots from that file alone.")
     L += ["", "## Headline", ""] + headline(res)
     L += ["", "## Conclusion per topology", ""]
     for t, c in res["conclusions"].items():
