@@ -247,3 +247,53 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     e2e = {v["id"]: v for v in a["gates"]["toy-wasm"]["verdicts"]}["end_to_end_with_loads"]
     want = [(1000 + 2560) / (1200 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]
     assert e2e["value"] == pytest.approx(math.exp(sum(map(math.log, want)) / 4))
+
+
+def _pairs(topology, stratum, ratios, t=1.0, arm="auto", mismatch=False):
+    """champion alone and `arm` requests (10 tokens each) whose per-token speed-ups are `ratios`."""
+    out = []
+    for i, r in enumerate(ratios):
+        base = {"topology": topology, "backend": topology.split("-")[1], "prompt_id": f"{stratum}-{i}", "stratum": stratum,
+                "temperature": t, "rep": 0, "n_tokens": 10}
+        out += [{**base, "arm": "none", "total_ms": 100.0, "token_ids": list(range(10))},
+                {**base, "arm": arm, "total_ms": 100.0 / r, "token_ids": [9] * 10 if mismatch else list(range(10))}]
+    return out
+
+
+@pytest.mark.parametrize("case, want", [("pass", "pass"), ("fail", "fail"), ("inconclusive", "inconclusive"), ("none", "fail (no data)")])
+def test_every_v2_gate_from_synthetic_records(case, want):
+    doc, _ = load_gates(os.path.join(REPO, GATES_V2_PATH))
+    conv = doc["conversational_strata"]
+    ratios = {"pass": [2.0, 2.0], "fail": [1.1, 1.2], "inconclusive": [1.2, 2.0], "none": []}[case]
+    recs = [x for s in conv for x in _pairs("real-wasm", s, ratios)]
+    recs += [x for s in conv for x in _pairs("real-wasm", s, ratios, t=0.0)]
+    rows = A.per_token_rows(recs)
+    loads = {"real-wasm-alone": {"load_ms": 100.0}, "real-wasm-spec": {"load_ms": 300.0}}
+    import random
+    rng = random.Random(1)
+    samples = [] if case == "none" else [
+        {"topology": "real-wasm", "prompt_id": "p", "arm": arm, "seed": i,
+         "token_ids": [rng.choice([1, 2]) if (arm == "none" or case != "fail") else 3]}
+        for arm in ("none", "auto") for i in range(60)]
+    metrics = {
+        "greedy_mismatches": A.greedy_mismatches_v2(recs + ([] if case != "fail" else _pairs("real-wasm", "casual", [1.0], t=0.0, arm="draft-k4", mismatch=True)), "real-wasm"),
+        "distribution_min_adjusted_p": A.distribution_tests(samples, "real-wasm")["min_adjusted_p"],
+        "auto_speedup_per_stratum": A.auto_speedup_cells(rows, "real-wasm", conv, [0.0, 1.0]),
+        "auto_over_best_fixed_per_stratum": A.auto_over_best_fixed_cells(rows, "real-wasm", conv, [0.0, 1.0]),
+        "conversational_t1_auto_speedup": A.conversational_auto(rows, "real-wasm", conv),
+        "end_to_end_gain_with_loads": A.end_to_end_with_loads(rows, loads, "real-wasm", conv, doc["end_to_end_tokens"])}
+    v = {g["id"]: g["verdict"] for g in evaluate_v2(doc, metrics, "real-wasm")}
+    assert v["real_conversational_t1"] == want
+    assert v["auto_never_slower"] == {"inconclusive": "pass", "fail": "pass"}.get(case, want)      # all above 0.95x
+    assert v["auto_keeps_best_fixed"] == ("fail (no data)" if case == "none" else "pass")          # best fixed = none
+    # end to end: (100 + 256 x 10) / (300 + 256 x 10 / r): 2x -> 1.86 (pass), 1.1-1.2x -> 1.02-1.1 (pass at 1.0)
+    assert v["end_to_end_with_loads"] == {"fail": "pass", "inconclusive": "pass"}.get(case, want)
+    assert v["greedy_identity"] == {"inconclusive": "pass"}.get(case, want)
+    assert v["distribution"] == {"inconclusive": "pass"}.get(case, want)
+    assert v["peak_memory"] == v["break_even"] == "fail (no data)" and "cost_model" not in v      # not given; toy-wasm only
+    # the no-CI gates, and the end-to-end gate failing and inconclusive, from their values
+    assert {g["id"]: g["verdict"] for g in evaluate_v2(doc, {"peak_memory_ratio": 1.31, "n_min_tokens": 256,
+            "end_to_end_gain_with_loads": {"value": 0.9, "ci": (0.85, 0.99)}}, "toy-wasm")}.items() >= {
+        "peak_memory": "fail", "break_even": "pass", "end_to_end_with_loads": "fail"}.items()
+    e2e = {g["id"]: g for g in evaluate_v2(doc, {"end_to_end_gain_with_loads": {"value": 1.0, "ci": (0.98, 1.02)}}, "toy-wasm")}
+    assert e2e["end_to_end_with_loads"]["verdict"] == "inconclusive"
