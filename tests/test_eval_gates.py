@@ -297,3 +297,18 @@ def test_every_v2_gate_from_synthetic_records(case, want):
         "peak_memory": "fail", "break_even": "pass", "end_to_end_with_loads": "fail"}.items()
     e2e = {g["id"]: g for g in evaluate_v2(doc, {"end_to_end_gain_with_loads": {"value": 1.0, "ci": (0.98, 1.02)}}, "toy-wasm")}
     assert e2e["end_to_end_with_loads"]["verdict"] == "inconclusive"
+
+
+def test_each_topology_is_judged_over_its_planned_strata(tmp_path):
+    from exactspec.evaluation.report import pack_raw, read_raw, summarise
+    _synthetic_run(tmp_path / "run")
+    raw = str(tmp_path / "raw.jsonl.gz")
+    pack_raw(str(tmp_path / "run"), raw, with_entropy=False)
+    info, requests, samples, failures = read_raw(raw)
+    info["plan"]["strata_by_topology"] = {"toy-wasm": ["casual"]}
+    res = summarise(info, requests, samples, failures)
+    ns = {v["id"]: v for v in res["gates"]["toy-wasm"]["verdicts"]}["auto_never_slower"]
+    assert sorted(ns["cells"]) == ["casual T=0", "casual T=1"] and ns["verdict"] == "pass"
+    info["plan"]["strata_by_topology"] = {"toy-wasm": ["casual", "code"]}          # planned, never run
+    ns = {v["id"]: v for v in summarise(info, requests, samples, failures)["gates"]["toy-wasm"]["verdicts"]}["auto_never_slower"]
+    assert ns["verdict"] == "fail (no data)" and ns["cells"]["code T=1"]["verdict"] == "fail (no data)"

@@ -84,6 +84,12 @@ def pack_raw(run_dir: str, out_path: str, with_entropy: bool = True) -> dict:
         ent = draft_entropy_pairs(k8, by_id, models)
         ent["pairs"] = [[round(h, 4), a, s] for h, a, s in ent["pairs"]]
     head["entropy"] = ent
+    plan = run_info.get("plan") or {}
+    if not plan.get("strata_by_topology") and not plan.get("strata") and plan.get("prompts"):
+        # the planned strata (a planned stratum without records is a fail (no data)), from the corpus of the run's split
+        split = plan.get("split", "test")
+        by_id = {p["id"]: p for p in load_corpus(os.path.join(REPO_ROOT, CORPUS_DIR), os.path.join(REPO_ROOT, LOCK_PATH), split)[0]}
+        head["plan_strata"] = sorted({by_id[i]["stratum"] for i in plan["prompts"] if i in by_id})
     order = lambda r: (r.get("kind", ""), A.topology_of(r) if "backend" in r else "", r.get("arm", ""), r.get("prompt_id", ""),
                        r.get("temperature", 0.0), r.get("rep", 0), r.get("seed", 0) if r.get("kind") == "sample" else 0)
     lines = [json.dumps(head, sort_keys=True)] + [json.dumps(r, sort_keys=True) for r in sorted(requests + rest, key=order)]
@@ -120,7 +126,9 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
     # the v1 helpers compare "backend": give them the topology there (the champion backend stays in champion_backend)
     trecs = [{**r, "backend": A.topology_of(r), "champion_backend": r["backend"]} for r in records]
     topologies = _planned_topologies(run_info, records)
-    strata = sorted({r["stratum"] for r in records} | set(plan.get("strata") or []))
+    strata = sorted({r["stratum"] for r in records} | set(plan.get("strata") or run_info.get("plan_strata") or []))
+    by_topo = plan.get("strata_by_topology") or {}
+    strata_of = lambda t: sorted(by_topo[t]) if t in by_topo else strata      # each topology judged over its planned strata
     conv = [s for s in gates_doc["conversational_strata"] if s in strata] or strata
     temps = sorted({float(t) for t in plan.get("temperatures", [])} | {r["temperature"] for r in records})
     loads = run_info.get("loads", {})
@@ -136,8 +144,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
 
     verdicts, conclusions, cells = {}, {}, {}
     for t in topologies:
-        auto_cells = A.auto_speedup_cells(rows, t, strata, temps)
-        best_cells = A.auto_over_best_fixed_cells(rows, t, strata, temps)
+        auto_cells = A.auto_speedup_cells(rows, t, strata_of(t), temps)
+        best_cells = A.auto_over_best_fixed_cells(rows, t, strata_of(t), temps)
         dist = A.distribution_tests(samples, t)
         costs = [c["measured_over_predicted"] for k, c in cost.items() if c and k.startswith(t + ":") and c["measured_over_predicted"]]
         gm = {"greedy_mismatches": A.greedy_mismatches_v2(records, t),
@@ -151,7 +159,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
               "measured_over_predicted": min(costs) if costs else None}
         verdicts[t] = {"metrics": gm, "verdicts": evaluate_v2(gates_doc, gm, t), "distribution": dist}
         conclusions[t] = A.conclusion_v2(verdicts[t]["verdicts"])
-        cells[t] = {"auto": auto_cells, "best_fixed": best_cells}
+        cells[t] = {"auto": auto_cells, "best_fixed": best_cells, "strata": strata_of(t)}
 
     arm_rows = []
     for key in sorted({(A.topology_of(r), r["arm"], r["temperature"]) for r in records}):
@@ -330,6 +338,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
             L.append(f"| {t} | {v['id']} | {_value(v['value'])} | {_ci(v.get('ci'), '.3g') if v['ci_gate'] else 'no CI'} | {v['op']} | "
                      f"{v['threshold']} | {_verdict(v['verdict'])} |")
     L += ["", "## Per stratum: auto against champion alone and against the best fixed arm (per generated token)", "",
+          "Strata judged per topology (its planned strata): " + "; ".join(f"{t}: {', '.join(c['strata'])}" for t, c in res["cells"].items()) + ".", "",
           "| topology | stratum | T | n | auto speed-up | 95% CI | >= 0.95x | best fixed arm | auto / best | 95% CI | >= 0.9x |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for t, g in res["gates"].items():
