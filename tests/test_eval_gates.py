@@ -88,10 +88,12 @@ def test_shipped_corpus_matches_its_lock_and_covers_the_strata():
     dev, h_dev = load_corpus(CORPUS, LOCK, "dev")
     test, h_test = load_corpus(CORPUS, LOCK, "test")
     assert h_dev != h_test
-    for split, prompts, least in (("dev", dev, 1), ("test", test, 2)):
+    for split, prompts, count in (("dev", dev, 3), ("test", test, 2)):
         assert {p["stratum"] for p in prompts} == STRATA
-        assert all(sum(p["stratum"] == s for p in prompts) >= least for s in STRATA)
+        assert all(sum(p["stratum"] == s for p in prompts) == count for s in STRATA)
         assert all(sorted(p) == sorted(FIELDS) and p["split"] == split for p in prompts)
+    # the test split is prompts no run read before evaluation v2: ids -4 and -5 (v1's 30 prompts are all dev)
+    assert sorted(p["id"].rsplit("-", 1)[1] for p in test) == ["4"] * 10 + ["5"] * 10
     everything = dev + test
     assert len({p["seed"] for p in everything}) == len(everything) and any(p["chat"] for p in test)
     assert [p["stratum"] for p in select(test, 1)] == sorted(STRATA)
@@ -118,7 +120,8 @@ def test_a_dev_run_cannot_read_the_test_prompts(tmp_path):
     planned = json.load(open(tmp_path / "lock.json"))
     path = d / "casual.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    lines[1]["split"] = "dev"
+    assert lines[3]["id"] == "casual-4" and lines[3]["split"] == "test"
+    lines[3]["split"] = "dev"
     path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n")
     planned["files"] = file_hashes(str(d))            # even with the file hashes refreshed by hand
     (tmp_path / "lock2.json").write_text(json.dumps(planned))
