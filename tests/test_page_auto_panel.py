@@ -37,6 +37,15 @@ def test_each_method_in_words():
         ["autoSentence", [auto("none", 0, 3.5, reason="no_draft")]],
         ["autoSentence", [auto("none", 0, 3.5, draft=2.0, reason="last_token")]],
     ])
+    unproven, untimed, no_match = run_js([
+        ["autoSentence", [auto("none", 0, 3.5, draft=2.0, acc_draft=0.8)]],   # cheaper on its prior, not yet observed
+        ["autoSentence", [auto("none", 0, None, reason="no_draft")]],
+        ["autoSentence", [auto("none", 0, 3.5, reason="no_match")]],
+    ])
+    assert unproven == ("Speculation off: the draft might cost 2.0 ms a token against 3.5 ms alone, but its acceptance "
+                        "is not measured enough yet (acceptance 80%)")
+    assert untimed == "Speculation off: the champion alone runs until its step is timed"
+    assert no_match == "Speculation off: prompt lookup found no match; the champion alone costs 3.5 ms a token"
     assert draft == ("Using the draft, 3 tokens ahead: it costs 4.1 ms a token against 5.6 ms for the champion alone "
                      "(acceptance 72%)")
     assert off == "Speculation off: the draft would cost 7.9 ms a token against 3.5 ms alone (acceptance 31%)"
@@ -46,8 +55,8 @@ def test_each_method_in_words():
                      "3.5 ms for the champion alone")
     assert margin == ("Speculation off: the draft would cost 3.4 ms a token against 3.5 ms alone, not cheaper by the "
                       "margin (acceptance 40%)")      # the cheaper of the two alternatives is named
-    assert nothing == ("Speculation off: no draft is loaded and prompt lookup found no match; the champion alone costs "
-                       "3.5 ms a token")
+    assert nothing == ("Speculation off: no draft is loaded and prompt lookup has nothing to propose; the champion "
+                       "alone costs 3.5 ms a token")
     assert last == "Champion alone for the last token: nothing is left to speculate on"
 
 

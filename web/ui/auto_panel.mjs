@@ -38,16 +38,18 @@ export function autoSentence(auto) {
   }
   // none: say what it was weighed against, else why there was nothing to weigh
   if (auto.reason === "last_token") return "Champion alone for the last token: nothing is left to speculate on";
+  if (!finite(cost.none)) return "Speculation off: the champion alone runs until its step is timed";
   const options = ["draft", "lookup"].filter((m) => finite(cost[m])).sort((a, b) => cost[a] - cost[b]);
   if (options.length) {
     const m = options[0];
-    const margin = auto.reason === "margin" ? ", not cheaper by the margin" : "";
-    const alone2 = finite(cost.none) ? ` against ${msText(cost.none)} alone` : "";
-    return `Speculation off: ${METHOD_WORDS[m]} would cost ${msText(cost[m])} a token${alone2}${margin}${accText(m)}`;
+    const but = cost[m] >= cost.none ? "" : auto.reason === "margin" ? ", not cheaper by the margin"
+      : `, but ${m === "draft" ? "its" : "lookup's"} acceptance is not measured enough yet`;
+    const verb = cost[m] >= cost.none || auto.reason === "margin" ? "would" : "might";
+    return `Speculation off: ${METHOD_WORDS[m]} ${verb} cost ${msText(cost[m])} a token against ${msText(cost.none)} alone${but}${accText(m)}`;
   }
-  const why = auto.reason === "no_draft" ? "no draft is loaded and prompt lookup found no match"
+  const why = auto.reason === "no_draft" ? "no draft is loaded and prompt lookup has nothing to propose"
     : auto.reason === "no_match" ? "prompt lookup found no match" : "nothing cheaper is known yet";
-  return `Speculation off: ${why}; the champion alone costs ${finite(cost.none) ? msText(cost.none) : "?"} a token`;
+  return `Speculation off: ${why}; the champion alone costs ${msText(cost.none)} a token`;
 }
 
 /** Rounds by method from the rounds seen so far ({method: count}), or null when none carried auto. */
