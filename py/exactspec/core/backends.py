@@ -78,6 +78,16 @@ class ReferenceChampion:
     def begin(self, request, draft=None) -> "ReferenceSession":
         return ReferenceSession(self, draft, request)
 
+    def calibration(self, draft) -> Optional[dict]:
+        """speculate="auto"'s calibration: calibrate_reference, measured once per draft."""
+        cached = getattr(self, "_calibrations", None)
+        if cached is None:
+            cached = self._calibrations = {}
+        key = getattr(draft, "identity", "none")
+        if key not in cached:
+            cached[key] = calibrate_reference(self, draft)
+        return cached[key]
+
     def decide(self, rows, p_draft_rows, proposals, decider, round_id, stop_token_ids, remaining, greedy):
         """The round's decision on verify_linear's rows: acceptance.decide_round (a device decides
         on its own rows; this is the reference every decider is checked against)."""
@@ -174,6 +184,8 @@ class ReferenceSession:
                 if cache is not None:
                     cache.abort()
             raise
+        if getattr(req.decider, "last_accept", None) is not None:
+            req.decider.last_accept = None     # RngDecider records this round's accept tests (the record's diag u, a)
         decision = self.champion.decide(rows, p_draft_rows, tokens, req.decider, round_id, req.stop_token_ids,
                                         remaining, req.greedy)
         for cache in caches:
@@ -184,14 +196,88 @@ class ReferenceSession:
                 continue
             if cache.in_transaction:
                 cache.commit_prefix(decision.n_accepted)
+            else:       # the draft sat out the round (lookup's proposals, or none): it catches up lazily
+                for t in tokens[:decision.n_accepted]:
+                    cache.append_authoritative(t)
             if decision.next_token is not None:
                 cache.append_authoritative(decision.next_token)
-        return self._record(status, tokens, decision, t1 - t0, time.perf_counter() - t1)
+        return self._record(status, tokens, decision, t1 - t0, time.perf_counter() - t1,
+                            getattr(req.decider, "last_accept", None))
 
-    def _record(self, status, tokens, decision, draft_s: float, verify_s: float) -> RoundOutcome:
-        words = encode(status, tokens, decision, draft_s * 1000.0, verify_s * 1000.0)
+    def _record(self, status, tokens, decision, draft_s: float, verify_s: float, accept_test=None) -> RoundOutcome:
+        words = encode(status, tokens, decision, draft_s * 1000.0, verify_s * 1000.0, accept_test)
         self.round_bytes += 4 * len(words)
         return decode(words)
+
+
+def calibrate_reference(champion, draft=None, budget_ms: float = 300.0) -> dict:
+    """The calibration (common.md §1) of a CPython reference pair: the champion's verify of n rows
+    (greedy decide included) for n = 1, 9, 5 (twice each, the minimum), linear between them, and
+    the draft's proposal and catch-up cost, on a synthetic 16-token context; within ~budget_ms
+    (what is not timed is interpolated; measured_n says which n were)."""
+    import hashlib
+    import platform
+    from .policy import SamplingPolicy
+    t_start = time.perf_counter()
+    greedy = SamplingPolicy(temperature=0.0)
+    vocab = champion.vocab_size
+    context = [(7 * i + 3) % vocab for i in range(16)]
+    timed = {}
+
+    def verify_once(n):
+        cache = LogicalCache(champion.identity, context)
+        champion.prefill(cache)
+        cache.begin()
+        cache.append_provisional([(5 * j + 1) % vocab for j in range(n - 1)])
+        t0 = time.perf_counter()
+        rows = champion.verify_linear(cache, greedy)
+        for row in rows:
+            argmax_tie_low(row)
+        ms = _ms(t0)
+        cache.rollback()
+        return ms
+    for n in (1, 9, 5):
+        if timed and _ms(t_start) > budget_ms * 0.7:
+            break
+        timed[n] = min(verify_once(n), verify_once(n))
+    pts = sorted(timed.items())
+    verify = [None] + [_line(pts, n) for n in range(1, 10)]
+    d = c = None
+    if draft is not None and _ms(t_start) < budget_ms:
+        from .deciders import RngDecider
+        cache = LogicalCache(draft.identity, context)
+        draft.prefill(cache)
+        times = []
+        for _ in range(2):
+            cache.begin()
+            t0 = time.perf_counter()
+            draft.propose(cache, 4, greedy, RngDecider(0), 0, frozenset())
+            times.append(_ms(t0))
+            cache.abort()           # the pending token is fed again next time
+        d = min(times) / 4.0
+        for t in context[:8]:       # 8 committed ids the draft has not seen: a catch-up of 9 ids
+            cache.append_authoritative(t)
+        cache.begin()
+        t0 = time.perf_counter()
+        draft.propose(cache, 1, greedy, RngDecider(0), 0, frozenset())
+        c = max(_ms(t0) - d, 0.0) / 8.0
+        cache.abort()
+    identity = "|".join([champion.identity, getattr(draft, "identity", "none"), "reference-numpy",
+                         f"{platform.system()}-{platform.machine()}"])
+    return {"version": 1, "key": hashlib.sha256(identity.encode()).hexdigest(), "source": "measured",
+            "measured_at": None, "ms": round(_ms(t_start), 3), "backend": "reference",
+            "verify_ms": verify, "verify_sampled_extra_ms_per_row": 0.0, "measured_n": sorted(timed),
+            "draft_ms_per_proposal": d, "draft_catchup_ms_per_token": c, "lookup_ms": None}
+
+
+def _line(points, n):
+    """Linear interpolation through sorted (n, ms) points (flat beyond the ends)."""
+    if n <= points[0][0]:
+        return points[0][1]
+    for (n0, v0), (n1, v1) in zip(points, points[1:]):
+        if n <= n1:
+            return v0 + (v1 - v0) * (n - n0) / (n1 - n0)
+    return points[-1][1]
 
 
 def _one_hot(vocab_size: int, y: int) -> list:

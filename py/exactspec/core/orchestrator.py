@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .auto_policy import K_LIMIT, AutoPolicy
 from .backends import LookupProposer
 from .caches import LogicalCache
 from .deciders import RngDecider
@@ -25,10 +26,11 @@ from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE
 from .policy import SamplingPolicy
 from .protocol import CODE_DESCRIPTIONS, make_envelope
 from .receipts import build_receipt
+from .round_record import NumericsTally
 from .scheduler import SCHEDULERS, make_scheduler
 from .textstream import TextAssembler
 
-MODES = ("none", "draft", "lookup")
+MODES = ("none", "draft", "lookup", "auto")   # auto: auto_policy.AutoPolicy picks none/draft/lookup and k per round
 # Where each emitted token came from (the "tokens" event's `sources`, one per token id).
 SOURCES = ("accepted", "correction", "extra", "baseline")
 MAX_K = 64
@@ -39,8 +41,8 @@ class GenerationConfig:
     max_new_tokens: int = 64
     policy: SamplingPolicy = field(default_factory=SamplingPolicy)
     draft_policy: Optional[SamplingPolicy] = None   # None: the champion's policy (best acceptance)
-    speculate: str = "draft"
-    k: int = 4
+    speculate: str = "auto"
+    k: int = 4                  # draft / lookup proposals per round (adaptive: at most); ignored by auto
     seed: int = 0
     stop_token_ids: tuple = ()
     stop_strings: tuple = ()
@@ -136,7 +138,8 @@ class SessionRequest:
     stop_token_ids: tuple
     seed: int
     max_new_tokens: int
-    mode: str                      # none | draft | lookup (lookup's proposals come with each round)
+    mode: str                      # none | draft | lookup (lookup's proposals come with each round); an
+                                   # auto request begins as draft (a draft fits) or lookup
     decider: object                # RngDecider(seed), or a test's decider (CPython reference only)
 
     @property
@@ -153,7 +156,7 @@ def _new_stats(k: int) -> dict:
 class _Run:
     """Mutable state of one request."""
 
-    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event, cancel=None, stream=None):
+    def __init__(self, config, prompt_ids, decode, request_id, epoch, on_event, cancel=None, stream=None, auto=None):
         self.config = config
         self.greedy = config.policy.temperature == 0
         self.draft_policy = config.draft_policy or config.policy
@@ -165,7 +168,10 @@ class _Run:
         self.error: Optional[ExactSpecError] = None
         self.fallback_code: Optional[str] = None
         self.seq = 0
-        self.stats = _new_stats(config.k)
+        self.auto = auto                # AutoPolicy of a speculate="auto" request, else None
+        self.stats = _new_stats(auto.k_max if auto is not None else config.k)
+        self.draft_behind = 0           # committed tokens the draft has not consumed (auto's catch-up cost)
+        self.auto_round = None          # this round's (Choice, lookup proposals, lookup search ms)
         self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "first_token": None, "total": 0.0}
         self.mode = config.speculate
         self.scheduler = make_scheduler(config)
@@ -174,6 +180,7 @@ class _Run:
         self.session = None                            # the backend's request session (champion.begin)
         self.round_bytes_max = 0                       # the most bytes one round moved across the session
         self.session_counts = {}                       # what session.end() reported (how rounds ran)
+        self.numerics = NumericsTally()                # the decider's diagnostics, for the receipt's numerics
         self.t_start = time.perf_counter()
 
     @property
@@ -191,9 +198,12 @@ class Orchestrator:
     draft (backends.py: the CPython reference's RunnerChampion/RunnerDraft; pyodide/: the browser's)."""
 
     def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
-                 draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None):
+                 draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None,
+                 calibration: Optional[dict] = None):
         """`decode(ids)` -> text; `stream_decoder()` (optional) -> a fresh streaming decoder for one
-        answer (push(id) -> final text, flush()), which makes text O(1) per token."""
+        answer (push(id) -> final text, flush()), which makes text O(1) per token. `calibration`
+        (common.md §1) fixes what speculate="auto" reads; by default the champion backend's
+        `calibration(draft)` gives it (the browser's load-time one; the reference's measured once)."""
         self.champion = champion
         self.stream_decoder = stream_decoder
         self.draft = draft
@@ -203,6 +213,17 @@ class Orchestrator:
         self.identities = dict(identities or {})
         self.identities["champion"] = champion.identity
         self.lookup = LookupProposer(self.vocab_size)
+        self.calibration = calibration
+
+    def auto_calibration(self) -> Optional[dict]:
+        """The calibration an auto request reads: the one given, else the champion backend's."""
+        if self.calibration is not None:
+            return self.calibration
+        source = getattr(self.champion, "calibration", None)
+        return source(self.draft) if source is not None else None
+
+    def _draft_fits(self, prompt_ids, config) -> bool:
+        return self.draft is not None and len(prompt_ids) + config.max_new_tokens <= self.draft.max_context
 
     # ----------------------------------------------------------------------------------------
     def generate(self, prompt_ids, config: GenerationConfig, on_event=None,
@@ -238,8 +259,13 @@ class Orchestrator:
             epoch = cancel.epoch if cancel else 0
         elif cancel is not None:
             cancel.advance(epoch)
+        auto = None
+        if config.speculate == "auto":
+            k_max = min(K_LIMIT, self.champion.limits.get("max_k", K_LIMIT))
+            auto = make_auto_policy(self.auto_calibration(), k_max, self._draft_fits(prompt_ids, config),
+                                    config.policy.temperature == 0)
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
-                   self.stream_decoder() if self.stream_decoder is not None else None)
+                   self.stream_decoder() if self.stream_decoder is not None else None, auto)
         try:
             await self._run_request(run, prompt_ids, decider or RngDecider(config.seed))
         except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
@@ -259,10 +285,13 @@ class Orchestrator:
             self._speculation_failed(run, ExactSpecError(E_CONTEXT_OVERFLOW, "draft context too short"))
         t0 = time.perf_counter()
         run.cache = LogicalCache(self.champion.identity, prompt_ids)
+        session_mode = run.mode
+        if run.mode == "auto":       # the draft's prompt is prefilled at begin when auto may use it
+            session_mode = "draft" if run.auto.has_draft else "lookup"
         request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
-                                 config.seed, config.max_new_tokens, run.mode, decider)
+                                 config.seed, config.max_new_tokens, session_mode, decider)
         try:
-            run.session = await resolve(self.champion.begin(request, self.draft if run.mode == "draft" else None))
+            run.session = await resolve(self.champion.begin(request, self.draft if session_mode == "draft" else None))
         except Exception as exc:     # the champion's prefill (device or backend) failed
             return self._champion_failed(run, exc)
         if run.session.draft_failure is not None and not run.cancelled:
@@ -282,8 +311,11 @@ class Orchestrator:
         """One round: choose k, call the session once, apply its outcome (or its failure)."""
         remaining = run.config.max_new_tokens - len(run.token_ids)
         run.round_t0 = time.perf_counter()
-        k = run.scheduler.next_k(remaining) if run.mode != "none" else 0
-        proposals = self.lookup.proposals(run.cache.tokens, k, run.stop_ids) if run.mode == "lookup" and k else None
+        if run.mode == "auto":
+            k, proposals = self._auto_choice(run, remaining)
+        else:
+            k = run.scheduler.next_k(remaining) if run.mode != "none" else 0
+            proposals = self.lookup.proposals(run.cache.tokens, k, run.stop_ids) if run.mode == "lookup" and k else None
         run.stats["draft_calls"] += k > 0
         run.cache.begin()
         try:
@@ -299,12 +331,29 @@ class Orchestrator:
             return self._finish(run, "cancelled") if run.cancelled else self._speculation_failed(run, run.session.last_failure())
         run.stats["target_calls"] += 1
         run.stats["draft_invalid"] += out.status == "draft_invalid"
+        run.numerics.add(out)
         if out.error_code is not None:
             run.cache.abort()
             run.stats["numeric_errors"] += 1
             err = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
             return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
         self._commit(run, out)
+
+    def _auto_choice(self, run: _Run, remaining: int):
+        """auto: search lookup's proposals (when the policy wants them), ask the policy, and
+        return (k, proposals): lookup's cut to k, None for the draft, k = 0 for none."""
+        policy = run.auto
+        cap = min(policy.k_max, remaining - 1)
+        found, lookup_ms = [], None
+        if cap > 0 and policy.wants_lookup():
+            t0 = time.perf_counter()
+            found = self.lookup.proposals(run.cache.tokens, cap, run.stop_ids)
+            lookup_ms = _ms(t0)
+        choice = policy.choose(remaining, len(found), run.draft_behind, searched=lookup_ms is not None)
+        run.auto_round = (choice, found, lookup_ms)
+        if choice.method == "lookup":
+            return choice.k, found[:choice.k]
+        return (choice.k, None) if choice.method == "draft" else (0, None)
 
     def _commit(self, run: _Run, out):
         """Commit a decided round to the authoritative cache, count it, tell the scheduler, emit it."""
@@ -324,14 +373,28 @@ class Orchestrator:
         else:
             st["baseline_steps"] += 1
             sources = ["baseline"]
-        if run.mode != "none":
+        if run.mode not in ("none", "auto"):
             run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=out.draft_ms, verify_ms=out.verify_ms,
                                   round_ms=_ms(run.round_t0))
         if out.next_token is not None:
             tokens.append(out.next_token)
             run.cache.append_authoritative(out.next_token)
-        self._emit(run, tokens, sources, {"proposed": m, "accepted": n_accepted,
-                                          "draft_ms": round(out.draft_ms, 3), "verify_ms": round(out.verify_ms, 3)})
+        round_info = {"proposed": m, "accepted": n_accepted,
+                      "draft_ms": round(out.draft_ms, 3), "verify_ms": round(out.verify_ms, 3)}
+        if run.mode == "auto":
+            round_info["auto"] = self._auto_observe(run, out, m, n_accepted, tokens)
+        self._emit(run, tokens, sources, round_info)
+
+    def _auto_observe(self, run: _Run, out, m: int, n_accepted: int, tokens: list) -> dict:
+        """Tell the auto policy what its choice gave; keep the draft's catch-up count; -> the
+        round's `auto` object for the tokens event."""
+        choice, found, lookup_ms = run.auto_round
+        run.auto.observe(choice.method, choice.k, m, n_accepted, _ms(run.round_t0), out.draft_ms, out.verify_ms,
+                         lookup_ms=lookup_ms, draft_behind=run.draft_behind, emitted=len(tokens))
+        run.auto.observe_lookup(found, tokens)
+        drafted = choice.method == "draft" and m > 0
+        run.draft_behind = 0 if drafted else run.draft_behind + len(tokens)
+        return choice.info
 
     # ----------------------------------------------------------------------------------------
     def _champion_failed(self, run: _Run, exc: Exception):
@@ -406,12 +469,19 @@ class Orchestrator:
         speculate = run.config.speculate
         identities["draft"] = (self.draft.identity if speculate == "draft" else self.lookup.identity
                                if speculate == "lookup" else "none")
+        decisions = None
+        if run.auto is not None:          # what auto could use: the draft (when it fit) and lookup
+            st["auto"] = run.auto.stats()
+            decisions = {"rounds_by_method": st["auto"]["rounds_by_method"], "switches": st["auto"]["switches"]}
+            identities["draft"] = (f"{self.draft.identity}+{self.lookup.identity}" if run.auto.has_draft
+                                   else self.lookup.identity)
+        scheduler = run.auto.describe() if run.auto is not None else run.scheduler.describe()
         receipt, seed_opening = build_receipt(
             identities=identities, policy_canonical=run.config.policy.canonical(),
-            scheduler={**run.scheduler.describe(), "mode": speculate},
+            scheduler={**scheduler, "mode": speculate}, decisions=decisions,
             seed=run.config.seed, stats=st, timing_ms={k: v for k, v in timing.items() if isinstance(v, float)},
             failure_code=run.error.code if run.error else None, fallback_code=run.fallback_code,
-            environment=self.champion.environment())
+            environment=self.champion.environment(), numerics=run.numerics.summary())
         error = run.error.to_dict() if run.error else None
         result = GenerationResult(run.request_id, prompt_ids, list(run.token_ids), run.text.text(), run.finish,
                                   st, timing, error, receipt, run.seq, seed_opening)
@@ -424,6 +494,11 @@ async def resolve(value):
     if hasattr(value, "__await__"):
         return await value
     return value
+
+
+def make_auto_policy(calibration, k_max: int, has_draft: bool, greedy: bool) -> AutoPolicy:
+    """The policy of one speculate="auto" request (tests replace it with one fed modelled times)."""
+    return AutoPolicy(calibration, k_max, has_draft, greedy)
 
 
 def run_without_loop(coro):

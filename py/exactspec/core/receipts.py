@@ -20,10 +20,11 @@ POSITION_POLICY = "positions-contiguous-from-0-v1"
 ALLOWED_FIELDS = (
     "receipt_version", "request_nonce", "champion_artifact_hash", "draft_artifact_hash",
     "tokenizer_hash", "chat_template_hash", "adapter_chain_hash", "sampling_policy_hash",
-    "grammar_hash", "position_policy_hash", "scheduler_policy_hash", "hardware_class",
+    "grammar_hash", "position_policy_hash", "scheduler_policy_hash", "scheduler_decisions", "hardware_class",
     "browser_version", "runtime_version", "champion_backend", "seed_commitment", "target_call_count", "draft_call_count",
     "proposal_count", "accepted_count_histogram", "rejection_position_histogram",
-    "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "failure_code", "fallback_code",
+    "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "numerics", "failure_code", "fallback_code",
+    "champion_fallback_code",
 )
 
 
@@ -54,11 +55,13 @@ def _cpython_environment() -> dict:
 
 
 def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, seed: int,
-                  stats: dict, timing_ms: dict, failure_code, fallback_code,
-                  environment: dict | None = None) -> tuple[dict, str]:
+                  stats: dict, timing_ms: dict, failure_code, fallback_code, numerics: dict | None = None,
+                  environment: dict | None = None, decisions: dict | None = None) -> tuple[dict, str]:
     """-> (receipt, seed_opening). `environment` (the browser backend's) supplies
     hardware_class, browser_version, runtime_version and peak_resident_bytes; CPython's own
-    are used when it is None."""
+    are used when it is None. `decisions`: speculate="auto"'s choices, as counts
+    ({rounds_by_method, switches}; "none" for a fixed mode); the scheduler description binds
+    the policy, its parameters and the calibration."""
     nonce = secrets.token_hex(16)
     salt = secrets.token_hex(32)
     env = {**_cpython_environment(), **(environment or {})}
@@ -75,6 +78,7 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         "grammar_hash": sha256_json(grammar) if grammar is not None else "none",
         "position_policy_hash": hashlib.sha256(POSITION_POLICY.encode()).hexdigest(),
         "scheduler_policy_hash": sha256_json(scheduler),
+        "scheduler_decisions": decisions or "none",
         "hardware_class": env["hardware_class"],
         "browser_version": env["browser_version"],
         "runtime_version": env["runtime_version"],
@@ -88,8 +92,13 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         "timing_ms": {k: round(v, 3) for k, v in timing_ms.items()},
         "peak_resident_bytes": env["peak_resident_bytes"],
         "bounded_numeric_errors": stats["numeric_errors"],
+        # the decider's diagnostics, aggregated (round_record.NumericsTally.summary); "none" when not given
+        "numerics": numerics if numerics is not None else "none",
         "failure_code": failure_code or "none",
         "fallback_code": fallback_code or "none",
+        # the engine's, not the request's: E_BATCH_VARIANT when the load's batch check moved the champion
+        # off WebGPU (docs/browser.md "Batch invariance at load"); the browser environment says it
+        "champion_fallback_code": env.get("champion_fallback_code") or "none",
     }
     assert tuple(receipt) == ALLOWED_FIELDS
     return receipt, salt

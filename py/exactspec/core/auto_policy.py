@@ -1,0 +1,377 @@
+"""speculate "auto": per round, none, prompt lookup or the draft (and k), by expected cost per token.
+
+Pure (no clock, no I/O, no NumPy): the orchestrator times rounds and tells `observe`; `choose`
+runs every round in Pyodide, O(k_max). docs/core.md ("The auto policy") states the model:
+  cost of a round    none: V(1) + o;  draft k: c*behind + k*d + V(k+1) + o;  lookup j: V(j+1) + o
+                     (+ l, lookup's search, on every round that searched: all methods pay it)
+  tokens of a round  E[G(k)] = 1 + S_1 + ... + S_k, S_i = a_1 ... a_i (per-position acceptance,
+                     decayed counters with a prior, as scheduler.AdaptiveK)
+V(n), d, c, l come from the calibration (measured at load, common.md §1), scaled by a drift
+factor (observed / calibrated, median of the last `window` rounds); o (per-round overhead) is
+learnt online. A speculative method is chosen only when its cost per token is below none's by
+`margin`. Exploration is bounded: a draft round while the draft has no evidence in this request
+(or any speculative round whose costs are unknown) is a probe, run only when its worst-case extra
+cost fits in `probe_fraction` of the request's time so far plus one probe's allowance.
+Lookup's acceptance is learnt from every round where it had a match (observe_lookup): the
+committed tokens are champion-distributed whatever method ran, so comparing lookup's proposals
+with them is an unbiased observation of its acceptance, for free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("none", "draft", "lookup")
+K_LIMIT = 8            # auto's k is at most min(8, the backend's max_k)
+DEFAULT_PARAMS = {"margin": 0.05, "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
+                  "decay": 0.95, "fast_decay": 0.8, "probe_fraction": 0.02, "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
+                  "catchup_horizon": 32, "window": 9, "lookup_search_fraction": 0.1,
+                  "lookup_search_every": 8}
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str            # none | draft | lookup
+    k: int                 # proposals this round (0 for none)
+    info: dict             # the tokens event's round["auto"] object (common.md §2)
+
+
+class _Recent:
+    """A robust running estimate: the median of the last `window` values."""
+
+    def __init__(self, window: int):
+        self.window, self.values = window, []
+
+    def add(self, x: float) -> None:
+        self.values.append(float(x))
+        del self.values[:-self.window]
+
+    def value(self):
+        if not self.values:
+            return None
+        v = sorted(self.values)
+        n = len(v)
+        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+class _Acceptance:
+    """Per-position decayed counters -> conditional acceptance a_i (unreached positions borrow
+    a_{i-1}), at two speeds: a_i is the lower of the slow (`decay`) and fast (`fast_decay`)
+    estimates, so a drop in acceptance is followed within a few rounds and a rise more slowly."""
+
+    def __init__(self, k_max: int, prior: float, weight: float, decay: float, fast_decay: float):
+        self.k_max, self.prior, self.weight = k_max, prior, weight
+        self.decays = (decay, fast_decay)
+        self.reached = [[0.0] * (k_max + 2) for _ in self.decays]
+        self.taken = [[0.0] * (k_max + 2) for _ in self.decays]
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """A round that proposed `proposed` tokens and accepted the first `accepted` of them."""
+        for reached, taken, d in zip(self.reached, self.taken, self.decays):
+            for i in range(1, self.k_max + 1):
+                reached[i] *= d
+                taken[i] *= d
+            for i in range(1, min(proposed, accepted + 1, self.k_max) + 1):
+                reached[i] += 1.0
+                taken[i] += 1.0 if i <= accepted else 0.0
+
+    def evidence(self) -> float:
+        return self.reached[0][1]
+
+    def gains(self, k_top: int):
+        """(E[G(k)] for k = 0..k_top, a_1)."""
+        out, s, total, a1 = [1.0], 1.0, 1.0, None
+        prev = [self.prior, self.prior]
+        for i in range(1, k_top + 1):
+            ai = []
+            for j in (0, 1):
+                prev[j] = (self.taken[j][i] + self.weight * prev[j]) / (self.reached[j][i] + self.weight)
+                ai.append(prev[j])
+            a = min(ai)
+            a1 = a if a1 is None else a1
+            s *= a
+            total += s
+            out.append(total)
+        return out, a1
+
+
+class AutoPolicy:
+    """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
+    or None (no measurement: speculation only after probes have timed it)."""
+
+    name, version = "auto", 1
+
+    def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, **params):
+        unknown = set(params) - set(DEFAULT_PARAMS)
+        if unknown:
+            raise ValueError(f"unknown auto policy parameters: {sorted(unknown)}")
+        self.params = {**DEFAULT_PARAMS, **params}
+        p = self.params
+        self.k_max = max(0, min(K_LIMIT, int(k_max)))
+        self.has_draft, self.greedy = bool(has_draft), bool(greedy)
+        self.calibration = calibration or None
+        self.acc = {m: _Acceptance(self.k_max, p[f"prior_accept_{m}"], p["prior_weight"], p["decay"], p["fast_decay"])
+                    for m in ("draft", "lookup")}
+        w = p["window"]
+        self.v_ratio, self.d_ratio, self.overhead, self.lookup_cost = _Recent(w), _Recent(w), _Recent(w), _Recent(w)
+        self.v_seen = {}                      # n -> _Recent(verify_ms) (used when there is no calibration)
+        self.d_seen = _Recent(w)              # draft ms per (proposal + caught-up token), no calibration
+        self.elapsed_ms = 0.0                 # the request's round time so far
+        self.probe_spent_ms = 0.0
+        self.rounds = 0
+        self.rounds_since_search = 0
+        self.rounds_since_draft = 1 << 30     # rounds since the last draft round (none yet: many)
+        self.last_method = None
+        self.rounds_by_method = {m: 0 for m in METHODS}
+        self.switches = 0
+        self._chosen = None                   # (method, k, reason) of the last choice
+        self._probe_worst = 0.0               # the last probe's estimated worst-case extra (ms)
+        self.v_cal = self._calibrated_v()
+
+    # ---- costs ---------------------------------------------------------------------------
+    def _calibrated_v(self):
+        """V(n) for n = 0..k_max+1 from the calibration (sampled extra included), or None."""
+        cal = self.calibration
+        if not cal or not cal.get("verify_ms"):
+            return None
+        raw = list(cal["verify_ms"])
+        pts = [(n, float(v)) for n, v in enumerate(raw) if n >= 1 and v is not None and v > 0]
+        if not pts:
+            return None
+        extra = 0.0 if self.greedy else float(cal.get("verify_sampled_extra_ms_per_row") or 0.0)
+        return [None] + [_interpolate(pts, n) + extra * n for n in range(1, self.k_max + 2)]
+
+    def _verify(self, n: int):
+        """Estimated champion time for n verified rows, or None when unknown."""
+        if self.v_cal is not None:
+            return self.v_cal[n] * (self.v_ratio.value() or 1.0)
+        pts = [(m, r.value()) for m, r in sorted(self.v_seen.items())]
+        if not pts or (len(pts) == 1 and pts[0][0] != n):
+            return None
+        return _interpolate(pts, n)
+
+    def _draft_cost(self, k: int, behind: int):
+        cal = self.calibration or {}
+        d, c = cal.get("draft_ms_per_proposal"), cal.get("draft_catchup_ms_per_token")
+        if d is not None:
+            c = d if c is None else c
+            return (c * behind + d * k) * (self.d_ratio.value() or 1.0)
+        per = self.d_seen.value()
+        return None if per is None else per * (k + behind)
+
+    def _lookup_ms(self) -> float:
+        l = (self.calibration or {}).get("lookup_ms")
+        return float(l) if l is not None else (self.lookup_cost.value() or 0.0)
+
+    def wants_lookup(self) -> bool:
+        """Should the orchestrator search for lookup's proposals this round? Yes while the search
+        is cheap (<= lookup_search_fraction of a step) or lookup won the last round, else every
+        lookup_search_every rounds (its acceptance stays observed)."""
+        v1, l = self._verify(1), self._lookup_ms()
+        if v1 is None or not self.lookup_cost.values and (self.calibration or {}).get("lookup_ms") is None:
+            return True
+        return (l <= self.params["lookup_search_fraction"] * v1 or self.last_method == "lookup"
+                or self.rounds_since_search >= self.params["lookup_search_every"])
+
+    # ---- the choice --------------------------------------------------------------------------
+    def choose(self, remaining: int, lookup_len: int, draft_behind: int, searched: bool = True) -> Choice:
+        """This round's method and k. lookup_len: how many proposals lookup has now (0: no
+        match); draft_behind: committed tokens the draft has not consumed; searched: whether
+        lookup searched this round (its cost is then paid whatever runs)."""
+        p = self.params
+        cap = max(0, min(self.k_max, remaining - 1))       # a round emits at most k + 1 tokens
+        o = self.overhead.value() or 0.0
+        sunk = self._lookup_ms() if searched else 0.0
+        v1 = self._verify(1)
+        none_cost = None if v1 is None else v1 + o + sunk
+        cpt = {"none": none_cost, "draft": None, "lookup": None}
+        gain = {"draft": None, "lookup": None}
+        best_k = {"draft": 0, "lookup": 0}
+        a1 = {}
+        for method, top in (("draft", cap if self.has_draft else 0), ("lookup", min(cap, lookup_len))):
+            g, a1[method] = self.acc[method].gains(max(top, 1))
+            if top < 1 or none_cost is None:
+                continue
+            # the draft's catch-up is paid once, then the draft is in step: spread over a horizon
+            catchup = (self._draft_cost(0, draft_behind) if method == "draft" else 0.0)
+            for k in range(1, top + 1):
+                v = self._verify(k + 1)
+                extra = self._draft_cost(k, 0) if method == "draft" else 0.0
+                if v is None or extra is None or catchup is None:
+                    continue
+                per = (v + extra + o + sunk) / g[k] + catchup / max(1, min(remaining, p["catchup_horizon"]))
+                if cpt[method] is None or per < cpt[method]:
+                    cpt[method], gain[method], best_k[method] = per, g[k], k
+        info = {"cost_per_token_ms": {m: _r(v) for m, v in cpt.items()},
+                "expected_tokens": {m: _r(v) for m, v in gain.items()},
+                "acceptance": {m: _r(a1.get(m)) if (m == "lookup" and lookup_len) or (m == "draft" and self.has_draft)
+                               else None for m in ("draft", "lookup")}}
+        if cap < 1:
+            return self._pick("none", 0, "last_token", info)
+        # a draft observed in fewer than probes_first rounds of this request is explored by
+        # (budgeted) probes, not chosen on its prior
+        # lookup, whose acceptance is observed for free, once it was observed twice
+        known = {"draft": self.rounds_by_method["draft"] >= p["probes_first"],
+                 "lookup": self.acc["lookup"].evidence() >= 2.0}
+        spec = [(cpt[m], m) for m in ("draft", "lookup") if cpt[m] is not None and known[m]]
+        if spec and none_cost is not None:
+            per, method = min(spec)
+            if per < none_cost * (1.0 - p["margin"]):
+                return self._pick(method, best_k[method], "cheapest", info)
+            reason = "margin" if per < none_cost else "cheapest"
+        elif self.has_draft or lookup_len:
+            reason = "cheapest"          # a method exists, its costs or evidence do not yet
+        else:
+            reason = "no_match" if searched else "no_draft"
+        probe = self._probe(cap, lookup_len, draft_behind, none_cost, o, sunk, best_k["draft"])
+        if probe is not None:
+            return self._pick(probe[0], probe[1], "probe", info)
+        return self._pick("none", 0, reason, info)
+
+    def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0):
+        """(method, k) of a probe that fits the budget, or None. A probe is a draft round while the
+        draft has no evidence (or, whatever the evidence, once the budget allows one: acceptance
+        may have changed), or a lookup round whose verify cost was never timed."""
+        p = self.params
+        if none_cost is None or cap + 1 < p["probe_min_remaining"]:   # no step timed yet, or too late
+            return None
+            return None
+        first = self.rounds_by_method["draft" if self.has_draft else "lookup"] < p["probes_first"]
+        if self.has_draft:
+            k = min(p["probe_k"], cap)
+            if first:       # the first probes ramp up (probe_k, 2x, 4x, ...) as far as the estimate's best k
+                n = self.rounds_by_method["draft"]
+                k = min(cap, max(k, min(draft_k, p["probe_k"] << n)))
+            method = "draft"
+        elif lookup_len and self._verify(min(p["probe_k"], cap, lookup_len) + 1) is None:
+            method, k = "lookup", min(p["probe_k"], cap, lookup_len)
+        else:
+            return None
+        worst = self._worst_extra(method, k, behind, none_cost, o, sunk)
+        # the first probes_first probes come at once (a bounded cost: probes_first rounds); later
+        # ones when their worst case fits the budget
+        if not first and self.has_draft and self.rounds_since_draft < p["probe_gap"]:
+            return None                         # the draft's evidence is recent: no probe needed
+        if first or self.probe_spent_ms + worst <= p["probe_fraction"] * self.elapsed_ms:
+            self._probe_worst = worst
+            return method, k
+        return None
+
+    def _worst_extra(self, method, k, behind, none_cost, o, sunk) -> float:
+        """A probe's extra cost over a champion-alone step if nothing is accepted (estimated;
+        unknown costs: a step's worth per proposal)."""
+        base = none_cost if none_cost is not None else (self.overhead.value() or 0.0)
+        v = self._verify(k + 1)
+        v1 = self._verify(1)
+        if v is None or v1 is None:
+            step = v1 if v1 is not None else 0.0
+            v = step * (1.0 + 0.5 * k)
+        extra = self._draft_cost(k, behind) if method == "draft" else 0.0
+        if extra is None:
+            extra = (v1 or 0.0) * 0.25 * (k + behind)
+        return max(0.0, v + extra + o + sunk - base)
+
+    def _pick(self, method, k, reason, info) -> Choice:
+        self._chosen = (method, k, reason)
+        return Choice(method, k, {"method": method, "k": k, **info, "reason": reason})
+
+    # ---- what happened -------------------------------------------------------------------------
+    def observe(self, method: str, k: int, proposed: int, accepted: int, round_ms: float, draft_ms: float,
+                verify_ms: float, *, lookup_ms=None, draft_behind: int = 0, emitted: int = 1) -> None:
+        """A round that ran `method` with k: its proposals, acceptance and times (ms). lookup_ms:
+        the orchestrator's lookup search time this round (None: no search); emitted: tokens it
+        committed. The request's first round times nothing (a backend may run deferred prompt
+        work in it)."""
+        self.rounds += 1
+        self.rounds_by_method[method] += 1
+        if self.last_method is not None and method != self.last_method:
+            self.switches += 1
+        self.last_method = method
+        self.rounds_since_search = 0 if lookup_ms is not None else self.rounds_since_search + 1
+        self.rounds_since_draft = 0 if method == "draft" else self.rounds_since_draft + 1
+        if method == "draft" and proposed > 0:
+            self.acc["draft"].add(proposed, accepted)
+        chosen = self._chosen
+        if chosen is not None and chosen[2] == "probe" and self.rounds_by_method[method] > self.params["probes_first"]:
+            none_cost = self._verify(1)
+            # realised extra over champion alone for the tokens it gave (a winning probe costs nothing)
+            if none_cost is not None and self.rounds > 1:
+                self.probe_spent_ms += max(0.0, round_ms - emitted * (none_cost + (self.overhead.value() or 0.0)))
+            else:
+                self.probe_spent_ms += self._probe_worst
+        self._chosen = None
+        self.elapsed_ms += round_ms
+        if self.rounds == 1:
+            return
+        n = proposed + 1
+        if lookup_ms is not None:
+            self.lookup_cost.add(lookup_ms)
+        self.overhead.add(max(0.0, round_ms - draft_ms - verify_ms - (lookup_ms or 0.0)))
+        if self.v_cal is not None and n < len(self.v_cal) and self.v_cal[n]:
+            self.v_ratio.add(verify_ms / self.v_cal[n])
+        elif self.v_cal is None:
+            self.v_seen.setdefault(n, _Recent(self.params["window"])).add(verify_ms)
+        if method == "draft" and proposed > 0:
+            cal = self.calibration or {}
+            d, c = cal.get("draft_ms_per_proposal"), cal.get("draft_catchup_ms_per_token")
+            if d is not None:
+                model = (d if c is None else c) * draft_behind + d * proposed
+                if model > 0:
+                    self.d_ratio.add(draft_ms / model)
+            else:
+                self.d_seen.add(draft_ms / (proposed + draft_behind))
+
+    def observe_lookup(self, proposals, emitted) -> None:
+        """Lookup's proposals for a round (computed before it) against the tokens the round
+        committed: position i was reached if the earlier ones matched and the round committed an
+        i-th token; it was accepted if it matched."""
+        if not proposals:
+            return
+        reached, accepted = 0, 0
+        for y, t in zip(proposals, emitted):
+            reached += 1
+            if y != t:
+                break
+            accepted += 1
+        if reached:
+            self.acc["lookup"].add(reached, accepted)
+
+    # ---- reports -----------------------------------------------------------------------------
+    def drift(self):
+        """Observed / calibrated champion step time (median of recent rounds), or None."""
+        v = self.v_ratio.value()
+        return None if v is None else round(v, 4)
+
+    def stats(self) -> dict:
+        """The result's stats.auto (common.md §2)."""
+        return {"policy": self.name, "version": self.version, "rounds_by_method": dict(self.rounds_by_method),
+                "switches": self.switches, "drift": self.drift(),
+                "calibration_key": (self.calibration or {}).get("key")}
+
+    def describe(self) -> dict:
+        """The canonical policy the receipt hashes: name, version, parameters, and the
+        calibration's key and values (not when or how long it was measured)."""
+        cal = self.calibration
+        bound = None
+        if cal:
+            bound = {f: cal.get(f) for f in ("key", "backend", "verify_ms", "verify_sampled_extra_ms_per_row",
+                                             "measured_n", "draft_ms_per_proposal", "draft_catchup_ms_per_token",
+                                             "lookup_ms")}
+        return {"name": self.name, "version": self.version, "k_max": self.k_max, "has_draft": self.has_draft,
+                "greedy": self.greedy, **self.params, "calibration": bound}
+
+
+def _interpolate(points, n):
+    """Linear through the (n, value) points, sorted by n; extrapolated from the nearest two."""
+    points = sorted(points)
+    if len(points) == 1:
+        return points[0][1]
+    for (n0, v0), (n1, v1) in zip(points, points[1:]):
+        if n <= n1:
+            break
+    if n < n0:
+        (n0, v0), (n1, v1) = points[0], points[1]
+    return max(v0 + (v1 - v0) * (n - n0) / (n1 - n0), 1e-9)
+
+
+def _r(x):
+    return None if x is None else round(x, 4)
