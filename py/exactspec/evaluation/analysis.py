@@ -172,7 +172,8 @@ def memory_report(records: list, loads: dict, backend: str, model_shapes: dict) 
     ctx = spec["info"]["champion"]["max_context"]
     art_c = spec["info"]["champion"]["artifact_bytes"]
     art_d = (spec["info"].get("draft") or {}).get("artifact_bytes") or 0
-    if not model_shapes:       # shapes unknown (e.g. a pair whose configs the report was not given): no KV bytes
+    kv_counted = bool(model_shapes)
+    if not kv_counted:         # shapes unknown (e.g. a pair whose configs the report was not given): no KV bytes
         model_shapes = {"champion": {"layers": 0, "kv_heads": 0, "head_dim": 0}, "draft": {"layers": 0, "kv_heads": 0, "head_dim": 0}}
     kv_c, kv_d = _kv_bytes(model_shapes["champion"], ctx), _kv_bytes(model_shapes["draft"], ctx)
     peak = lambda engine: max((resident_total(r.get("peak_resident_bytes")) or 0 for r in records
@@ -182,7 +183,7 @@ def memory_report(records: list, loads: dict, backend: str, model_shapes: dict) 
             "logical_bytes": {"alone": art_c + kv_c, "spec": art_c + kv_c + art_d + kv_d},
             "incremental_bytes": art_d + kv_d, "deduplicated_bytes": {"alone": art_c + kv_c, "spec": art_c + kv_c + art_d + kv_d},
             "peak_resident_bytes": {"alone": p_alone, "spec": p_spec},
-            "peak_ratio": M.speedup(p_spec, p_alone) if p_alone else None}
+            "peak_ratio": M.speedup(p_spec, p_alone) if p_alone else None, "kv_counted": kv_counted}
 
 
 def greedy_mismatches(records: list) -> dict:

@@ -29,14 +29,33 @@ RAW_REQUEST_FIELDS = ("kind", "pair", "topology", "backend", "engine", "arm", "p
                       "prompt_len", "identity")
 
 
-def _model_shapes(models_dir: str) -> dict:
+def _model_shapes(models_dir: str, roles=("champion", "draft")) -> dict:
     out = {}
-    for role in ("champion", "draft"):
+    for role in roles:
         with open(os.path.join(models_dir, role, "config.json")) as f:
             c = json.load(f)
         out[role] = {"layers": c["num_hidden_layers"], "kv_heads": c["num_key_value_heads"],
                      "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]}
     return out
+
+
+REAL_CHAMPION_GGUF = os.path.join("build", "models", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
+REAL_DRAFT_DIR = os.path.join("web", "models", "smollm2-draft")
+
+
+def _real_shapes():
+    """The real pair's KV shapes (champion from its GGUF's metadata, draft from its config.json), or
+    None when the GGUF is not here (then the real pair's logical bytes leave KV out, and say so)."""
+    gguf = os.path.join(REPO_ROOT, REAL_CHAMPION_GGUF)
+    if not os.path.exists(gguf):
+        return None
+    from ..formats.gguf import GGUFFile
+    with GGUFFile(gguf) as f:
+        md = f.metadata
+    heads = md["llama.attention.head_count"]
+    champion = {"layers": md["llama.block_count"], "kv_heads": md["llama.attention.head_count_kv"],
+                "head_dim": md.get("llama.attention.key_length") or md["llama.embedding_length"] // heads}
+    return {"champion": champion, "draft": _model_shapes(os.path.join(REPO_ROOT, REAL_DRAFT_DIR), roles=("",))[""]}
 
 
 def raw_path(run: str) -> str:
@@ -74,6 +93,8 @@ def pack_raw(run_dir: str, out_path: str, with_entropy: bool = True) -> dict:
     head = {**run_info, "kind": "run", "raw_version": 1}
     models = default_models_dir()
     head["model_shapes"] = {"toy": _model_shapes(models)}
+    if any(r.get("pair") == "real" for r in requests):
+        head["model_shapes"]["real"] = _real_shapes()
     ent = {"pairs": [], "prompts": 0, "skipped": []}
     k8 = [r for r in everything if r.get("kind") == "request" and r["arm"] == "draft-k8" and r.get("pair", "toy") == "toy"
           and r["backend"] == "wasm" and r.get("sources")]
@@ -347,8 +368,9 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         for cell in sorted(set(ns) | set(bf)):
             a, b = ns.get(cell, {}), bf.get(cell, {})
             stratum, temp = cell.rsplit(" T=", 1)
-            L.append(f"| {t} | {stratum} | {temp} | {a.get('n', 0)} | {_f(a.get('value'))}x | {_ci(a.get('ci'))} | {_verdict(a.get('verdict', '-'))} | "
-                     f"{b.get('best') or '-'} | {_f(b.get('value'))} | {_ci(b.get('ci'))} | {_verdict(b.get('verdict', '-'))} |")
+            L.append(f"| {t} | {stratum} | {temp} | {a.get('n', 0)} | {_f(a.get('value'), '.3f')}x | {_ci(a.get('ci'), '.3f')} | "
+                     f"{_verdict(a.get('verdict', '-'))} | {b.get('best') or '-'} | {_f(b.get('value'), '.3f')} | {_ci(b.get('ci'), '.3f')} | "
+                     f"{_verdict(b.get('verdict', '-'))} |")
     if res["auto_choices"]:
         L += ["", "## What auto chose (rounds by method, all its requests)", "", "| topology:stratum | none | draft | lookup |", "|---|---|---|---|"]
         for k, v in sorted(res["auto_choices"].items()):
@@ -405,7 +427,9 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
     for t, mm in res["memory"].items():
         if mm:
             L.append(f"- {t}: artifacts champion {mm['artifact_bytes']['champion']:,} + draft {mm['artifact_bytes']['draft']:,}; "
-                     f"logical composition alone {mm['logical_bytes']['alone']:,}, with draft {mm['logical_bytes']['spec']:,}; "
+                     f"logical composition alone {mm['logical_bytes']['alone']:,}, with draft {mm['logical_bytes']['spec']:,} "
+                     + ("(artifacts + KV at the context limit); " if mm.get("kv_counted", True) else
+                        "(artifacts only: the pair's shapes were not recorded, KV not counted); ") +
                      f"incremental {mm['incremental_bytes']:,}; peak resident alone {_f(mm['peak_resident_bytes']['alone'], ',')}, "
                      f"with draft {_f(mm['peak_resident_bytes']['spec'], ',')} (ratio {_f(mm['peak_ratio'])}).")
     wl = res["wllama"]
