@@ -315,3 +315,24 @@ def test_each_topology_is_judged_over_its_planned_strata(tmp_path):
     info["plan"]["strata_by_topology"] = {"toy-wasm": ["casual", "code"]}          # planned, never run
     ns = {v["id"]: v for v in summarise(info, requests, samples, failures)["gates"]["toy-wasm"]["verdicts"]}["auto_never_slower"]
     assert ns["verdict"] == "fail (no data)" and ns["cells"]["code T=1"]["verdict"] == "fail (no data)"
+    info["plan"]["split"] = "dev"
+    assert summarise(info, requests, samples, failures)["conclusions"]["toy-wasm"].endswith(
+        "(dev split: tuning information, not the preregistered verdict)")
+
+
+def test_fit_to_the_champions_exact_first_token_distribution():
+    """Samples drawn from the champion's exact first-token distribution fit it; an arm that always
+    writes the most likely token does not (a fault both arms shared would show here, not in the gate)."""
+    import random
+    from exactspec.evaluation.entropy import champion_first_token_probs
+    from exactspec.evaluation.report import fit_to_champion
+    from exactspec.reference.models import default_models_dir
+    prompt = {p["id"]: p for p in load_corpus(CORPUS, LOCK, "dev")[0]}["casual-1"]
+    q = champion_first_token_probs(prompt, default_models_dir())
+    ids, rng = list(q), random.Random(0)
+    samples = [{"topology": "toy-wasm", "prompt_id": "casual-1", "arm": "auto", "seed": i,
+                "token_ids": [rng.choices(ids, [q[x] for x in ids])[0]]} for i in range(150)]
+    samples += [{"topology": "toy-wasm", "prompt_id": "casual-1", "arm": "none", "seed": i, "token_ids": [max(q, key=q.get)]}
+                for i in range(150)]
+    fit = {x["arm"]: x for x in fit_to_champion(samples, default_models_dir())}
+    assert fit["auto"]["p"] > 0.01 and fit["none"]["p"] < 1e-10 and fit["auto"]["n"] == 150

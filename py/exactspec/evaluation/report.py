@@ -105,6 +105,9 @@ def pack_raw(run_dir: str, out_path: str, with_entropy: bool = True) -> dict:
         ent = draft_entropy_pairs(k8, by_id, models)
         ent["pairs"] = [[round(h, 4), a, s] for h, a, s in ent["pairs"]]
     head["entropy"] = ent
+    toy_samples = [r for r in rest if r.get("kind") == "sample" and r.get("pair", "toy") == "toy"]
+    if with_entropy and toy_samples:
+        head["fit_to_champion"] = fit_to_champion(toy_samples, models)
     plan = run_info.get("plan") or {}
     if not plan.get("strata_by_topology") and not plan.get("strata") and plan.get("prompts"):
         # the planned strata (a planned stratum without records is a fail (no data)), from the corpus of the run's split
@@ -120,6 +123,30 @@ def pack_raw(run_dir: str, out_path: str, with_entropy: bool = True) -> dict:
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     write_file(out_path, buf.getvalue())
     return {"path": out_path, "bytes": len(buf.getvalue()), "lines": len(lines)}
+
+
+def fit_to_champion(samples: list, models_dir: str) -> list:
+    """Each (topology, prompt, arm)'s first sampled tokens against the toy champion's exact first-token
+    distribution (CPython reference, q8 weights): chi-square goodness of fit, cells with expected
+    count below 5 pooled. Information beside the distribution gate: it would also catch a fault that
+    both arms share. [{topology, prompt_id, arm, n, p}]."""
+    from .entropy import champion_first_token_probs
+    corpus = {}
+    for split in ("dev", "test"):
+        corpus.update({p["id"]: p for p in load_corpus(os.path.join(REPO_ROOT, CORPUS_DIR), os.path.join(REPO_ROOT, LOCK_PATH), split)[0]})
+    groups: dict = {}
+    for x in samples:
+        if x.get("token_ids"):
+            groups.setdefault((A.topology_of(x), x["prompt_id"], x["arm"]), []).append(x["token_ids"][0])
+    out, probs = [], {}
+    for (topo, pid, arm), firsts in sorted(groups.items()):
+        if pid not in corpus:
+            continue
+        if pid not in probs:
+            probs[pid] = champion_first_token_probs(corpus[pid], models_dir)
+        out.append({"topology": topo, "prompt_id": pid, "arm": arm, "n": len(firsts),
+                    "p": M.goodness_of_fit_p_value(firsts, probs[pid])})
+    return out
 
 
 def read_raw(path: str) -> tuple:
@@ -179,7 +206,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
               "n_min_tokens": (be.get(t) or {}).get("n_min"),
               "measured_over_predicted": min(costs) if costs else None}
         verdicts[t] = {"metrics": gm, "verdicts": evaluate_v2(gates_doc, gm, t), "distribution": dist}
-        conclusions[t] = A.conclusion_v2(verdicts[t]["verdicts"])
+        conclusions[t] = A.conclusion_v2(verdicts[t]["verdicts"]) + (
+            "" if plan.get("split", "test") == "test" else f" ({plan.get('split')} split: tuning information, not the preregistered verdict)")
         cells[t] = {"auto": auto_cells, "best_fixed": best_cells, "strata": strata_of(t)}
 
     arm_rows = []
@@ -220,7 +248,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
                       "greedy_same_as_ours": _wllama_agreement(trecs)},
            "waterfall": [A.decomposition(trecs, loads, t, arm, x) for t in topologies for arm in ("none", "draft-k4", "auto")
                          for x in temps],
-           "gates": verdicts, "conclusions": conclusions}
+           "gates": verdicts, "conclusions": conclusions, "fit_to_champion": run_info.get("fit_to_champion") or []}
     res["topologies"] = _topologies(trecs, res)
     res["pareto"] = _pareto(res["topologies"])
     res["heatmap"] = _heatmap(legacy_rows, trecs, sorted({r["stratum"] for r in records}))
@@ -385,6 +413,10 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         for t, x in rows:
             L.append(f"| {t} | {x['prompt_id']} | {x['arm']} | {x['position']} | {x['prefix']} | {x['n_none']} | {x['n_arm']} | "
                      f"{_value(x['p'])} | {_value(x['p_adjusted'])} |")
+    if res.get("fit_to_champion"):
+        L += ["", "Each arm's first sampled token against the toy champion's exact first-token distribution (CPython reference, "
+              "q8 weights; goodness of fit, not a gate): " + ", ".join(
+                  f"{x['topology']} {x['prompt_id']} {x['arm']} p = {_value(x['p'])} (n {x['n']})" for x in res["fit_to_champion"]) + "."]
     L += ["", "## Arms (per generated token: geometric mean of per-request speed-ups, 95% bootstrap CI)", "",
           "| topology | arm | T | n | speed-up per token | 95% CI | ms/token (median) | request ms (median) | tokens/round |",
           "|---|---|---|---|---|---|---|---|---|"]
