@@ -37,6 +37,12 @@ def test_each_method_in_words():
         ["autoSentence", [auto("none", 0, 3.5, reason="no_draft")]],
         ["autoSentence", [auto("none", 0, 3.5, draft=2.0, reason="last_token")]],
     ])
+    first_probe, lookup_unknown = run_js([
+        ["autoSentence", [auto("draft", 1, 7.4, acc_draft=0.5, reason="probe")]],
+        ["autoSentence", [auto("lookup", 4, 7.4)]],
+    ])
+    assert first_probe == "Trying the draft, 1 token ahead, to measure its cost and acceptance (the champion alone: 7.4 ms a token)"
+    assert lookup_unknown == "Prompt lookup found a match, 4 tokens ahead: its cost is not known yet (the champion alone: 7.4 ms a token)"
     unproven, untimed, no_match = run_js([
         ["autoSentence", [auto("none", 0, 3.5, draft=2.0, acc_draft=0.8)]],   # cheaper on its prior, not yet observed
         ["autoSentence", [auto("none", 0, None, reason="no_draft")]],

@@ -26,14 +26,16 @@ export function autoSentence(auto) {
   const accText = (m) => (finite(acc[m]) ? ` (acceptance ${pct(acc[m])})` : "");
   const k = Number.isInteger(auto.k) ? auto.k : 0;
   if (auto.method === "draft" || auto.method === "lookup") {
-    const own = finite(cost[auto.method]) ? `${msText(cost[auto.method])} a token expected` : "cost not yet known";
-    if (auto.reason === "probe") {
-      return `Trying ${METHOD_WORDS[auto.method]}, ${ahead(k)}, to measure its acceptance: ${own}${alone}${accText(auto.method)}`;
+    const m = auto.method;
+    if (!finite(cost[m])) {            // no estimate yet: what it is for, and what alone costs
+      const aloneNow = finite(cost.none) ? ` (the champion alone: ${msText(cost.none)} a token)` : "";
+      return m === "draft" && auto.reason !== "probe" ? `Using the draft, ${ahead(k)}: its cost is not known yet${aloneNow}`
+        : m === "lookup" && auto.reason !== "probe" ? `Prompt lookup found a match, ${ahead(k)}: its cost is not known yet${aloneNow}`
+        : `Trying ${METHOD_WORDS[m]}, ${ahead(k)}, to measure its cost and acceptance${aloneNow}`;
     }
-    if (auto.method === "draft") {
-      const costs = finite(cost.draft) ? `it costs ${msText(cost.draft)} a token` : "its cost is not yet known";
-      return `Using the draft, ${ahead(k)}: ${costs}${alone}${accText("draft")}`;
-    }
+    const own = `${msText(cost[m])} a token expected`;
+    if (auto.reason === "probe") return `Trying ${METHOD_WORDS[m]}, ${ahead(k)}, to measure its acceptance: ${own}${alone}${accText(m)}`;
+    if (m === "draft") return `Using the draft, ${ahead(k)}: it costs ${msText(cost.draft)} a token${alone}${accText("draft")}`;
     return `Prompt lookup found a match, ${ahead(k)}: ${own}${alone}${accText("lookup")}`;
   }
   // none: say what it was weighed against, else why there was nothing to weigh
