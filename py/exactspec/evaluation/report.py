@@ -427,9 +427,13 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
           "| engine | load ms | breakdown (ready.timing_ms) | calibration | batch check |", "|---|---|---|---|---|"]
     for k, v in sorted(res["loads"].items()):
         cal, bc = res["calibration"].get(k), res["batch_check"].get(k)
-        cal_s = (f"{cal.get('source')}, {_f(cal.get('ms'), '.0f')} ms, V1 {_f((cal.get('verify_ms') or [None, None])[1])} ms"
-                 if isinstance(cal, dict) and "verify_ms" in cal else ("-" if not cal else json.dumps(cal)[:60]))
-        bc_s = "-" if not bc else json.dumps(bc, sort_keys=True)[:80]
+        vm = (cal or {}).get("verify_ms") or [] if isinstance(cal, dict) else []
+        cal_s = (f"{cal.get('source')} ({_f(cal.get('ms'), '.0f')} ms when measured): V(1) {_f(vm[1] if len(vm) > 1 else None)}, "
+                 f"V(5) {_f(vm[5] if len(vm) > 5 else None)} ms, d {_f(cal.get('draft_ms_per_proposal'))} ms"
+                 if isinstance(cal, dict) and "verify_ms" in cal else ("-" if not cal else json.dumps(cal, sort_keys=True)[:60]))
+        bc_s = (f"{bc.get('result')} ({bc.get('backend')}, {bc.get('positions')} positions, {_f(bc.get('ms'), '.1f')} ms"
+                + (f", first mismatch {bc['first_mismatch']}" if bc.get("first_mismatch") is not None else "") + ")"
+                if isinstance(bc, dict) and "result" in bc else ("-" if not bc else json.dumps(bc, sort_keys=True)[:80]))
         tm = ", ".join(f"{a} {_f(b, '.0f')}" for a, b in sorted((v.get("timing_ms") or {}).items()) if isinstance(b, (int, float)))
         L.append(f"| {k} | {_f(v.get('load_ms'), '.0f')} | {tm or '-'} | {cal_s} | {bc_s} |")
     L += ["", "## Cold and warm (first prompt, T = 0: champion alone vs the champion + draft engine's cold request)", "",
