@@ -224,3 +224,12 @@ def test_distribution_tests_conditional_and_bonferroni():
     assert sorted(by) == [("auto", 1), ("auto", 2), ("auto", 3), ("auto", 4), ("draft-k4", 1), ("draft-k4", 2)]
     assert d["m"] == 6 and all(t["p_adjusted"] == min(1.0, t["p"] * 6) for t in d["tests"])
     assert A.distribution_tests(samples, "real-wasm") == {"tests": [], "m": 0, "min_adjusted_p": None}
+
+
+def test_one_request_has_no_interval_so_its_ci_gate_is_inconclusive():
+    from exactspec.evaluation.gates import evaluate_v2
+    rows = A.per_token_rows([_v2("none", "a", 1.0, 100.0, 10), _v2("auto", "a", 1.0, 50.0, 10)])
+    cell = A.auto_speedup_cells(rows, "toy-wasm", ["casual"], [1.0])["casual T=1"]
+    assert cell["value"] == 2.0 and cell["ci"] is None and cell["n"] == 1
+    doc = {"gates": [{"id": "g", "metric": "m", "op": ">=", "threshold": 0.95, "per_stratum": True, "ci": True}]}
+    assert evaluate_v2(doc, {"m": {"casual T=1": cell}}, "toy-wasm")[0]["verdict"] == "inconclusive"

@@ -319,10 +319,14 @@ def cell_name(stratum: str, t: float) -> str:
     return f"{stratum} T={t:g}"
 
 
+MIN_CI_REQUESTS = 2       # one request has no spread to resample: no interval, so a CI gate is inconclusive there
+
+
 def _stat(groups: list) -> dict:
-    """{"value": geometric mean of the pooled values, "ci": stratified bootstrap, "n": count}."""
+    """{"value": geometric mean of the pooled values, "ci": stratified bootstrap (None with fewer than
+    MIN_CI_REQUESTS values), "n": count}."""
     flat = [v for g in groups for v in g]
-    return {"value": M.geo_mean(flat), "ci": M.bootstrap_ci(groups) if flat else None, "n": len(flat)}
+    return {"value": M.geo_mean(flat), "ci": M.bootstrap_ci(groups) if len(flat) >= MIN_CI_REQUESTS else None, "n": len(flat)}
 
 
 def _rows(rows, topology, arm, t=None, strata=None):
