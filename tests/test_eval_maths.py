@@ -1,12 +1,12 @@
 """The evaluation's pure maths on synthetic inputs with exact expected values: survival, E[G(k)],
-cost model, N_min, break-even ratio, ECDF, Pareto frontier, homogeneity test, arms and schedule."""
+cost model, N_min, break-even ratio, ECDF, Pareto frontier, homogeneity test; v2: per-token speed-ups, the
+bootstrap, cells, the conditional distribution tests (the arms and schedule: tests/test_eval_arms.py)."""
 import math
 
 import pytest
 
 from exactspec.evaluation import analysis as A
 from exactspec.evaluation import metrics as M
-from exactspec.evaluation.arms import FULL, arm_spec, request_config, schedule
 
 
 def test_survival_is_conditional_acceptance_chained():
@@ -76,30 +76,6 @@ def test_acceptance_by_entropy_bin():
     bins = M.acceptance_by_bin([(0.1, 1), (0.2, 0), (1.5, 1), (3.0, 0)], [0.0, 1.0, 2.0, 4.0])
     assert bins == [(0.0, 1.0, 2, 0.5), (1.0, 2.0, 1, 1.0), (2.0, 4.0, 1, 0.0)]
     assert M.entropy_nats([0.5, 0.5]) == math.log(2) and M.entropy_nats([1.0, 0.0]) == 0
-
-
-def test_arms_engines_and_configs():
-    assert len(FULL) == 13 and "auto" in FULL and "draft-adaptive" in FULL
-    assert arm_spec("none")["engine"] == "alone" and arm_spec("lookup-k4")["engine"] == "alone"
-    assert arm_spec("draft-k3") == {"speculate": "draft", "k": 3, "scheduler": "static", "engine": "spec"}
-    assert arm_spec("draft-adaptive")["scheduler"] == "adaptive" and arm_spec("draft-adaptive")["k"] == 8
-    with pytest.raises(ValueError):
-        arm_spec("draft-fast")
-    p = {"id": "x", "max_new_tokens": 32, "seed": 7, "chat": False}
-    cfg = request_config("none", p, 1.0)
-    assert cfg["seed"] == 7 and cfg["speculate"] == "none" and cfg["max_new_tokens"] == 32
-
-
-def test_schedule_interleaves_every_arm_once_per_prompt_and_temperature():
-    prompts = [{"id": f"p{i}", "chat": i == 1} for i in range(3)]
-    keys = schedule(prompts, [0.0, 1.0], {"wasm": ["none", "draft-k1"], "webgpu": ["none"]}, {"p0"}, wllama=True)
-    assert len(keys) == len(set(keys))
-    assert sum(k[0] == "webgpu" for k in keys) == 2                   # p0 only, both temperatures
-    assert {k[2] for k in keys if k[0] == "wllama"} == {"p0", "p2"}   # no chat prompts for wllama
-    assert keys[0][1] == "none" and [k for k in keys if k[2] == "p1"][0][1] == "draft-k1"   # rotated
-    twice = schedule(prompts, [0.0], {"wasm": ["none"], "webgpu": ["none"]}, {"p0"}, wllama=False, repeats=2)
-    assert [k for k in twice if k[0] == "webgpu"] == [("webgpu", "none", "p0", 0.0, 0)]   # webgpu: first pass only
-    assert [k[4] for k in twice if k[0] == "wasm"] == [0, 0, 0, 1, 1, 1]
 
 
 def _rec(arm, prompt, t, total, first, n, rounds=(), backend="wasm", stratum="s", ids=None):
