@@ -86,29 +86,53 @@ def test_load_shows_progress(app):
     assert "draft ready" in app.text_content("#status")
     assert "fast test pair" in app.text_content("#model_source") and app.is_hidden("#model_note")
     assert app.is_checked("#chat") and app.text_content("#go") == "Send"   # its champion has a chat template
+    assert app.input_value("#speculate") == "auto"                  # the default: measured on this device
+    assert app.eval_on_selector("#speculate option:checked", "o => o.textContent") == "auto (measured on this device)"
+    assert app.is_disabled("#k") and app.is_disabled("#scheduler")   # auto picks k itself
+
+
+AUTO_SENTENCE = re.compile(r"(Using the draft, \d+ tokens? ahead: it costs|Prompt lookup found a match, \d+ tokens? ahead:"
+                           r"|Trying (the draft|prompt lookup), \d+ tokens? ahead|Speculation off: ).*\d ms a token")
+COLLECT_AUTO_LINES = """() => { window.autoLines = [];
+  new MutationObserver(() => { const t = document.getElementById('auto_now').textContent;
+    if (t && window.autoLines.at(-1) !== t) window.autoLines.push(t); })
+  .observe(document.getElementById('auto_now'), { childList: true, characterData: true, subtree: true }); }"""
 
 
 def test_each_mode_streams_marked_tokens(app):
     """A plain prompt (chat off: the toy pair continues text it has seen, where lookup finds
-    proposals) in each mode: the same greedy answer, every token marked."""
+    proposals) in each mode: the same greedy answer, every token marked. Under auto the live panel
+    says per round which method it uses and at what cost; under none (after auto) it says nothing."""
     texts = {}
     app.wait_for_function("() => window.appReady === true")   # ready sets #chat from the model: untick it after
     app.set_checked("#chat", False)
-    for mode in ("draft", "lookup", "none"):
+    app.evaluate(COLLECT_AUTO_LINES)
+    for mode in ("auto", "draft", "lookup", "none"):
         status, result, spans = answer(app, mode)
         assert status == "done" and result["finish_reason"] == "length" and result["n"] == 24, (mode, status, result)
         assert spans and {s for s, _ in spans} <= SOURCES, spans
         texts[mode] = "".join(t for _, t in spans)
-        if mode == "none":
+        if mode == "auto":
+            said = app.evaluate("() => window.autoLines")
+            assert said and any(AUTO_SENTENCE.match(line) for line in said), said
+            assert all(re.match(r"(Using the draft|Prompt lookup found|Trying |Speculation off: |Champion alone for the last)", line)
+                       for line in said), said
+            assert app.text_content("#auto_rounds").startswith("Rounds: "), app.text_content("#auto_rounds")
+            stats = dict(app.eval_on_selector_all("#stats tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"))
+            assert stats["auto"].startswith("Rounds: ") and "switch" in stats["auto"], stats
+            print("auto said:", said, app.text_content("#auto_rounds"))
+        elif mode == "none":
             assert {s for s, _ in spans} == {"baseline"}
+            assert app.is_hidden("#auto_now") and app.is_hidden("#auto_rounds")   # no auto sentence without auto
         else:
             assert "accepted" in {s for s, _ in spans}, (mode, spans)
+            assert app.is_hidden("#auto_now")
         if mode == "draft":                                         # every chart drawn (S_i needs proposals)
             for chart in ("#survival_chart", "#rounds_chart", "#waterfall_chart", "#memory_chart"):
                 assert app.locator(f"{chart} svg rect, {chart} svg circle").count() > 0, chart
         app.screenshot(path=str(SHOTS / f"page-answer-{mode}.png"), full_page=True)
     app.set_checked("#chat", True)
-    assert texts["draft"] == texts["lookup"] == texts["none"] != ""   # greedy: the champion's answer in every mode
+    assert texts["auto"] == texts["draft"] == texts["lookup"] == texts["none"] != ""   # greedy: the champion's answer in every mode
     live = app.evaluate("() => window.appState.live")
     assert live["tokens"] == 24 and live["ttftMs"] > 0 and live["tokensPerS"] > 0
     legend = app.inner_text("#legend")
@@ -245,6 +269,10 @@ def test_local_folder_champion_alone(app, tmp_path):
     assert app.eval_on_selector("#speculate option[value=draft]", "o => o.disabled")
     status, result, spans = answer(app, "none", max_tokens=12)
     assert status == "done" and result["n"] == 12 and {s for s, _ in spans} == {"baseline"}
+    status, result, _ = answer(app, "auto", max_tokens=12)             # auto without a draft: none or lookup
+    assert status == "done" and result["n"] == 12 and app.input_value("#speculate") == "auto"
+    rounds = app.text_content("#auto_rounds")
+    assert rounds.startswith("Rounds: ") and "draft" not in rounds, rounds
 
 
 def test_hugging_face_champion_folder_converted_in_the_page(app, tmp_path):
