@@ -10,7 +10,9 @@ export type ModelSource = string | FileList | File[] | File | null;
 
 export type LoadProgress =
   | { stage: "prepare"; what: string; done: boolean }
-  | { stage: "python" | "check" | "models" }
+  | { stage: "python" | "check" | "models" | "warmup" | "calibrate" }
+  /** The device was calibrated again after ready (drift, a late draft): ready.info.calibration is replaced. */
+  | { stage: "calibration"; calibration: Calibration | { error: string; key: string | null } }
   | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean }
   /** draftInBackground: the draft arrived after ready (draft null and draft_error set if it failed). */
   | { stage: "draft_ready"; draft: Record<string, unknown> | null; draft_error: { code: ErrorCode; message: string } | null;
@@ -34,6 +36,10 @@ export interface EngineOptions {
   draftInBackground?: boolean;
   /** The load's warm-up requests through every mode (default true; ready.timing_ms.warmup). */
   warmUp?: boolean | { minCalls?: number; budgetMs?: number };
+  /** This device's costs for speculate "auto", after the warm-up (docs/browser.md, "Calibration at
+   *  load"): "auto" (default) from the IndexedDB cache or measured within 300 ms; "force" measured
+   *  anew; "off" none (auto then starts from its conservative default). */
+  calibrate?: "auto" | "force" | "off";
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
   assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
@@ -52,8 +58,10 @@ export interface GenerateOptions {
   /** A text prompt whose special-token markers (<|im_end|>, ...) stay ordinary text. Default false:
    *  without chat, markers written in the prompt are control tokens, as transformers reads them. */
   raw_text?: boolean;
-  speculate?: "none" | "draft" | "lookup";
-  k?: number;
+  /** Default "auto": per round, champion alone, prompt lookup or the draft (and k) by expected cost
+   *  per token on this device's calibration, with a margin (docs/core.md); round.auto says what it chose. */
+  speculate?: "auto" | "none" | "draft" | "lookup";
+  k?: number;                           // ignored under "auto" (it picks k in 0..min(8, max_k))
   scheduler?: "static" | "adaptive";   // adaptive: a k <= k per round (py/exactspec/core/scheduler.py)
   temperature?: number;                 // 0: greedy
   top_k?: number;
@@ -105,6 +113,17 @@ export interface GenerateResult {
   receipt: Receipt;
 }
 
+/** This device's calibration (web/orchestrator/calibrate.mjs); times in ms. */
+export interface Calibration {
+  version: 1; key: string; source: "measured" | "cache"; measured_at: string; ms: number; backend: "wasm" | "webgpu";
+  verify_ms: (number | null)[];         // [null, V1..V9]: a verification of n rows (pending + n - 1 proposals), decided
+  verify_sampled_extra_ms_per_row: number | null;
+  measured_n: number[];                 // the n timed; the rest interpolated
+  draft_ms_per_proposal: number | null; draft_catchup_ms_per_token: number | null; lookup_ms: number | null;
+  budget_ms: number; skipped: string[]; // what the budget left untimed
+  cache?: "hit" | "miss" | "unavailable";   // ready.info only
+}
+
 export interface ReadyInfo {
   timing_ms: Record<string, number>;
   info: {
@@ -119,6 +138,8 @@ export interface ReadyInfo {
     pyodide_snapshot: string;           // "used", or why Pyodide booted the ordinary way
     chat_template: boolean;             // the champion has a chat template (a conversation can be sent)
     warmup: { requests: number; rounds: number; tokens: number; errors: string[] } | null;   // null: warmUp false
+    /** null with calibrate "off"; {error, key} when measuring failed (the load still succeeds) */
+    calibration: Calibration | { error: string; key: string | null } | null;
   };
 }
 
@@ -130,7 +151,7 @@ export interface ExactSpecEngine {
   generate(prompt: string | number[] | ChatMessage[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
   cancel(): boolean;
   memory(): Promise<Record<string, number | string | boolean>>;
-  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "matmul" | "draftPlacement" | "onProgress">): Promise<ReadyInfo>;
+  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "matmul" | "draftPlacement" | "onProgress" | "warmUp" | "calibrate">): Promise<ReadyInfo>;
   terminate(): Promise<void>;
 }
 

@@ -2,7 +2,7 @@
 // module (import.meta.url) or to the baseUrl option, so it runs from any path or origin.
 //   import { createEngine } from "https://your.site/exactspec/web/exactspec.mjs";
 //   const engine = await createEngine({ onProgress: (p) => console.log(p) });   // the shipped pair
-//   const result = await engine.generate("In the beginning", { speculate: "draft", k: 4 },
+//   const result = await engine.generate("In the beginning", { speculate: "auto" },   // the default
 //                                        (ev) => ev.kind === "tokens" && show(ev.payload));
 //   engine.cancel();  await engine.terminate();
 // Types: exactspec.d.ts. Full reference: docs/browser.md ("The embeddable module").
@@ -209,18 +209,20 @@ class ExactSpecEngine {
 
 /** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
  *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads, matmul,
- *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp}.
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp, calibrate}.
  *  warmUp (default true; false, or {minCalls, budgetMs}): the load's warm-up requests (docs/browser.md).
+ *  calibrate ("auto" default | "force" | "off"): this device's costs for speculate "auto" (the
+ *  default mode), cached per device and model; ready.info.calibration (docs/browser.md, "Calibration at load").
  *  draftInBackground: resolve as soon as the champion is ready; onProgress then sees
  *  {stage: "draft_ready", draft, draft_error} when speculation can start. */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
-    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true } = options;
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true, calibrate = "auto" } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
   const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress, await loadModelFiles(urls.py));
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, matmul, draftPlacement, whenBusy,
-    onProgress, draftInBackground, warmUp, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
+    onProgress, draftInBackground, warmUp, calibrate, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
   wrapped.urls = urls;

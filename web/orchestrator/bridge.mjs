@@ -129,6 +129,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     takeNaN: () => { const armedNaN = nanPending; nanPending = false; return armedNaN; },
   };
   let session = null;
+  let calibration = null;              // the calibration served to Python (setCalibration), or null
   const liveSession = () => {
     if (!session) throw codedError("E_CACHE_STATE", "no request session: begin() first");
     return session;
@@ -175,6 +176,10 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       taken = now;
       return JSON.stringify(out);
     },
+    /** The device's calibration (calibrate.mjs; common contract §1) as a JSON string, "" when
+     *  there is none (calibrate "off", or not measured yet): Python's "auto" policy reads it at
+     *  each request's start. */
+    calibration: () => (calibration ? JSON.stringify(calibration) : ""),
     /** JSON: receipt environment (coarse hardware class, versions, peak bytes by category). */
     environment() {
       const info = runtimeInfo();
@@ -184,6 +189,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         browser_version: browserVersion(),
         runtime_version: info.runtime_version ?? "pyodide-unknown",
         champion_backend: champ.kind,
+        calibration_key: calibration?.key ?? null,
         peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draft ? draft.memoryBytes : 0,
           pyodide_heap: info.pyodide_heap_bytes ?? 0 },
       });
@@ -209,6 +215,67 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     /** null, or (draftInBackground) a promise of {draft: info | null, draft_error: {code, message} | null}
      *  settled when the draft has loaded or failed. */
     whenDraft: () => backgroundDraft && backgroundDraft.then(() => ({ draft: draftInfo(), draft_error: draftError })),
+    /** The draft as it is now ({identity, placement, ...} or null; info.draft is the load's). */
+    currentDraft: () => draftInfo(),
+    /** Serve `c` (a calibration object, or null) to the requests from now on. */
+    setCalibration(c) { calibration = c; },
+    /** What calibrate.mjs times through (measureCalibration's probe): rounds of a session of its own
+     *  over the synthetic context (the request path: one CPU call on WASM, forward + decide on
+     *  WebGPU), and the draft's forward and proposal. Faults armed for a request are left alone. It
+     *  writes KV positions from 0 as every request does (each begins its prefill at 0), so nothing
+     *  needs releasing. Only between requests. */
+    calibrationProbe() {
+      const probeEnv = { ...sessionEnv, hit: () => null, takeNaN: () => false,
+        canRunNow: () => typeof champ.forwardNow === "function" && !champ.lost,
+        cpuRound: (useDraft) => !useDraft && !champ.lost && typeof champ.roundNow === "function" };
+      const room = maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings;
+      const greedyPolicy = { temperature: 0, top_k: 0, top_p: 1, repetition_penalty: 1, suppress_token_ids: [], allowed_token_ids: null };
+      const idsFrom = (at, n) => Array.from({ length: n }, (_, i) => ((at + i) * 7919 + 13) % champ.vocabSize);
+      const check = (rec) => {
+        if (rec[layout.at.status] !== layout.status.verified || rec[layout.at.decision_error] !== 0) {
+          throw codedError("E_INTERNAL", `calibration round: status ${rec[layout.at.status]}, decision error ${rec[layout.at.decision_error]}`);
+        }
+      };
+      return {
+        maxRows: Math.min(MAX_BLOCK, room - 16 - 1),
+        hasDraft: !!draft && !draft.dead,
+        async open({ greedy, contextIds }) {
+          const policy = greedy ? greedyPolicy : { ...greedyPolicy, temperature: 1 };
+          const s = createSession(probeEnv, { policy, draft_policy: policy, stop_token_ids: [], seed: [0, 0],
+            context_ids: contextIds, greedy, mode: "lookup" });
+          await s.begin();
+          let roundId = 0;
+          return {
+            canVerify: (n) => s.committedLength + n < room,
+            async verify(n) {
+              const t = performance.now();
+              const r = s.round(n - 1, roundId++, 1 << 20, s.committedLength, idsFrom(s.committedLength, n - 1));
+              check(r instanceof Promise ? await r : r);
+              return performance.now() - t;
+            },
+            close: () => s.end(),
+          };
+        },
+        /** The draft's forward over `ids` from position 0 -> ms. */
+        async draftCatchup(ids) {
+          const d = liveDraft();
+          const t = performance.now();
+          await d.forward(Int32Array.from(ids), 0);
+          return performance.now() - t;
+        },
+        /** A greedy proposal of k after `at` ids in the draft's cache (draftCatchup's). */
+        async draftPropose(k, at) {
+          const d = liveDraft();
+          const args = { feed: Int32Array.of(idsFrom(at, 1)[0]), startPos: at, k, policy: greedyPolicy, seed: [0, 0], roundId: 0,
+            stopTokenIds: [], contextIds: Int32Array.from(idsFrom(0, at + 1)) };
+          const t = performance.now();
+          const r = typeof d.proposeNow === "function" ? d.proposeNow(args) : await d.propose(args);
+          const ms = performance.now() - t;
+          if (r.error_code) throw codedError("E_INTERNAL", `calibration proposal: ${r.error_code}`);
+          return { ms, proposed: r.tokens.length };
+        },
+      };
+    },
     /** The late draft failed the load-time checks: drop it and remember why. */
     refuseDraft(err) {
       draft?.terminate();

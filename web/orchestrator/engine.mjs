@@ -111,9 +111,14 @@ export class Engine {
    *  request is as fast as the tenth (ready.timing_ms.warmup, ready.info.warmup; web/orchestrator/warmup.mjs).
    *  threads ("auto" or a count): the WASM champion's; "auto" takes min(cores, 4) in a cross-origin
    *  isolated page and keeps it only if a forward is faster than at 1 thread
-   *  (ready.info.champion.threads, threads_why; champion_backends.mjs championThreads). */
+   *  (ready.info.champion.threads, threads_why; champion_backends.mjs championThreads).
+   *  calibrate ("auto" | "force" | "off"): after the warm-up, this device's costs for speculate
+   *  "auto", from the IndexedDB cache or measured ("force": measured anew; "off": none), as
+   *  ready.info.calibration; one measured again later (drift, a late draft) arrives as
+   *  {stage: "calibration", calibration} and replaces it (web/orchestrator/calibrate.mjs). */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto", matmul = "auto",
-    draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true } = {}) {
+    draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true,
+    calibrate = "auto" } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
@@ -122,7 +127,8 @@ export class Engine {
     this._onDraftReady = onProgress;
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
       champion_backend: championBackend, threads, matmul, draft_placement: draftPlacement, assets,
-      draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp } }, timeoutMs, onProgress);
+      draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp,
+      calibrate } }, timeoutMs, onProgress);
     return this.ready;
   }
 
@@ -275,6 +281,7 @@ export class Engine {
       if (env.payload.stage === "draft_ready") {                                            // its bytes, then its arrival
         Object.assign(this.ready.info, { draft: env.payload.draft, draft_error: env.payload.draft_error, draft_loading: false });
       }
+      if (env.payload.stage === "calibration") this.ready.info.calibration = env.payload.calibration;   // measured again
       try { this._onDraftReady?.(env.payload); } catch (err) { console.error("onProgress threw:", err); }
       return;
     }

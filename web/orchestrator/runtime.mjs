@@ -5,11 +5,16 @@
 // {stage: "fetch", url, name, loaded, total, done} for every artifact's bytes (the worker's fetch
 // counts them, web/fetch_progress.mjs); asset URLs come from options.assets (the page resolves
 // them from the engine module's URL), and local model folders arrive as models.files.
+// After the warm-up the load calibrates this device ({stage: "calibrate"}; calibrate.mjs): served to
+// Python by the bridge, cached in IndexedDB, measured again between requests when two requests in a
+// row report drift; a new one is announced as {stage: "calibration", calibration} on the load's
+// request (ready.info.calibration follows it).
 import { bootPython, defaultAssets } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
 import { warmUp, warmupRequests } from "./warmup.mjs";
+import { adapterDescription, calibrationKey, driftTracker, measureCalibration, openCalibrationCache, usableCached } from "./calibrate.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
@@ -30,6 +35,8 @@ function callPy(obj, name, args, keep = false) {
  *  keeps the cause's own code). */
 const draftWhy = (err) => err.message;
 
+export const CALIBRATE_MODES = ["auto", "force", "off"];
+
 /** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
 function wasmAssets(assets) {
   const build = assets.build ?? new URL("../build/", import.meta.url).href;
@@ -47,6 +54,10 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
   let lateDraft = null;       // the draft loading behind a ready champion (draftInBackground), or null
   let current = null;         // the running generate envelope (bridge notices go to its caller)
+  // calibration (calibrate.mjs): the cache (opened once per worker), the load's mode and notify, the
+  // measurement in flight between requests, whether one is due, the drift run and a test's override
+  let cachePromise = null;
+  const cal = { mode: "auto", notify: () => {}, running: null, due: false, drift: driftTracker(), override: null };
   const notifyRequest = (payload) => {
     if (current) post({ kind: "progress", request_id: current.request_id, seq: 0, epoch: current.epoch, payload });
   };
@@ -81,7 +92,11 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
   async function loadPair(models, options, notify) {
     const t0 = performance.now();
+    const mode = options.calibrate ?? "auto";
+    if (!CALIBRATE_MODES.includes(mode)) throw codedError("E_BAD_ARGUMENT", `calibrate must be one of ${CALIBRATE_MODES.join(", ")}, got ${JSON.stringify(mode)}`);
+    await cal.running?.catch(() => {});         // a calibration between requests uses the bridge
     unload();                                   // a second load frees the first
+    Object.assign(cal, { mode, notify, due: false, drift: driftTracker(), override: null });
     const assets = options.assets ?? {};
     const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
     const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
@@ -133,6 +148,13 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
         maxBlock: built.info.champion.max_block, vocabSize: built.info.champion.vocab_size, draft: !!built.info.draft, chat: chatTemplate }),
       typeof options.warm_up === "object" && options.warm_up ? options.warm_up : {});   // {minCalls, budgetMs}
     }
+    let calibration = null, calibrationMs = 0;
+    if (mode !== "off") {
+      notify({ stage: "calibrate" });
+      const tc = performance.now();
+      calibration = await calibrate(mode);
+      calibrationMs = performance.now() - tc;
+    }
     const late = built.whenDraft();
     lateDraft = late;
     if (late) {                                 // the draft arrives after ready: check it, attach it, say so
@@ -150,14 +172,76 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
           }
         }
         if (error) callPy(session, "set_draft_error", [draftWhy(error)]);
+        else if (cal.mode !== "off") { cal.due = "auto"; calibrateWhenIdle(); }   // its costs join the calibration
         notify({ stage: "draft_ready", draft: error ? null : draft, draft_error: error ?? null,
           draft_load_ms: built.timing_ms.draft_load });
       });
     }
-    return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, warmup: warm ? warm.ms : 0, total: performance.now() - t0 },
+    return { timing_ms: { ...pyTiming, ...built.timing_ms, check: checked.ms, warmup: warm ? warm.ms : 0, calibration: calibrationMs,
+      total: performance.now() - t0 },
       info: { ...built.info, manifest: checked.summary, pyodide_snapshot: py.snapshot,
         warmup: warm && { requests: warm.requests, rounds: warm.rounds, tokens: warm.tokens, errors: warm.errors },
-        chat_template: chatTemplate } };   // the page's chat default
+        chat_template: chatTemplate, calibration } };   // the page's chat default
+  }
+
+  /** The calibration for what is loaded now, from the cache (mode "auto") or measured ("force"), served
+   *  to Python -> the calibration with cache: "hit" | "miss" | "unavailable", or null when it failed
+   *  (with `error`: then Python's conservative default applies). Only between requests. */
+  async function calibrate(mode) {
+    const built = loaded.bridge;
+    const info = built.info, draft = built.currentDraft();
+    let key;
+    try {
+      const env = JSON.parse(built.bridge.environment());
+      key = await calibrationKey({ champion: info.champion.identity, draft: draft?.identity ?? "none",
+        draft_placement: draft?.placement ?? "none", backend: info.champion.backend, matmul: info.champion.matmul ?? "none",
+        threads: String(info.champion.threads ?? "none"), hardware_class: env.hardware_class,
+        adapter: info.champion.backend === "webgpu" ? await adapterDescription() : "", user_agent: globalThis.navigator?.userAgent ?? "" });
+      cachePromise ??= openCalibrationCache();
+      const cache = await cachePromise;
+      let out = null;
+      if (cache && mode !== "force") {
+        const entry = await cache.get(key).catch(() => null);
+        if (usableCached(entry, key)) out = { ...entry, source: "cache", cache: "hit" };
+      }
+      if (!out) {
+        const measured = await measureCalibration(built.calibrationProbe(), { backend: info.champion.backend, key,
+          vocabSize: info.champion.vocab_size });
+        if (cache) await cache.put(measured).catch(() => {});
+        out = { ...measured, cache: cache ? "miss" : "unavailable" };
+      }
+      const { cache: _, ...served } = out;
+      built.setCalibration(served);
+      return out;
+    } catch (err) {
+      built.setCalibration(null);
+      return { error: `${err?.code ? `${err.code}: ` : ""}${err?.message ?? err}`, key: key ?? null };
+    }
+  }
+
+  /** A due calibration, measured now unless a request is running (its end calls this again); the
+   *  next request waits for it. Announced on the load's request ({stage: "calibration"}). */
+  function calibrateWhenIdle() {
+    if (!cal.due || current || cal.running || !loaded) return;
+    const mode = cal.due;
+    cal.due = false;
+    const forLoad = loaded;
+    cal.running = (async () => {
+      const calibration = await calibrate(mode);
+      if (loaded === forLoad) cal.notify({ stage: "calibration", calibration });
+    })().finally(() => { cal.running = null; });
+  }
+
+  /** After a request: its drift (stats.auto.drift, or a test's override) into the run; two in a row
+   *  outside DRIFT_RANGE drop the cached entry and make a calibration due. */
+  async function observeDrift(result) {
+    let drift = result?.stats?.auto?.drift ?? null;
+    if (cal.override && cal.override.left > 0) { drift = cal.override.value; cal.override.left--; }
+    if (cal.mode === "off" || !cal.drift.observe(drift)) return;
+    const key = JSON.parse(loaded.bridge.bridge.calibration() || "{}").key;
+    const cache = await (cachePromise ?? Promise.resolve(null));
+    if (cache && key) await cache.delete(key).catch(() => {});
+    cal.due = "force";
   }
 
   /** One request through the loaded session with its events dropped (the warm-up) -> result JSON. */
@@ -187,18 +271,23 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
     async generate(env) {
       if (!loaded) throw codedError("E_BAD_ARGUMENT", "no model is loaded");
+      await cal.running?.catch(() => {});       // a calibration between requests ends first
       current = env;
+      let result;
       try {
         await loaded.bridge.beginRequest(env.epoch);
         const coro = loaded.generate(loaded.session, JSON.stringify(env), (s) => post(JSON.parse(s)));
         try {
-          return JSON.parse(await coro);
+          result = JSON.parse(await coro);
         } finally {
           coro.destroy?.();
         }
       } finally {
         current = null;
       }
+      await observeDrift(result);
+      if (cal.due) setTimeout(calibrateWhenIdle, 0);   // after this result is posted; a request that starts first defers it
+      return result;
     },
 
     cancel(epoch) {
@@ -209,6 +298,11 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
     fault(spec) {
       if (!loaded) throw codedError("E_BAD_ARGUMENT", "no model is loaded");
+      if (spec.action === "report_drift") {     // tests: the next `requests` results report drift `value`
+        if (!loaded.faults) throw codedError("E_BAD_ARGUMENT", "fault injection is off (load with options.faults = true)");
+        cal.override = { value: spec.value ?? 2, left: spec.requests ?? 2 };
+        return;
+      }
       loaded.bridge.arm(spec);
     },
 
@@ -218,6 +312,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     },
 
     async terminate() {
+      await cal.running?.catch(() => {});
       unload();
     },
   };

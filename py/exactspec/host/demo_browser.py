@@ -18,7 +18,8 @@ class ProgressLine:
 
     STAGES = {"prepare": "preparing WebGPU pipelines", "python": "starting Python (Pyodide)",
               "check": "checking the model files", "models": "loading the champion and the draft",
-              "warmup": "warming up (a few small requests in every mode)"}
+              "warmup": "warming up (a few small requests in every mode)",
+              "calibrate": "calibrating this device (verification and draft costs, <= 300 ms)"}
 
     def __init__(self, stream=sys.stderr):
         self.stream, self.live, self.stage, self.bytes = stream, stream.isatty(), "starting", {}

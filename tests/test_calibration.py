@@ -1,0 +1,122 @@
+"""web/orchestrator/calibrate.mjs under Node: V(n) interpolation, the measurement's order and 300 ms
+budget against a probe of known costs, the cache key, and the drift rule (two requests in a row)."""
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CALIBRATE = (ROOT / "web" / "orchestrator" / "calibrate.mjs").as_uri()
+
+
+def node(script: str):
+    """Run an ES module snippet with `cal` (calibrate.mjs) imported; it prints one JSON value."""
+    src = f'import * as cal from "{CALIBRATE}";\n{script}'
+    proc = subprocess.run(["node", "--input-type=module", "-e", src], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# A probe whose verification of n rows takes base + per_row * n ms (busy-waiting, as the synchronous
+# WASM rounds do), a draft proposal `d` ms and a catch-up token `c` ms; it logs what ran.
+PROBE = """
+const spin = (ms) => { const t = performance.now(); while (performance.now() - t < ms); };
+function probe({ base, perRow, d = null, c = null, sampledPerRow = 0, maxRows = 9 }) {
+  const log = [];
+  return { log, maxRows, hasDraft: d !== null,
+    async open({ greedy }) { spin(base); log.push(greedy ? "prefill" : "prefill-sampled");
+      return { canVerify: () => true, close() {},
+               async verify(n) { const t = performance.now(); spin(base + perRow * n + (greedy ? 0 : sampledPerRow * n));
+                                 log.push(`${greedy ? "V" : "S"}${n}`); return performance.now() - t; } }; },
+    async draftCatchup(ids) { const t = performance.now(); spin(c * ids.length); log.push("catchup"); return performance.now() - t; },
+    async draftPropose(k) { const t = performance.now(); spin(d * k); log.push("propose"); return { ms: performance.now() - t, proposed: k }; },
+  };
+}
+"""
+
+
+def test_interpolation_is_linear_between_timed_neighbours_and_conservative_above():
+    out = node("""
+const m = new Map([[1, 2], [9, 10], [5, 4]]);
+const one = new Map([[1, 3]]);
+const two = new Map([[1, 2], [5, 6]]);
+console.log(JSON.stringify([cal.interpolate(m), cal.interpolate(one), cal.interpolate(two)]));
+""")
+    assert out[0] == [None, 2, 2.5, 3, 3.5, 4, 5.5, 7, 8.5, 10]
+    assert out[1] == [None, 3, 6, 9, 12, 15, 18, 21, 24, 27]          # V1 alone: n x V1, no batching gain assumed
+    assert out[2] == [None, 2, 3, 4, 5, 6, 7, 8, 9, 10]               # above the largest: the last two's line
+
+
+def test_a_timing_inflated_by_contention_is_capped_by_a_larger_ns():
+    out = node("""
+const m = cal.monotone(new Map([[1, 2], [9, 10], [5, 12], [3, 3], [2, 8]]));
+console.log(JSON.stringify([1, 2, 3, 5, 9].map((n) => m.get(n))));
+""")
+    assert out == [2, 3, 3, 10, 10]
+
+
+def test_a_cheap_device_is_timed_at_every_n_twice_with_the_draft_and_a_sampled_round():
+    out = node(PROBE + """
+const p = probe({ base: 1, perRow: 0.25, d: 0.5, c: 0.2, sampledPerRow: 0.5 });
+const c = await cal.measureCalibration(p, { backend: "wasm", key: "k", vocabSize: 100 });
+console.log(JSON.stringify({ c, log: p.log }));
+""")
+    c, log = out["c"], out["log"]
+    assert c["version"] == 1 and c["source"] == "measured" and c["key"] == "k" and c["backend"] == "wasm"
+    assert sorted(c["measured_n"]) == list(range(1, 10)) and c["skipped"] == []
+    assert c["ms"] <= 300 and c["budget_ms"] == 300
+    assert log[:5] == ["prefill", "V1", "V1", "V9", "V9"]              # the ends first
+    v = c["verify_ms"]                                                 # each at least its busy-wait (a shared machine: no upper bound)
+    assert v[0] is None and all(v[n] >= 1 + 0.25 * n - 0.01 for n in range(1, 10)), v
+    assert c["draft_ms_per_proposal"] >= 0.49 and c["draft_catchup_ms_per_token"] >= 0.19
+    assert c["verify_sampled_extra_ms_per_row"] >= 0
+    assert c["lookup_ms"] is None
+    vs = [x for x in log if x.startswith("V")]
+    assert vs[4:18] == ["V5", "V5", "V3", "V3", "V2", "V2", "V7", "V7", "V4", "V4", "V6", "V6", "V8", "V8"]
+    assert vs[18:27] == ["V1", "V9", "V5", "V3", "V2", "V7", "V4", "V6", "V8"]   # the budget left: a third timing of each
+    assert len(vs) <= 36                                               # four at most
+
+
+def test_a_slow_device_stops_at_the_budget_and_says_what_it_skipped():
+    """~50 ms a step (SwiftShader's WebGPU): the prefill and V(1) twice fit, and the rest is
+    interpolated / skipped within 300 ms; no draft: its fields are null."""
+    out = node(PROBE + """
+const p = probe({ base: 50, perRow: 5 });
+const c = await cal.measureCalibration(p, { backend: "webgpu", key: "k", vocabSize: 100 });
+console.log(JSON.stringify({ c, log: p.log }));
+""")
+    c, log = out["c"], out["log"]
+    assert c["ms"] <= 300 + 5, c                                       # the hard stop (predicted costs)
+    assert 1 in c["measured_n"] and len(c["measured_n"]) < 9 and c["skipped"], c
+    assert log[:3] == ["prefill", "V1", "V1"]
+    assert c["draft_ms_per_proposal"] is None and c["draft_catchup_ms_per_token"] is None
+    assert all(x is not None for x in c["verify_ms"][1:])
+
+
+def test_the_key_is_a_sha256_of_the_identity_and_changes_with_any_part():
+    out = node("""
+const parts = { champion: "c1", draft: "d1", backend: "wasm", matmul: "q8act-v1", threads: "2", hardware_class: "h", adapter: "", user_agent: "ua" };
+const a = await cal.calibrationKey(parts), b = await cal.calibrationKey({ ...parts });
+const c = await cal.calibrationKey({ ...parts, draft: "none" }), d = await cal.calibrationKey({ user_agent: "ua", ...parts, threads: "1" });
+console.log(JSON.stringify([a, b, c, d]));
+""")
+    a, b, c, d = out
+    assert len(a) == 64 and int(a, 16) >= 0 and a == b and len({a, c, d}) == 3
+
+
+def test_drift_twice_in_a_row_outside_the_range_triggers_once():
+    out = node("""
+const t = cal.driftTracker();
+const seq = [1.0, 2.0, 1.0, 2.0, null, 2.0, 0.5, 0.7, 1.2, 1.4, 1.5];
+console.log(JSON.stringify(seq.map((x) => t.observe(x))));
+""")
+    #           1.0    2.0    1.0    2.0    null   2.0   0.5    0.7    1.2    1.4    1.5
+    assert out == [False, False, False, False, False, True, False, True, False, False, True]
+
+
+def test_a_cached_entry_is_used_only_for_its_own_key_and_version():
+    out = node("""
+const e = { version: 1, key: "k", verify_ms: [null, 1, 2, 3, 4, 5, 6, 7, 8, 9] };
+console.log(JSON.stringify([cal.usableCached(e, "k"), cal.usableCached(e, "other"), cal.usableCached({ ...e, version: 0 }, "k"),
+  cal.usableCached(null, "k"), cal.usableCached({ ...e, verify_ms: [null] }, "k")]));
+""")
+    assert out == [True, False, False, False, False]

@@ -1,0 +1,234 @@
+// calibrate.mjs — the load's calibration of this device (docs/browser.md, "Calibration at load"): what
+// a champion verification of n rows costs, V(n) for n = 1..9, what T > 0 sampling adds per row, the
+// draft's cost per proposal and per caught-up token, within a wall budget; cached in IndexedDB per
+// device, browser and model identity, and measured again when requests report drift. Python's "auto"
+// policy (py/exactspec/core/auto_policy.py) reads it through bridge.calibration().
+import { sha256Hex } from "../sha256.mjs";
+
+export const CALIBRATION_VERSION = 1;
+export const DEFAULT_BUDGET_MS = 300;
+/** The order in which V(n) is timed: the ends first, then the middle, so that an early stop still
+ *  interpolates the rest between timed neighbours. */
+export const V_ORDER = [1, 9, 5, 3, 2, 7, 4, 6, 8];
+/** Requests whose observed / calibrated champion step time (stats.auto.drift) lies outside this
+ *  range count as drifting; two in a row drop the cached entry and measure again. */
+export const DRIFT_RANGE = [0.75, 1.33];
+export const DRIFT_REQUESTS = 2;
+const CONTEXT_IDS = 16;          // the synthetic context already in the cache before each timed round
+const CATCHUP_IDS = 8;           // the draft's catch-up forward
+const PROPOSE_K = 4;             // the draft's timed proposal
+const MAX_TIMINGS = 4;           // timings of one V(n) at most (a cheap device repeats while the budget lasts)
+
+const round3 = (x) => (x == null ? null : Math.round(x * 1000) / 1000);
+
+/** sha256 hex of the identity a calibration was measured for (common contract §1): the champion and
+ *  draft identities, the backend, matmul, threads, hardware class / GPU adapter, user agent and
+ *  this module's version. `parts` is a plain object; its keys are sorted. */
+export async function calibrationKey(parts) {
+  const obj = { calibration_version: CALIBRATION_VERSION, ...parts };
+  const canonical = JSON.stringify(Object.keys(obj).sort().map((k) => [k, obj[k]]));
+  return sha256Hex(new TextEncoder().encode(canonical));
+}
+
+/** The GPU adapter's info as a string (vendor, architecture, device, description), "" off WebGPU. */
+export async function adapterDescription() {
+  try {
+    const adapter = await globalThis.navigator?.gpu?.requestAdapter();
+    const i = adapter?.info ?? {};
+    return [i.vendor, i.architecture, i.device, i.description].map((s) => s ?? "").join("/");
+  } catch {
+    return "";
+  }
+}
+
+/** [null, V1..VmaxN] from the timed points (Map n -> ms): an untimed n is linear between its timed
+ *  neighbours; above the largest timed n, the line through the two largest (n x V1 with V1 alone:
+ *  no batching gain assumed, the conservative side). Needs V1. */
+export function interpolate(timed, maxN = 9) {
+  const ns = [...timed.keys()].sort((a, b) => a - b);
+  if (!timed.has(1)) throw new Error("calibration: V(1) was not timed");
+  const out = [null];
+  for (let n = 1; n <= maxN; n++) {
+    if (timed.has(n)) { out.push(timed.get(n)); continue; }
+    const lo = ns.filter((m) => m < n).pop(), hi = ns.find((m) => m > n);
+    if (hi !== undefined) {
+      const a = timed.get(lo), b = timed.get(hi);
+      out.push(a + ((b - a) * (n - lo)) / (hi - lo));
+    } else if (ns.length >= 2) {
+      const [p, q] = ns.slice(-2);
+      const slope = Math.max(0, (timed.get(q) - timed.get(p)) / (q - p));
+      out.push(timed.get(q) + slope * (n - q));
+    } else {
+      out.push(timed.get(1) * n);
+    }
+  }
+  return out.map(round3);
+}
+
+/** Timed V(n) with each one at most every larger n's: a timing is only ever inflated (another
+ *  thread, a tab, a GC took the core), and verifying more rows never costs less. */
+export function monotone(timed) {
+  const out = new Map(timed);
+  let floor = Infinity;
+  for (const n of [...timed.keys()].sort((a, b) => b - a)) {
+    floor = Math.min(floor, timed.get(n));
+    out.set(n, floor);
+  }
+  return out;
+}
+
+/**
+ * Measure on the loaded models through `probe` (bridge.calibrationProbe()):
+ *   probe.maxRows: the largest n a round may verify here (<= 9, the context permitting);
+ *   probe.hasDraft; probe.open({greedy, contextIds}) -> a session over the synthetic context with
+ *     canVerify(n), verify(n) -> ms (one round of n rows: the pending token + n - 1 given
+ *     proposals, decided) and close();
+ *   probe.draftCatchup(ids) -> ms (a forward from position 0); probe.draftPropose(k, at) -> {ms, proposed}
+ *     (a greedy proposal after `at` ids in the draft's cache).
+ * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
+ * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill and the
+ * first V(1) (without them there is no calibration). Order: V(1) and V(9) twice, the draft (a
+ * catch-up over 8 ids, a greedy proposal of k = 4 twice), one sampled round at the largest n timed,
+ * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
+ * every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
+ * n's (monotone). The synthetic context is
+ * 16 ids (WebGPU: 4, so that its prefill, which the first timed round waits for, stays short).
+ * -> the calibration object (common contract §1) plus {budget_ms, skipped: [what was not timed]}.
+ */
+export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, backend, key, vocabSize } = {}) {
+  const t0 = performance.now();
+  const elapsed = () => performance.now() - t0;
+  const maxN = Math.max(1, Math.min(9, probe.maxRows));
+  const timed = new Map();                       // n -> min ms
+  const counts = new Map();                      // n -> times timed
+  const skipped = [];
+  const contextIds = Array.from({ length: backend === "webgpu" ? 4 : CONTEXT_IDS }, (_, i) => (i * 7919 + 13) % vocabSize);
+  const predictV = (n) => {
+    if (!timed.size) return 0;
+    if (timed.size === 1) return timed.get(1) * (1 + (n - 1) / 4);
+    return interpolate(timed, maxN)[n];
+  };
+  const fits = (predicted) => elapsed() + predicted <= budgetMs;
+
+  const greedy = await probe.open({ greedy: true, contextIds });
+  let sampledExtra = null, draftMs = null, catchupMs = null;
+  try {
+    /** Time V(n) until it has `upto` timings; false when the budget (or the context) stopped it. */
+    const timeV = async (n, upto) => {
+      while ((counts.get(n) ?? 0) < upto) {
+        const mandatory = n === 1 && !timed.size;
+        if (!mandatory && (!fits(predictV(n)) || !greedy.canVerify(n))) return false;
+        const ms = await greedy.verify(n);
+        timed.set(n, Math.min(timed.get(n) ?? Infinity, ms));
+        counts.set(n, (counts.get(n) ?? 0) + 1);
+      }
+      return true;
+    };
+    await timeV(1, 2);
+    if (maxN > 1) await timeV(maxN, 2);
+    if (probe.hasDraft) {
+      const catchup = Array.from({ length: CATCHUP_IDS }, (_, i) => contextIds[i % contextIds.length]);
+      let at = 0;                                 // ids in the draft's cache before its proposal
+      if (fits(predictV(1) * 2)) { catchupMs = (await probe.draftCatchup(catchup)) / CATCHUP_IDS; at = CATCHUP_IDS; }
+      else skipped.push("the draft's catch-up");
+      for (let r = 0; r < 2; r++) {
+        if (!fits(draftMs != null ? draftMs * PROPOSE_K : predictV(1) * 2)) { if (!r) skipped.push("the draft's proposal"); break; }
+        const { ms, proposed } = await probe.draftPropose(PROPOSE_K, at);
+        draftMs = Math.min(draftMs ?? Infinity, ms / Math.max(1, proposed));
+      }
+    }
+    const nS = Math.max(...timed.keys());
+    if (fits(predictV(9) + predictV(6) + predictV(nS) * 1.5)) {   // a session of its own: its prefill, one sampled round
+      const sampled = await probe.open({ greedy: false, contextIds });
+      try {
+        const ms = await sampled.verify(nS);
+        sampledExtra = Math.max(0, (ms - timed.get(nS)) / nS);
+      } finally {
+        sampled.close();
+      }
+    } else skipped.push("the sampled round");
+    let open = true;
+    for (const n of V_ORDER) if (n <= maxN && open) open = await timeV(n, 2);
+    for (let upto = 3; open && upto <= MAX_TIMINGS; upto++) {
+      for (const n of V_ORDER) if (n <= maxN && open) open = await timeV(n, upto);
+    }
+  } finally {
+    greedy.close();
+  }
+  for (const n of V_ORDER) {
+    if (n > maxN) continue;
+    const c = counts.get(n) ?? 0;
+    if (c === 0) skipped.push(`V(${n})`);
+    else if (c === 1) skipped.push(`V(${n})'s second timing`);
+  }
+  return {
+    version: CALIBRATION_VERSION, key, source: "measured", measured_at: new Date().toISOString(), ms: round3(elapsed()), backend,
+    verify_ms: interpolate(monotone(timed), 9),
+    verify_sampled_extra_ms_per_row: sampledExtra == null ? null : round3(sampledExtra),
+    measured_n: [...timed.keys()],
+    draft_ms_per_proposal: round3(draftMs),
+    draft_catchup_ms_per_token: round3(catchupMs),
+    lookup_ms: null,
+    budget_ms: budgetMs,
+    skipped,
+  };
+}
+
+// ---- the cache: IndexedDB database "exactspec", object store "calibration", keyed by the key ----
+
+const DB_NAME = "exactspec", STORE = "calibration", DB_VERSION = 1, OPEN_TIMEOUT_MS = 2000;
+
+/** -> a cache {get(key), put(calibration), delete(key)} (promises), or null where IndexedDB is
+ *  unavailable here (no indexedDB, an opaque origin, a browser that refuses storage). */
+export async function openCalibrationCache(idb = globalThis.indexedDB) {
+  if (!idb) return null;
+  let db;
+  try {
+    db = await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("IndexedDB open timed out")), OPEN_TIMEOUT_MS);
+      const req = idb.open(DB_NAME, DB_VERSION);
+      req.onupgradeneeded = () => { if (!req.result.objectStoreNames.contains(STORE)) req.result.createObjectStore(STORE); };
+      req.onsuccess = () => { clearTimeout(timer); resolve(req.result); };
+      req.onerror = () => { clearTimeout(timer); reject(req.error); };
+      req.onblocked = () => { clearTimeout(timer); reject(new Error("IndexedDB open blocked")); };
+    });
+  } catch {
+    return null;
+  }
+  const op = (mode, fn) => new Promise((resolve, reject) => {
+    const tx = db.transaction(STORE, mode);
+    const req = fn(tx.objectStore(STORE));
+    tx.oncomplete = () => resolve(req.result);
+    tx.onerror = () => reject(tx.error);
+    tx.onabort = () => reject(tx.error);
+  });
+  return {
+    get: (key) => op("readonly", (s) => s.get(key)).then((v) => v ?? null),
+    put: (calibration) => op("readwrite", (s) => s.put(calibration, calibration.key)),
+    delete: (key) => op("readwrite", (s) => s.delete(key)),
+    close: () => db.close(),
+  };
+}
+
+/** A cached entry fit to serve `key`: this version, this key, the fields present. */
+export function usableCached(entry, key) {
+  return !!entry && entry.version === CALIBRATION_VERSION && entry.key === key && Array.isArray(entry.verify_ms) &&
+    entry.verify_ms.length === 10 && entry.verify_ms[1] > 0;
+}
+
+/** Counts requests in a row whose drift lies outside DRIFT_RANGE; observe(drift) -> true on the
+ *  DRIFT_REQUESTS-th in a row (then it starts over). null / undefined drift (no auto request, no
+ *  calibration) leaves the count as it is. */
+export function driftTracker({ range = DRIFT_RANGE, requests = DRIFT_REQUESTS } = {}) {
+  let run = 0;
+  return {
+    observe(drift) {
+      if (drift == null || !Number.isFinite(drift)) return false;
+      run = drift < range[0] || drift > range[1] ? run + 1 : 0;
+      if (run < requests) return false;
+      run = 0;
+      return true;
+    },
+    get run() { return run; },
+  };
+}
