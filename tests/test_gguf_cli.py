@@ -121,9 +121,10 @@ def test_the_draft_the_manifest_binds_is_picked_and_exact(gguf_path, tiny_draft,
 def test_the_shipped_manifest_pairs_the_smollm2_draft(gguf_path, alone):
     """web/models/manifest.json binds web/models/smollm2-draft to the GGUF's sha256: with
     --speculate draft and no --draft the command line runs that draft, and its greedy tokens are
-    the champion's. With neither, a GGUF champion runs alone (its draft does not pay here)."""
+    the champion's. With neither, the default (auto) may use that draft where it measures that it
+    pays; its greedy tokens are the champion's either way."""
     default = chat_json(gguf_path, "--temperature", "0")
-    assert default["stats"]["mode"] == "none" and default["token_ids"] == alone["token_ids"], default["stats"]
+    assert default["stats"]["mode"] == "auto" and default["token_ids"] == alone["token_ids"], default["stats"]
     out = chat_json(gguf_path, "--temperature", "0", "--speculate", "draft")
     assert out["stats"]["mode"] == "draft" and out["stats"]["proposed"] > 0, out["stats"]
     assert out["token_ids"] == alone["token_ids"] and "Paris" in out["text"]
@@ -153,18 +154,19 @@ def models_dir_without_drafts(tmp_path):
     return root
 
 
-def test_without_a_bound_draft_the_default_is_alone_and_draft_is_refused(gguf_path, alone, tmp_path):
+def test_without_a_bound_draft_auto_runs_without_one_and_draft_is_refused(gguf_path, alone, tmp_path):
     assert alone["finish_reason"] == "eos" and "Paris" in alone["text"]
     bare = models_dir_without_drafts(tmp_path)
-    out = chat_json(gguf_path, models_dir=bare)    # no --speculate, no draft bound to the GGUF
-    assert out["stats"]["mode"] == "none" and out["token_ids"] == alone["token_ids"]
+    out = chat_json(gguf_path, models_dir=bare)    # no --speculate (auto), no draft bound to the GGUF
+    assert out["stats"]["mode"] == "auto" and out["token_ids"] == alone["token_ids"]
+    assert out["stats"]["auto"]["rounds_by_method"]["draft"] == 0 and out["receipt"]["draft_artifact_hash"] == "prompt-lookup-v1"
     r = cli("generate", "--champion", gguf_path, "--prompt", "x", "--speculate", "draft", models_dir=bare)
     assert r.returncode == 2 and "no draft is known for" in one_coded_line(r.stderr, "E_BAD_ARGUMENT")
 
 
 def test_a_gguf_draft_runs_on_the_reference(gguf_path, alone):
     """The file as its own draft: every proposal accepted, the answer champion alone's."""
-    out = chat_json(gguf_path, "--draft", gguf_path)
+    out = chat_json(gguf_path, "--draft", gguf_path, "--speculate", "draft")
     assert out["stats"]["mode"] == "draft" and out["stats"]["accepted"] == out["stats"]["proposed"] > 0
     assert out["token_ids"] == alone["token_ids"]
 

@@ -162,3 +162,121 @@ def test_adaptive_greedy_equals_champion_alone(mode):
         assert spec.token_ids == alone.token_ids and spec.finish_reason == alone.finish_reason
         assert spec.receipt["scheduler_policy_hash"] != alone.receipt["scheduler_policy_hash"]
         assert max(e["payload"]["round"]["proposed"] for e in events if e["kind"] == "tokens") <= 8
+
+
+# --- exactness with speculate="auto": method and k chosen per branch ----------------------------
+from exactspec.core import backends as backends_module
+from exactspec.core.auto_policy import AutoPolicy
+from exactspec.core.backends import LookupProposer, ReferenceChampion
+
+AUTO_CAL = {"version": 1, "key": "enumeration", "verify_ms": [None] + [1.0 + 0.1 * (n - 1) for n in range(1, 10)],
+            "verify_sampled_extra_ms_per_row": 0.0, "measured_n": [1, 9], "draft_ms_per_proposal": 0.2,
+            "draft_catchup_ms_per_token": 0.02, "lookup_ms": 0.0}
+
+
+class _ModelTimedAuto(AutoPolicy):
+    """AutoPolicy fed the calibration's own cost model instead of the wall clock, so that enumeration
+    replays are deterministic; its choices still follow each branch's acceptance history."""
+    used: set = set()
+
+    def choose(self, remaining, lookup_len, draft_behind, searched=True):
+        c = super().choose(remaining, lookup_len, draft_behind, searched)
+        _ModelTimedAuto.used.add((c.method, c.k))
+        return c
+
+    def observe(self, method, k, proposed, accepted, round_ms, draft_ms, verify_ms, *, lookup_ms=None,
+                draft_behind=0, emitted=1):
+        draft = 0.2 * proposed + 0.02 * draft_behind if method == "draft" else 0.0
+        verify = 1.0 + 0.1 * proposed
+        super().observe(method, k, proposed, accepted, draft + verify + 0.05, draft, verify,
+                        lookup_ms=None if lookup_ms is None else 0.0, draft_behind=draft_behind, emitted=emitted)
+
+
+class _RotatingAuto(_ModelTimedAuto):
+    """Forces every method, k and switch the branches allow: the method and k follow a hash of the
+    branch's acceptance history (lookup when it has proposals, the draft, champion alone)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.history = 0
+
+    def choose(self, remaining, lookup_len, draft_behind, searched=True):
+        cap = min(self.k_max, remaining - 1)
+        method = ("draft", "lookup", "none")[(self.rounds + self.history + 1) % 3] if cap >= 1 else "none"
+        if method == "lookup" and not lookup_len:
+            method = "draft"
+        top = min(cap, lookup_len) if method == "lookup" else cap
+        k = 0 if method == "none" else min(top, 2) if self.rounds == 0 else 1 + self.history % top
+        _ModelTimedAuto.used.add((method, k))
+        return self._pick(method, k, "probe", {})
+
+    def observe(self, method, k, proposed, accepted, *args, **kw):
+        self.history = self.history * 3 + accepted + 1
+        super().observe(method, k, proposed, accepted, *args, **kw)
+
+
+class _WrongLookup(LookupProposer):
+    """Prompt lookup whose proposals are deliberately wrong where it has a match (+1 mod V), and
+    which always proposes something, so lookup rounds happen on every branch that chooses them."""
+
+    def proposals(self, tokens, k, stop_token_ids):
+        real = super().proposals(tokens, k, stop_token_ids)
+        return [(t + 1) % self.vocab_size for t in real] or [tokens[-1]]
+
+
+def _auto_distribution(monkeypatch, policy_cls, V, n_tokens, wrong_lookup, **params):
+    monkeypatch.setattr(orch_module, "make_auto_policy",
+                        lambda cal, k_max, has_draft, greedy: policy_cls(AUTO_CAL, k_max, has_draft, greedy, **params))
+    rows = distinct_rows(V)
+    champion_dist, draft_dist = table_dist(V, rows, salt=11), table_dist(V, rows[::-1], salt=29)
+    orch = Orchestrator(ExactChampion(V, champion_dist), ExactDraft(V, draft_dist))
+    if wrong_lookup:
+        orch.lookup = _WrongLookup(V)
+    prompt, stop = [1 % V, V - 1, 1 % V], (0,)
+    cfg = GenerationConfig(max_new_tokens=n_tokens, policy=SamplingPolicy(temperature=1.0), speculate="auto",
+                           stop_token_ids=stop)
+    switches = []
+
+    def run(decider):
+        r = orch.generate(prompt, cfg, decider=decider)
+        switches.append(r.stats["auto"]["switches"])
+        return tuple(r.token_ids), r.finish_reason
+    return enumerate_outcomes(run), champion_sequence_distribution(champion_dist, prompt, n_tokens, set(stop)), switches
+
+
+@pytest.mark.parametrize("V,n_tokens", [(3, 4), (4, 4)])
+@pytest.mark.parametrize("wrong_lookup", [False, True])
+def test_auto_rotating_methods_keep_the_exact_distribution(monkeypatch, V, n_tokens, wrong_lookup):
+    """Every branch switches among lookup (right or deliberately wrong proposals), the draft and
+    champion alone with k varying: the answer's distribution is the champion's, exactly."""
+    _ModelTimedAuto.used = set()
+    got, expected, switches = _auto_distribution(monkeypatch, _RotatingAuto, V, n_tokens, wrong_lookup)
+    assert sum(got.values()) == 1 and got == expected
+    assert {m for m, _ in _ModelTimedAuto.used} == {"none", "draft", "lookup"}
+    assert max(k for _, k in _ModelTimedAuto.used) >= 2 and max(switches) >= 2
+
+
+@pytest.mark.parametrize("V,n_tokens", [(3, 4), (4, 3)])
+def test_auto_policy_choices_keep_the_exact_distribution(monkeypatch, V, n_tokens):
+    """The auto policy's own choices (probes, then its cost model; lookup trusted after one
+    observation), deliberately wrong lookup proposals included."""
+    _ModelTimedAuto.used = set()
+    got, expected, switches = _auto_distribution(monkeypatch, _ModelTimedAuto, V, n_tokens, True,
+                                                 probes_first=1, probe_min_remaining=0, lookup_evidence=1.0)
+    assert got == expected
+    assert len({m for m, _ in _ModelTimedAuto.used}) >= 2 and max(switches) >= 1
+
+
+def test_auto_broken_variant_is_caught(monkeypatch):
+    """A plausible bug of a session that mixes methods: deciding lookup's one-hot rounds greedily
+    (accept iff the proposal is the champion's argmax) while sampling. Enumeration catches it."""
+    real = ReferenceChampion.decide
+
+    def greedy_for_one_hot(self, rows, p_draft_rows, proposals, decider, round_id, stop, remaining, greedy):
+        one_hot = bool(p_draft_rows) and all(max(r) == 1 for r in p_draft_rows)
+        return real(self, rows, p_draft_rows, proposals, decider, round_id, stop, remaining, greedy or one_hot)
+    got, expected, _ = _auto_distribution(monkeypatch, _RotatingAuto, 3, 4, True)
+    assert got == expected
+    monkeypatch.setattr(ReferenceChampion, "decide", greedy_for_one_hot)
+    got, expected, _ = _auto_distribution(monkeypatch, _RotatingAuto, 3, 4, True)
+    assert got != expected

@@ -24,7 +24,7 @@ METHODS = ("none", "draft", "lookup")
 K_LIMIT = 8            # auto's k is at most min(8, the backend's max_k)
 DEFAULT_PARAMS = {"margin": 0.05, "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
                   "decay": 0.95, "fast_decay": 0.8, "probe_fraction": 0.02, "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
-                  "catchup_horizon": 32, "window": 9, "lookup_search_fraction": 0.1,
+                  "catchup_horizon": 32, "lookup_evidence": 2.0, "window": 9, "lookup_search_fraction": 0.1,
                   "lookup_search_every": 8}
 
 
@@ -211,7 +211,7 @@ class AutoPolicy:
         # (budgeted) probes, not chosen on its prior
         # lookup, whose acceptance is observed for free, once it was observed twice
         known = {"draft": self.rounds_by_method["draft"] >= p["probes_first"],
-                 "lookup": self.acc["lookup"].evidence() >= 2.0}
+                 "lookup": self.acc["lookup"].evidence() >= p["lookup_evidence"]}
         spec = [(cpt[m], m) for m in ("draft", "lookup") if cpt[m] is not None and known[m]]
         if spec and none_cost is not None:
             per, method = min(spec)

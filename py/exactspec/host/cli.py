@@ -49,10 +49,11 @@ def _add_generation_args(p):
                         "GGUF champion the one web/models/manifest.json binds to it)")
     p.add_argument("--weights", default=None, choices=CHAMPION_WEIGHTS,
                    help="champion weights on the reference backend: q8 (default, what the browser runs) or f32")
-    p.add_argument("--speculate", default=None, choices=["none", "draft", "lookup"],
-                   help="default: draft, but none (champion alone) for a .gguf champion unless --draft is given; "
-                        "draft with a .gguf champion takes the draft web/models/manifest.json binds to it")
-    p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most)")
+    p.add_argument("--speculate", default="auto", choices=["auto", "none", "draft", "lookup"],
+                   help="auto (default): per round none, prompt lookup or the draft and k, by expected cost per "
+                        "token measured on this machine (docs/core.md); the draft is the shipped one, or for a "
+                        ".gguf champion the one web/models/manifest.json binds to it (auto: lookup/none without one)")
+    p.add_argument("--k", type=int, default=4, help="proposals per round (adaptive: at most; auto ignores it)")
     p.add_argument("--scheduler", default="static", choices=["static", "adaptive"],
                    help="k per round: static (always --k) or adaptive (0..--k from acceptance and round costs)")
     p.add_argument("--temperature", type=float, default=None,
@@ -122,14 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench_args(p):
     p.add_argument("--run", default=None, help="run name: build/eval/<run>/ (default: UTC date-time); an existing run resumes")
-    p.add_argument("--quick", action="store_true", help="2 prompts, 2 arms (champion alone, adaptive draft): proves the harness")
+    p.add_argument("--split", default="test", choices=["dev", "test"],
+                   help="corpus split: dev (tuning runs) or the locked test split (default; every run is counted)")
+    p.add_argument("--pairs", default="toy,real",
+                   help="model pairs: toy (shipped) and real (SmolLM2-135M-Instruct Q4_1 + its draft; tools/fetch_models.py)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 prompts, arms champion alone and auto, toy pair on WASM, no wllama: proves the harness")
     p.add_argument("--per-stratum", type=int, default=3, help="prompts per stratum")
+    p.add_argument("--real-per-stratum", type=int, default=3, help="prompts per stratum for the real pair")
     p.add_argument("--strata", default="", help="comma-separated strata (default: all)")
     p.add_argument("--backends", default="wasm,webgpu", help="champion backends (webgpu runs a subset)")
+    p.add_argument("--real-backends", default="wasm",
+                   help="the real pair's champion backends (default wasm: SwiftShader's WebGPU is too slow for it here)")
     p.add_argument("--webgpu-per-stratum", type=int, default=1, help="prompts per stratum on webgpu")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override every prompt's length")
-    p.add_argument("--samples", type=int, default=150, help="seeds per arm of the distribution test (0: none)")
+    p.add_argument("--samples", type=int, default=150,
+                   help="distribution samples: seeds per arm and prompt, toy pair on WASM (0: none)")
+    p.add_argument("--webgpu-samples", type=int, default=20, help="the same on WebGPU (0: none)")
+    p.add_argument("--real-samples", type=int, default=20, help="the same for the real pair (0: none)")
     p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only)")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
@@ -178,27 +190,25 @@ def derive_seed(seed: int, index: int) -> int:
 
 
 def _models(args):
-    """(champion, draft or None), a folder or a GGUF file each; settles args.speculate when not
-    given: draft for a folder champion (the shipped pair), none (champion alone) for a GGUF
-    champion. With --speculate draft and no --draft, a GGUF champion takes the draft that
-    web/models/manifest.json binds to its sha256. A GGUF runs alone by default because speculation
-    is measured not to pay for the one real model here (docs/smollm2_draft.md: its draft 99.5 vs
-    59.4 ms/token alone in the browser; lookup level or slower, prompt by prompt)."""
+    """(champion, draft or None), a folder or a GGUF file each. speculate auto or draft takes --draft,
+    else the shipped draft for a folder champion, or for a GGUF champion the draft that
+    web/models/manifest.json binds to its sha256; auto without one runs lookup or none, draft
+    without one is refused. Auto uses the draft only where it measures that it pays (the one real
+    model's draft does not in the browser: docs/smollm2_draft.md)."""
     from ..formats.manifest import is_gguf_file
     from ..reference.models import default_models_dir, known_draft
     base = default_models_dir()
     champion = args.champion or os.path.join(base, "champion")
     if is_gguf_file(champion) and args.weights:
         raise ExactSpecError(E_BAD_ARGUMENT, "--weights: a GGUF champion runs the file's own weights")
-    if args.speculate is None and is_gguf_file(champion) and not args.draft:
-        args.speculate = "none"
-    if args.speculate in (None, "draft"):
+    if args.speculate is None:
+        args.speculate = "auto"
+    if args.speculate in ("auto", "draft"):
         draft = args.draft or (known_draft(champion, base) if is_gguf_file(champion) else os.path.join(base, "draft"))
         if draft is None and args.speculate == "draft":
             raise ExactSpecError(E_BAD_ARGUMENT, f"--speculate draft: no draft is known for {champion} (the "
                                  f"'drafts' of {os.path.join(base, 'manifest.json')} name none for its sha256); "
                                  "give --draft")
-        args.speculate = "draft" if draft else "lookup"
         return champion, draft
     return champion, None
 

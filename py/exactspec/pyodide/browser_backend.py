@@ -56,6 +56,23 @@ class BrowserChampion:
         failure = began["draft_failure"]
         return BrowserSession(self.bridge, _coded(failure["code"], failure["message"], "E_DRAFT_LOST") if failure else None)
 
+    def calibration(self, draft=None):
+        """speculate="auto"'s calibration (docs/core.md; measured at load on the JS side, cached per
+        device): the bridge's JSON, read at each auto request (a refresh after drift shows up at
+        the next one); None when the bridge has none or gives "" (calibrate "off", or an older
+        bridge): auto then keeps speculation off until it has timed rounds itself."""
+        read = getattr(self.bridge, "calibration", None)
+        if read is None:
+            return None
+        text = read()
+        if not isinstance(text, str) or not text:
+            return None
+        try:
+            cal = json.loads(text)
+        except ValueError:
+            return None
+        return cal if isinstance(cal, dict) and cal.get("version") == 1 else None
+
     def take_counters(self) -> dict:
         """Stale-epoch drops per receiver (orchestrator worker, draft client, draft worker) since
         the previous call."""
