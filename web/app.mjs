@@ -110,6 +110,7 @@ async function loadModels(source, label) {
   // speculation on when it arrives ("draft_ready")
   const onProgress = (p) => {
     if (p.stage === "draft_ready") return draftArrived(p);
+    if (p.stage === "calibration") return setLine("calibration_line", calibrationSentence(p.calibration));   // measured again
     applyProgress(rows, p);
     renderProgress(rows);
   };

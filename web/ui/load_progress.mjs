@@ -7,6 +7,7 @@ const STAGES = {
   check: "Checking the model files (configs, tokenizers, manifest)",
   models: "Loading the champion, then the draft (WASM or GPU upload)",
   warmup: "Warming up: a few small requests through every mode (the first answer runs warm)",
+  calibrate: "Measuring this device for auto: champion steps, blocks of rows, the draft (or read from the cache)",
 };
 
 /** rows: Map key -> {label, loaded, total, done}. Returns the same map. */
