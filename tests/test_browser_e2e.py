@@ -15,7 +15,7 @@ import pytest
 
 from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
 from exactspec.core.backends import RunnerChampion, RunnerDraft
-from exactspec.host.browser_run import BrowserRuntime
+from engine_loads import FAST_LOAD_JS, browser_runtime
 from exactspec.reference.models import default_models_dir, stop_ids_from
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
 from exactspec.core.policy import SamplingPolicy
@@ -40,7 +40,7 @@ def runtime(request, chromium_browser):
     for name in ("cpu.wasm", "cpu_mt.wasm"):
         if not os.path.exists(os.path.join(ROOT, "web", "build", name)):
             subprocess.run(["bash", os.path.join(ROOT, "wasm", "build.sh")], check=True)
-    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param)
+    rt = browser_runtime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param)
     assert rt.ready["info"]["champion"]["backend"] == request.param
     print(f"{request.param}: load timings (ms):", json.dumps(rt.ready["timing_ms"]))
     yield rt
@@ -231,7 +231,7 @@ def test_browser_receipt_binds_the_same_identities_as_cpython(runtime):
 PLACEMENT_JS = """async ([placement]) => {
   const { createEngine } = await import("/web/exactspec.mjs");
   const engine = await createEngine({ champion: "/web/models/champion/", draft: "/web/models/draft/",
-    championBackend: "wasm", draftPlacement: placement });
+    championBackend: "wasm", draftPlacement: placement, ...%s });
   const out = [];
   for (const [prompt, seed] of [["And the LORD said unto Moses,", 3], ["To be, or not to be,", 8]]) {
     const r = await engine.generate(prompt, { temperature: 1, repetition_penalty: 1.3, seed, k: 4,
@@ -240,7 +240,7 @@ PLACEMENT_JS = """async ([placement]) => {
   }
   await engine.terminate();
   return out;
-}"""
+}""" % FAST_LOAD_JS
 
 
 def test_the_draft_in_its_worker_and_in_the_champions_instance_give_the_same_rounds(browser_page, http_server):

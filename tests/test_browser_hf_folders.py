@@ -11,13 +11,13 @@ import pytest
 
 from browser_fixture import chromium_browser, forward_console, http_server  # noqa: F401
 from hostile_folders import to_half
-from exactspec.host.browser_run import BrowserRuntime
+from engine_loads import FAST_LOAD, browser_runtime
 from exactspec.reference.models import default_models_dir
 from exactspec.formats.safetensors import load_safetensors, to_numpy, write_safetensors
 
 MODELS = default_models_dir()
 MOUNTED = {"champion": "/models/champion/", "draft": "/models/draft/", "manifest": None}
-WASM = {"championBackend": "wasm"}
+WASM = {"championBackend": "wasm", **FAST_LOAD}
 CONVERSATION = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who made the light?"},
                 {"role": "assistant", "content": "God said, Let there be light."}, {"role": "user", "content": "And then?"}]
 # differs from the shipped tokenizer_config.json template in its markers, so the ids show which one ran
@@ -59,8 +59,8 @@ def runtime(tmp_path_factory, chromium_browser):
     root = tmp_path_factory.mktemp("hf_folders")
     for role in ("champion", "draft"):
         shutil.copytree(os.path.join(MODELS, role), root / role)
-    rt = BrowserRuntime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600,
-                        champion_backend="wasm")
+    rt = browser_runtime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600,
+                         champion_backend="wasm")
     yield rt, root
     rt.close()
 

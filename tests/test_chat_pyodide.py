@@ -80,11 +80,11 @@ def test_a_conversation_through_the_engine_is_encoded_as_transformers(chromium_b
     apply_chat_template on the same messages; role markers written in a message are ordinary text."""
     from transformers import AutoTokenizer
 
-    from exactspec.host.browser_run import BrowserRuntime
+    from engine_loads import browser_runtime
     champion = os.path.join(ROOT, "web", "models", "champion")
     hf = AutoTokenizer.from_pretrained(champion)
     special_ids = set(Tokenizer.from_file(os.path.join(champion, "tokenizer.json")).special_ids)
-    rt = BrowserRuntime(champion, None, browser=chromium_browser, champion_backend="wasm")
+    rt = browser_runtime(champion, None, browser=chromium_browser, champion_backend="wasm")
     try:
         def prompt_ids(messages):
             out = rt.generate({"messages": messages, "config": {"max_new_tokens": 1, "temperature": 0, "speculate": "none"}})

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
+from engine_loads import FAST_LOAD, browser_runtime
 from exactspec.core.errors import ExactSpecError
 from exactspec.formats.config import validate_config
-from exactspec.host.browser_run import BrowserRuntime
 from exactspec.reference.models import default_models_dir
 
 MODELS = default_models_dir()
@@ -24,7 +24,7 @@ def pair(tmp_path_factory, chromium_browser):
     root = tmp_path_factory.mktemp("pair")
     for role in ("champion", "draft"):
         shutil.copytree(os.path.join(MODELS, role), root / role)
-    rt = BrowserRuntime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600)
+    rt = browser_runtime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600)
     yield rt, root
     rt.close()
 
@@ -43,7 +43,7 @@ def load_counting_configs(rt, backend):
     listener = lambda req: seen.append(req.url) if req.url.endswith("/config.json") else None  # noqa: E731
     rt.page.on("request", listener)
     try:
-        out = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [MOUNTED, {"championBackend": backend}])
+        out = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [MOUNTED, {"championBackend": backend, **FAST_LOAD}])
     finally:
         rt.page.remove_listener("request", listener)
     return out, seen

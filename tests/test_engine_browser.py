@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
-from exactspec.host.browser_run import BrowserRuntime
+from engine_loads import FAST_LOAD, browser_runtime
 from exactspec.reference.models import default_models_dir
 from exactspec.core.receipts import seed_commitment
 
@@ -26,7 +26,7 @@ def pair(tmp_path_factory, chromium_browser):
     for role in ("champion", "draft"):
         shutil.copytree(os.path.join(MODELS, role), root / role)
     shutil.copy(os.path.join(MODELS, "manifest.json"), root / "champion" / "manifest.json")
-    rt = BrowserRuntime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600)
+    rt = browser_runtime(str(root / "champion"), str(root / "draft"), browser=chromium_browser, timeout_s=600)
     yield rt, root
     rt.close()
 
@@ -36,7 +36,7 @@ WITH_MANIFEST = {**MOUNTED, "manifest": "/models/champion/manifest.json"}
 
 
 def load(rt, models):
-    return rt.page.evaluate("(m) => window.exactspecRunner.tryLoad(m)", models)
+    return rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [models, FAST_LOAD])
 
 
 def answer(rt, mode):
@@ -77,7 +77,7 @@ def test_the_intact_copy_loads_with_its_manifest_and_answers_like_the_shipped_pa
     assert alone["error"] is None and answer(rt, "draft")["result"]["token_ids"] == alone["token_ids"]
 
 
-LATE = {"championBackend": "wasm", "draftInBackground": True, "faults": True, "draftDelayMs": 2500}
+LATE = {"championBackend": "wasm", "draftInBackground": True, "faults": True, "draftDelayMs": 2500, **FAST_LOAD}
 LATE_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
 
 

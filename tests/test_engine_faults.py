@@ -14,7 +14,8 @@ import os
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
-from exactspec.host.browser_run import BrowserRuntime, _url_for
+from engine_loads import FAST_LOAD, FAST_LOAD_JS, browser_runtime
+from exactspec.host.browser_run import _url_for
 from exactspec.reference.models import default_models_dir
 
 CHAMPION, DRAFT = (os.path.join(default_models_dir(), name) for name in ("champion", "draft"))
@@ -28,7 +29,7 @@ N_SEQUENTIAL = 200
 
 # ----------------------------------------------------------------------------- page helpers
 def load(rt, **options):
-    return rt.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)", [MODELS, {"faults": True, **options}])
+    return rt.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)", [MODELS, {"faults": True, **FAST_LOAD, **options}])
 
 
 def memory(rt):
@@ -97,7 +98,7 @@ def check_next_is_champion(rt, reference, mode, prompt=FAULT_PROMPTS[0]):
 def rt(chromium_browser):
     """One page for the whole module; the engine is reloaded with fault injection on, and the
     GPU buffer count of the first (plain) load is kept as rt.fresh_memory."""
-    runtime = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=180)
+    runtime = browser_runtime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=180)
     runtime.fresh_memory = memory(runtime)
     runtime.faults_ready = load(runtime)
     print("load timings (ms):", json.dumps(runtime.ready["timing_ms"]))
@@ -171,12 +172,12 @@ def test_device_destroyed_ends_the_answer_and_is_rebuilt(rt, reference, mode, at
 
 # ----------------------------------------------------------------------------- 3. cancellation
 def test_cancel_during_a_reload_leaves_a_working_engine(rt, reference):
-    out = rt.page.evaluate("""async ([m]) => {
+    out = rt.page.evaluate("""async ([m, o]) => {
         const R = window.exactspecRunner;
-        const loading = R.load(m, {faults: true});
+        const loading = R.load(m, o);
         const cancelled = R.cancel();
         return {ready: await loading, cancelled};
-    }""", [MODELS])
+    }""", [MODELS, {"faults": True, **FAST_LOAD}])
     assert out["ready"]["info"]["champion"]["vocab_size"] > 0
     assert out["cancelled"] is False   # nothing was running: a load is not a request
     for mode in MODES:
@@ -316,7 +317,8 @@ def test_nan_draft_falls_back_to_a_champion_step(rt, reference, min_round):
 
 # ----------------------------------------------------------------------------- 8. allocation refused
 def test_refused_allocation_fails_the_load_and_leaks_nothing(rt, reference):
-    failed = rt.page.evaluate("([m]) => window.exactspecRunner.tryLoad(m, {faults: true, refuseAllocAfter: 5})", [MODELS])
+    failed = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
+                              [MODELS, {"faults": True, "refuseAllocAfter": 5, **FAST_LOAD}])
     assert failed.get("error", {}).get("code") == "E_OUT_OF_MEMORY", failed
     load(rt)
     check_like_a_fresh_load(rt, reference, "after a refused load and a good one")
@@ -375,7 +377,7 @@ def test_token_id_prompts_after_a_cancel_work_through_the_module(rt, reference):
     prompt = FAULT_PROMPTS[3]
     out = settles(rt, """
         const { createEngine } = await import(new URL("exactspec.mjs", location.href).href);
-        const engine = await createEngine({ draft: null, championBackend: "webgpu" });
+        const engine = await createEngine({ draft: null, championBackend: "webgpu", ...%s });
         try {
             const opts = { speculate: "none", temperature: 0, max_new_tokens: %d };
             const long = engine.generate(%s, { ...opts, max_new_tokens: 400 },
@@ -387,7 +389,7 @@ def test_token_id_prompts_after_a_cancel_work_through_the_module(rt, reference):
         } finally {
             await engine.terminate();
         }
-    """ % (N_TOKENS, json.dumps(FAULT_PROMPTS[0]), json.dumps(prompt)), seconds=300)   # a second engine loads
+    """ % (FAST_LOAD_JS, N_TOKENS, json.dumps(FAULT_PROMPTS[0]), json.dumps(prompt)), seconds=300)   # a second engine loads
     assert out["cancelled"] == "cancelled", out
     text, ids = out["text"], out["ids"]
     assert ids["error"] is None and ids["prompt_ids"] == text["prompt_ids"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from browser_fixture import browser_page, chromium_browser, http_server  # noqa: F401
-from exactspec.host.browser_run import BrowserRuntime
+from engine_loads import FAST_LOAD, browser_runtime
 from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf_model import GGUFModel, load_reference
 from exactspec.formats.manifest import sha256_file
@@ -54,7 +54,7 @@ def cli_refusal(champion: str, draft: str) -> ExactSpecError:
 
 
 def test_a_gguf_draft_drafts_for_the_gguf_champion_and_stays_exact(smollm2_path, tiny_gguf_draft, chromium_browser):
-    with BrowserRuntime(smollm2_path, tiny_gguf_draft, browser=chromium_browser, champion_backend="wasm") as rt:
+    with browser_runtime(smollm2_path, tiny_gguf_draft, browser=chromium_browser, champion_backend="wasm") as rt:
         info = rt.ready["info"]
         assert info["draft"]["identity"] == sha256_file(tiny_gguf_draft)[0]          # the file's sha256, as a champion's
         assert info["draft"]["artifact_bytes"] == os.path.getsize(tiny_gguf_draft)
@@ -82,7 +82,7 @@ def test_a_mismatched_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2
         phrase = "field 'tokenizer_vocab_size' differs: champion 4096 draft 49152"
     cli = cli_refusal(champion, draft)
     with pytest.raises(ExactSpecError) as page:
-        BrowserRuntime(champion, draft, browser=chromium_browser, champion_backend="wasm")
+        browser_runtime(champion, draft, browser=chromium_browser, champion_backend="wasm")
     assert page.value.code == cli.code == "E_MANIFEST_MISMATCH", (str(page.value), str(cli))
     assert phrase in page.value.message and phrase in cli.message, (str(page.value), str(cli))
     assert str(page.value).count("E_MANIFEST_MISMATCH") == 1
@@ -95,7 +95,7 @@ def test_a_hostile_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2_pa
     with pytest.raises(ExactSpecError) as cli:
         GGUFModel(path)
     with pytest.raises(ExactSpecError) as page:
-        BrowserRuntime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm")
+        browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm")
     assert page.value.code == cli.value.code == "E_MODEL_LOAD"
     field = cli.value.message.split(": ")[1]
     assert field in page.value.message and str(page.value).count("E_MODEL_LOAD") == 1, (str(page.value), str(cli.value))
@@ -141,13 +141,13 @@ def test_the_wasm_draft_on_a_gguf_gives_the_references_logits(tmp_path, arch):
     assert within(got, want, "draft_logits"), max_error(got, want, "draft_logits")
 
 
-ENGINE_JS = """async ([championUrl, draftUrl, picked, placement]) => {
+ENGINE_JS = """async ([championUrl, draftUrl, picked, placement, fastLoad]) => {
   const { createEngine } = await import("/web/exactspec.mjs");
   const file = async (url) => new File([await (await fetch(url)).blob()], url.split("/").pop());   // as <input type=file> gives it
   const [champion, draft] = picked ? [await file(championUrl), await file(draftUrl)] : [championUrl, draftUrl];
   const stages = new Set();
   try {
-    const engine = await createEngine({ champion, draft, championBackend: "wasm", draftPlacement: placement,
+    const engine = await createEngine({ champion, draft, championBackend: "wasm", draftPlacement: placement, ...fastLoad,
       onProgress: (p) => stages.add(p.stage === "fetch" ? `fetch ${p.name}` : p.stage) });
     const run = (speculate) => engine.generate("What is the capital of France?",
       { chat: true, temperature: 0, max_new_tokens: 8, k: 3, speculate });
@@ -172,7 +172,7 @@ def test_the_engine_api_takes_a_gguf_draft(smollm2_path, tiny_gguf_draft, browse
     try:
         browser_page.goto(http_server.url + "/web/runner.html")
         out = browser_page.evaluate(ENGINE_JS, [f"/web/models/smollm2-135m-instruct/{os.path.basename(smollm2_path)}",
-                                                f"/build/{os.path.basename(served)}", picked, placement])
+                                                f"/build/{os.path.basename(served)}", picked, placement, FAST_LOAD])
     finally:
         os.remove(served)
     assert "error" not in out, out

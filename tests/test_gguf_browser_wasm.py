@@ -113,8 +113,15 @@ def smollm2_path():
     return fetched_smollm2()
 
 
+@pytest.fixture(scope="module")
+def float_pair(smollm2_path):
+    """The float reference pair on the file (gguf_pair), loaded once for both matmul cases (~8 s)."""
+    from exactspec.reference.gguf_pair import load_gguf_pair
+    return load_gguf_pair(smollm2_path)
+
+
 @pytest.mark.parametrize("matmul", ["f32", "auto"])
-def test_smollm2_greedy_chat_equals_reference(smollm2_path, matmul):
+def test_smollm2_greedy_chat_equals_reference(smollm2_path, float_pair, matmul):
     """matmul "f32" (the old function: every tensor widened to float32): 16 greedy tokens of a chat
     turn equal to the float reference's (gguf_pair). matmul "auto" (q8act-v1 on the Q4_1 / Q8_0
     blocks, the tied head through the Q8_0 embedding) against the q8act reference on the WASM
@@ -123,10 +130,9 @@ def test_smollm2_greedy_chat_equals_reference(smollm2_path, matmul):
     counted), each greedy token the reference's argmax unless the reference's top-2 margin is
     within flip_margin. Here the first answer token is such a case: "The" and "L" are 0.14 apart
     in the q8act reference (0.09 in the float one) and the WASM champion picks "L"."""
-    from exactspec.reference.gguf_pair import load_gguf_pair
     from exactspec.core.orchestrator import GenerationConfig
     from exactspec.core.policy import SamplingPolicy
-    pair = load_gguf_pair(smollm2_path)
+    pair = float_pair
     prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config,
                                 [{"role": "user", "content": "What is the capital of France?"}])
     with GGUFModel(smollm2_path) as model:

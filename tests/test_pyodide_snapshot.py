@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from browser_fixture import REPO_ROOT, browser_page, chromium_browser, http_server  # noqa: F401
+from engine_loads import FAST_LOAD
 
 SNAPSHOT = REPO_ROOT / "build" / "pyodide_snapshot"
 VARIANTS = REPO_ROOT / "build" / "test_snapshots"
@@ -39,7 +40,7 @@ def load_and_answer(page, server, snapshot_path: str):
     page.goto(server.url + "/web/runner.html")
     page.wait_for_function("() => window.runnerReady === true")
     ready = page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)",
-                          [MODELS, {"championBackend": "wasm", "assets": {"snapshot": server.url + snapshot_path}}])
+                          [MODELS, {"championBackend": "wasm", "assets": {"snapshot": server.url + snapshot_path}, **FAST_LOAD}])
     out = page.evaluate("(p) => window.exactspecRunner.generate(p)",
                         {"prompt": "And the LORD said unto Moses,", "config": {"speculate": "draft", "temperature": 0,
                                                                                "max_new_tokens": 12}})

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from browser_fixture import REPO_ROOT, chromium_browser, http_server  # noqa: F401
-from exactspec.host.browser_run import BrowserRuntime
+from engine_loads import FAST_LOAD, browser_runtime
 from test_wasm_champion import ensure_wasm
 
 BACKENDS = (REPO_ROOT / "web" / "orchestrator" / "champion_backends.mjs").as_uri()
@@ -134,7 +134,7 @@ def test_served_page_is_isolated_and_auto_tries_every_core(chromium_browser):  #
     """The server `exactspec serve` runs sends COOP/COEP: the page is cross-origin isolated, so
     "auto" starts min(cores, 4) threads (> 1 on this 2-core machine), times them against one and
     says which it kept and why."""
-    rt = BrowserRuntime(str(CHAMPION), None, browser=chromium_browser, champion_backend="wasm", threads="auto")
+    rt = browser_runtime(str(CHAMPION), None, browser=chromium_browser, champion_backend="wasm", threads="auto")
     try:
         isolated, cores = rt.page.evaluate("[crossOriginIsolated, typeof SharedArrayBuffer, navigator.hardwareConcurrency]")[::2], \
             rt.page.evaluate("navigator.hardwareConcurrency")
@@ -158,7 +158,7 @@ def test_outputs_are_the_same_at_one_two_and_three_threads(chromium_browser):  #
     tokens; greedy lookup and draft equal champion-alone."""
     runs = {}
     for threads in (1, 2, 3):
-        rt = BrowserRuntime(str(CHAMPION), str(DRAFT), browser=chromium_browser, champion_backend="wasm", threads=threads)
+        rt = browser_runtime(str(CHAMPION), str(DRAFT), browser=chromium_browser, champion_backend="wasm", threads=threads)
         try:
             assert rt.ready["info"]["champion"]["threads"] == threads
             runs[threads] = answers(rt)
@@ -191,11 +191,11 @@ def test_without_isolation_auto_runs_one_thread_and_threads_are_refused(chromium
         assert page.evaluate("crossOriginIsolated") is False
         models = {"champion": "/web/models/champion/", "draft": None}
         ready = page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
-                              [models, {"championBackend": "wasm", "threads": "auto"}])["ready"]
+                              [models, {"championBackend": "wasm", "threads": "auto", **FAST_LOAD}])["ready"]
         assert ready["info"]["champion"]["threads"] == 1
         assert ready["info"]["champion"]["threads_why"] == "auto: the page is not cross-origin isolated (no SharedArrayBuffer)"
         refused = page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
-                                [models, {"championBackend": "wasm", "threads": 2}])
+                                [models, {"championBackend": "wasm", "threads": 2, **FAST_LOAD}])
         assert refused["error"]["code"] == "E_BAD_ARGUMENT" and "SharedArrayBuffer" in refused["error"]["message"]
     finally:
         context.close()

@@ -240,8 +240,8 @@ def test_smollm2_q4_1_decodes_in_its_blocks_identically_at_1_2_and_3_threads(smo
 def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browser):
     """In the page: ready.info.champion names the function and the weight bytes, the receipt's
     hardware_class names the function, memory() the weight bytes; BrowserRuntime(matmul="f32") loads the float function."""
-    from exactspec.host.browser_run import BrowserRuntime
-    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="wasm", warm_up=False)
+    from engine_loads import browser_runtime
+    rt = browser_runtime(TOY, None, browser=chromium_browser, champion_backend="wasm")
     try:
         info = rt.ready["info"]["champion"]
         assert info["backend"] == "wasm" and info["matmul"] == "q8act-v1"
@@ -251,7 +251,7 @@ def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browse
         assert rt.page.evaluate("() => window.exactspecRunner.memory()")["champion_weight_bytes"] == info["weight_bytes"]
     finally:
         rt.close()
-    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="wasm", warm_up=False, matmul="f32")
+    rt = browser_runtime(TOY, None, browser=chromium_browser, champion_backend="wasm", matmul="f32")
     try:
         assert rt.ready["info"]["champion"]["matmul"] == "f32"
         assert rt.ready["info"]["champion"]["weight_bytes"] > 2 * info["weight_bytes"]
@@ -262,9 +262,9 @@ def test_the_engine_reports_the_matmul_function_and_weight_bytes(chromium_browse
 def test_the_engine_passes_q8act_to_the_webgpu_champion_only_when_asked(chromium_browser):
     """matmul "q8act" reaches the WebGPU champion (ready.info.champion.matmul names it, and greedy
     speculation still equals that champion alone); "auto" keeps the GPU's float kernels (docs/gpu.md)."""
-    from exactspec.host.browser_run import BrowserRuntime
+    from engine_loads import browser_runtime
     cfg = {"temperature": 0, "max_new_tokens": 6}
-    rt = BrowserRuntime(TOY, TOY_DRAFT, browser=chromium_browser, champion_backend="webgpu", warm_up=False, matmul="q8act")
+    rt = browser_runtime(TOY, TOY_DRAFT, browser=chromium_browser, champion_backend="webgpu", matmul="q8act")
     try:
         assert rt.ready["info"]["champion"]["backend"] == "webgpu" and rt.ready["info"]["champion"]["matmul"] == "q8act-v1"
         alone = rt.generate({"prompt": "And the LORD said", "config": {**cfg, "speculate": "none"}})["result"]
@@ -272,7 +272,7 @@ def test_the_engine_passes_q8act_to_the_webgpu_champion_only_when_asked(chromium
         assert drafted["token_ids"] == alone["token_ids"] and len(alone["token_ids"]) == 6
     finally:
         rt.close()
-    rt = BrowserRuntime(TOY, None, browser=chromium_browser, champion_backend="webgpu", warm_up=False)
+    rt = browser_runtime(TOY, None, browser=chromium_browser, champion_backend="webgpu")
     try:
         assert rt.ready["info"]["champion"]["matmul"] == "f32"
     finally:
@@ -282,12 +282,12 @@ def test_the_engine_passes_q8act_to_the_webgpu_champion_only_when_asked(chromium
 def test_the_page_picks_the_relaxed_build_and_it_gives_the_same_bits(chromium_browser, tiny):
     """Chromium's relaxed SIMD passes cpu_simd.mjs's probe: "auto" loads cpu_relaxed.wasm (the Q4
     formats' dot products); its logits on a GGUF of every block type are the bits of cpu.wasm's."""
-    from exactspec.host.browser_run import BrowserRuntime
+    from engine_loads import browser_runtime
     path = tiny["llama"][0]
     case = gguf_case(path)
     V = case["config"]["vocab_size"]
     ids = [int(i) for i in np.random.default_rng(23).integers(0, V, 9)]
-    rt = BrowserRuntime(path, None, browser=chromium_browser, champion_backend="wasm", warm_up=False)
+    rt = browser_runtime(path, None, browser=chromium_browser, champion_backend="wasm")
     try:
         info = rt.ready["info"]["champion"]
         assert info["simd"] == "relaxed" and info["matmul"] == "q8act-v1"
