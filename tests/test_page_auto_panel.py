@@ -97,6 +97,13 @@ CALIBRATION = {"version": 1, "key": "ab" * 32, "source": "measured", "measured_a
 
 
 def test_calibration_in_one_line():
+    failed, stale = run_js([
+        ["calibrationSentence", [{"error": "E_INTERNAL: calibration round: status 5", "key": None}]],
+        ["calibrationSentence", [{**CALIBRATION, "cache": "stale", "draft_ms_per_proposal": None, "measured_n": [1]}]],
+    ])
+    assert failed == ("This device could not be measured (E_INTERNAL: calibration round: status 5): auto keeps "
+                      "speculation off until it has timed its own rounds")
+    assert stale == "Measured at load in 180 ms (WASM): a champion step 3.5 ms (the cached one no longer matched this device)"
     measured, cached, no_draft, gpu_one_point = run_js([
         ["calibrationSentence", [CALIBRATION]],
         ["calibrationSentence", [{**CALIBRATION, "source": "cache"}]],

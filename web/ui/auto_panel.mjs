@@ -80,6 +80,9 @@ export function roundsText(counts, auto = null) {
 
 /** The calibration (common.md §1) in one line, or null when there is none. */
 export function calibrationSentence(cal) {
+  if (cal && typeof cal === "object" && typeof cal.error === "string") {   // measuring failed (runtime.mjs)
+    return `This device could not be measured (${cal.error}): auto keeps speculation off until it has timed its own rounds`;
+  }
   if (!cal || typeof cal !== "object" || !Array.isArray(cal.verify_ms)) return null;
   const v = cal.verify_ms;
   const parts = [];
@@ -93,7 +96,8 @@ export function calibrationSentence(cal) {
   const took = finite(cal.ms) ? ` in ${msText(cal.ms)}` : "";
   const head = cal.source === "cache" ? `Measured on this device earlier${took}` : `Measured at load${took}`;
   const tail = cal.source === "cache" ? " (from cache)"
-    : cal.cache === "unavailable" ? " (not cached: no IndexedDB here)" : "";
+    : cal.cache === "unavailable" ? " (not cached: no IndexedDB here)"
+    : cal.cache === "stale" ? " (the cached one no longer matched this device)" : "";
   return `${head}${backend}: ${parts.join(", ")}${tail}`;
 }
 
