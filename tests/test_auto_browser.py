@@ -1,0 +1,50 @@
+"""speculate="auto" in headless Chromium (Pyodide orchestrator, WASM champion, the draft in its
+instance, the calibration measured at load): greedy auto answers equal champion alone's, and the
+JS session keeps the draft in step (mirror.draftAt) when auto moves between lookup, none and the
+draft within one answer."""
+import os
+
+import pytest
+
+from browser_fixture import chromium_browser  # noqa: F401
+from exactspec.host.browser_run import BrowserRuntime
+from exactspec.reference.models import default_models_dir
+
+MODELS = default_models_dir()
+CHAMPION, DRAFT = os.path.join(MODELS, "champion"), os.path.join(MODELS, "draft")
+PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto Moses,", "O Romeo, Romeo,",
+           "The LORD is my shepherd;", "Friends, Romans, countrymen,", "Now the serpent", "All the world's a stage,",
+           "Blessed are the meek:", "Thus saith the LORD, Thus saith the LORD,"]
+
+
+@pytest.fixture(scope="module")
+def runtime(chromium_browser):
+    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend="wasm",
+                        calibrate="force")
+    yield rt
+    rt.close()
+
+
+def test_auto_greedy_equals_champion_alone_in_the_browser(runtime):
+    cal = runtime.ready["info"].get("calibration")
+    assert cal and cal["version"] == 1 and cal["verify_ms"][1] > 0
+    methods, after_other, keys = set(), 0, set()
+    for prompt in PROMPTS:
+        config = dict(max_new_tokens=48, temperature=0)
+        alone = runtime.generate({"prompt": prompt, "config": dict(config, speculate="none")})["result"]
+        out = runtime.generate({"prompt": prompt, "config": dict(config, speculate="auto")})
+        auto = out["result"]
+        assert auto["error"] is None and auto["token_ids"] == alone["token_ids"], prompt
+        assert auto["finish_reason"] == alone["finish_reason"] and auto["text"] == alone["text"]
+        rounds = [e["payload"]["round"]["auto"] for e in out["events"] if e["kind"] == "tokens"]
+        seq = [r["method"] for r in rounds]
+        methods |= set(seq)
+        # a draft round after lookup or champion-alone rounds: the draft caught up on ids it had not seen
+        after_other += sum(1 for a, b in zip(seq, seq[1:]) if a != "draft" and b == "draft")
+        st = auto["stats"]["auto"]
+        assert st["rounds_by_method"] == {m: seq.count(m) for m in ("none", "draft", "lookup")}
+        keys.add(st["calibration_key"])
+        assert auto["receipt"]["scheduler_decisions"]["rounds_by_method"] == st["rounds_by_method"]
+    print(f"[measure] auto methods {sorted(methods)}, draft rounds after other rounds: {after_other}")
+    assert keys == {cal["key"]}
+    assert "draft" in methods and len(methods) >= 2 and after_other >= 1
