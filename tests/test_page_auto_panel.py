@@ -136,8 +136,10 @@ def test_batch_check_and_the_fallback():
 
 
 def test_live_stats_carries_the_last_choice_and_the_counts():
+    """live_stats.mjs: the last round's auto object and the rounds by method; the load's calibration
+    is a segment of the waterfall after the warm-up."""
     script = f"""
-const {{ createLiveStats }} = await import({json.dumps(LIVE)});
+const {{ createLiveStats, waterfall }} = await import({json.dumps(LIVE)});
 const live = createLiveStats(0);
 const round = (method) => ({{ proposed: method === "none" ? 0 : 2, accepted: 1, draft_ms: 1, verify_ms: 2,
   auto: {{ method, k: method === "none" ? 0 : 2, cost_per_token_ms: {{ none: 3 }}, reason: "cheapest" }} }});
@@ -145,7 +147,8 @@ for (const m of ["draft", "none", "lookup"]) live.onTokens({{ token_ids: [1], so
 const plain = createLiveStats(0);
 plain.onTokens({{ token_ids: [1, 2], sources: ["baseline"], round: {{ proposed: 0, accepted: 0 }} }}, 5);
 const [a, b] = [live.snapshot(10), plain.snapshot(10)];
-console.log(JSON.stringify([a.auto.method, a.autoCounts, b.auto, b.autoCounts]));
+const segs = waterfall({{ warmup: 300, calibration: 120 }}, a.answer).map((x) => x.label);
+console.log(JSON.stringify([a.auto.method, a.autoCounts, b.auto, b.autoCounts, segs.slice(0, 2)]));
 """
     out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["lookup", {"draft": 1, "lookup": 1, "none": 1}, None, None]
+    assert json.loads(out.stdout) == ["lookup", {"draft": 1, "lookup": 1, "none": 1}, None, None, ["warm-up", "calibration"]]

@@ -37,7 +37,7 @@ export function waterfall(loadTiming, answer) {
   const segs = [
     ["Pyodide start", load.pyodide], ["Python install", load.install], ["model checks", load.check],
     ["champion load", load.champion_load], ["champion warm-up", load.champion_warmup], ["draft load", load.draft_load],
-    ["warm-up", load.warmup],
+    ["warm-up", load.warmup], ["calibration", load.calibration],
     ["prefills", answer.prefill], ["draft", answer.draft], ["verify", answer.verify],
     ["sampling", answer.sampling], ["sync / other", answer.sync],
   ];
