@@ -274,3 +274,45 @@ def test_reference_session_catches_the_draft_up_after_lookup_rounds():
     assert session.draft_cache.committed_ids == committed
     out = session.round(4, 5, 15, len(committed), None)            # the draft: in step, so all 4 accepted
     assert out.n_accepted == 4 and list(out.proposals) == alone[5:9]
+
+
+# --- failure rules under auto -----------------------------------------------------------------
+class _FailingDraft(RunnerDraft):
+    """A draft whose propose() fails from its `fail_on`-th call on."""
+
+    def __init__(self, runner, fail_on):
+        super().__init__(runner)
+        self.fail_on, self.proposes = fail_on, 0
+
+    def propose(self, *args):
+        self.proposes += 1
+        if self.proposes >= self.fail_on:
+            raise RuntimeError("worker terminated")
+        return super().propose(*args)
+
+
+def _auto_with_failing_draft(fail_on):
+    champion = ToyRunner(40, 2)
+    return Orchestrator(RunnerChampion(champion), _FailingDraft(ToyRunner(40, 2), fail_on), decode=toy_decode,
+                        calibration=calibration(v1=1.0, slope=0.05, d=0.05))
+
+
+@pytest.mark.parametrize("policy", [GREEDY, SamplingPolicy(temperature=1.0)])
+def test_auto_draft_failure_before_output_falls_back_to_champion_alone(policy):
+    alone = make_orchestrator(40, 2).generate([4, 5, 6], GenerationConfig(max_new_tokens=16, policy=policy,
+                                                                          speculate="none", seed=9))
+    events = []
+    res = _auto_with_failing_draft(1).generate([4, 5, 6], GenerationConfig(max_new_tokens=16, policy=policy, seed=9),
+                                               on_event=events.append)
+    assert res.finish_reason == "length" and res.error is None and res.token_ids == alone.token_ids
+    assert res.stats["mode"] == "none" and res.receipt["fallback_code"] == "E_DRAFT_LOST"
+    assert not any(e["kind"] == "error" for e in events)
+
+
+def test_auto_draft_failure_after_output_ends_visibly():
+    events = []
+    res = _auto_with_failing_draft(3).generate([4, 5, 6], GenerationConfig(max_new_tokens=40, policy=GREEDY),
+                                               on_event=events.append)
+    assert res.finish_reason == "error" and res.error["code"] == "E_DRAFT_LOST" and 0 < len(res.token_ids) < 40
+    streamed = [t for e in events if e["kind"] == "tokens" for t in e["payload"]["token_ids"]]
+    assert streamed == res.token_ids and [e["kind"] for e in events][-2:] == ["error", "result"]
