@@ -24,7 +24,7 @@ def test_demo_toy_json():
     out = json.loads(r.stdout)
     assert out["all_greedy_identical"] is True and len(out["prompts"]) >= 3
     for row in out["prompts"]:
-        assert set(row["greedy"]) == {"none", "draft", "lookup"}
+        assert set(row["greedy"]) == {"none", "auto", "draft", "lookup"}
         assert row["sampled"]["accepted"] <= row["sampled"]["proposed"]
 
 

@@ -20,9 +20,9 @@ def test_demo_runs_the_browser_engine():
     assert out["engine"] == "browser" and out["champion_backend"] in ("wasm", "webgpu")
     assert out["all_greedy_identical"] is True and len(out["prompts"]) == len(demo.DEMO_PROMPTS)
     for row in out["prompts"]:
-        texts = {mode: row["greedy"][mode]["text"] for mode in ("none", "draft", "lookup")}
+        texts = {mode: row["greedy"][mode]["text"] for mode in ("none", "auto", "draft", "lookup")}
         assert texts["none"].strip() and len(set(texts.values())) == 1, texts
-    for mode in ("none", "draft", "lookup"):
+    for mode in ("none", "auto", "draft", "lookup"):
         assert out["speedups"][mode]["tokens_per_s"] > 0 and out["speedups"][mode]["speedup"] > 0
     assert out["speedups"]["none"]["speedup"] == 1.0
     assert "exactspec demo: loading:" in r.stderr and "exactspec demo: loaded in" in r.stderr, r.stderr

@@ -23,7 +23,7 @@ from ..reference.processors import SamplingPolicy
 
 DEMO_PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto Moses,",
                 "What light through yonder window"]
-MODES = [("none", 0), ("draft", 4), ("lookup", 4)]
+MODES = [("none", 0), ("auto", 4), ("draft", 4), ("lookup", 4)]   # auto: the default (k is its own)
 # turns SmolLM2-135M answers right under both matmul functions (the browser's q8act-v1 and the reference's
 # float one): its answer to "What is the capital of France?" turns on a 0.08 logit margin (docs/champion_wasm.md)
 CHAT_TURNS = ["Name the capital of France.", "And what is the capital of Italy?"]

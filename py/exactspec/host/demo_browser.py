@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-MODES = [("none", "champion alone"), ("draft", "speculative, draft k=4"), ("lookup", "speculative, prompt lookup k=4")]
+MODES = [("none", "champion alone"), ("auto", "speculate auto (the default)"), ("draft", "speculative, draft k=4"), ("lookup", "speculative, prompt lookup k=4")]
 
 
 class ProgressLine:
