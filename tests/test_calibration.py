@@ -113,6 +113,22 @@ console.log(JSON.stringify(seq.map((x) => t.observe(x))));
     assert out == [False, False, False, False, False, True, False, True, False, False, True]
 
 
+def test_a_cached_entry_is_spot_checked_by_timing_v1_now():
+    out = node(PROBE + """
+const p = probe({ base: 1, perRow: 1 });
+const fresh = await cal.spotCheck(p, { verify_ms: [null, 2.2] }, { backend: "wasm", vocabSize: 100 });
+const stale = await cal.spotCheck(p, { verify_ms: [null, 0.5] }, { backend: "wasm", vocabSize: 100 });
+console.log(JSON.stringify({ fresh, stale, log: p.log, within: [0.74, 0.75, 1.0, 1.33, 1.34].map(cal.withinDrift) }));
+""")
+    assert out["log"] == ["prefill", "V1", "V1", "V1"] * 2                          # three timings of V(1) each
+    assert out["fresh"]["v1_ms"] >= 2 and out["stale"]["ratio"] >= 4                # 2 ms now against 0.5 cached
+    assert out["within"] == [False, True, True, True, False]
+
+
+def test_without_indexeddb_there_is_no_cache():
+    assert node("console.log(JSON.stringify(await cal.openCalibrationCache()));") is None   # Node has no indexedDB
+
+
 def test_a_cached_entry_is_used_only_for_its_own_key_and_version():
     out = node("""
 const e = { version: 1, key: "k", verify_ms: [null, 1, 2, 3, 4, 5, 6, 7, 8, 9] };

@@ -55,9 +55,14 @@ def test_a_forced_load_measures_the_calibration_within_its_budget(rt):
 def test_a_second_load_in_the_same_browser_context_reads_it_from_the_cache(rt):
     first = load(rt)["info"]["calibration"]                  # after the forced load above: cached
     again = load(rt)["info"]["calibration"]
-    assert again["source"] == "cache" and again["cache"] == "hit"
-    assert again["key"] == first["key"] and again["verify_ms"] == first["verify_ms"]
-    assert again["measured_at"] == first["measured_at"]
+    spot = again["spot_check"]                                 # V(1) timed now against the entry's
+    assert spot["v1_ms"] > 0 and spot["ratio"] == pytest.approx(spot["v1_ms"] / first["verify_ms"][1], rel=1e-2)
+    assert again["key"] == first["key"]
+    if 0.75 <= spot["ratio"] <= 1.33:                          # (a busy machine can make it stale: then measured anew)
+        assert again["source"] == "cache" and again["cache"] == "hit"
+        assert again["verify_ms"] == first["verify_ms"] and again["measured_at"] == first["measured_at"]
+    else:
+        assert again["source"] == "measured" and again["cache"] == "stale" and again["measured_at"] != first["measured_at"]
     assert load(rt, calibrate="force")["info"]["calibration"]["source"] == "measured"
 
 
@@ -73,7 +78,8 @@ def test_drift_reported_twice_drops_the_entry_and_measures_again_between_request
     assert after["source"] == "measured" and after["key"] == before["key"] and after["verify_ms"][1] > 0
     ask(rt, "none")                                            # requests run on after it
     # the new measurement is what the cache holds now
-    assert load(rt)["info"]["calibration"]["measured_at"] == after["measured_at"]
+    reloaded = load(rt)["info"]["calibration"]
+    assert reloaded["cache"] == "stale" or reloaded["measured_at"] == after["measured_at"]
 
 
 def test_calibrate_off_has_none_and_auto_still_gives_the_champions_greedy_tokens(rt):

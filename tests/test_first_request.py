@@ -29,9 +29,9 @@ console.log(JSON.stringify({{
 }}));
 """)
     assert got["full"] == [["none", 0, 0, "Hello", True], ["lookup", 0, 8, 11, False], ["draft", 0, 8, 11, False],
-                           ["draft", 1, 4, 11, False]]
-    assert got["alone"] == [["none", 0, 0, "Hello", False], ["lookup", 0, 8, 11, False]]
-    assert [k for k, _ in got["tiny"]] == [0, 1] and all(top < 5 for _, top in got["tiny"])   # k = maxBlock - 1; ids in the vocabulary
+                           ["draft", 1, 4, 11, False], ["auto", 0, 0, 11, False]]
+    assert got["alone"] == [["none", 0, 0, "Hello", False], ["lookup", 0, 8, 11, False], ["auto", 0, 0, 11, False]]
+    assert [k for k, _ in got["tiny"]] == [0, 1, 0] and all(top < 5 for _, top in got["tiny"])   # k = maxBlock - 1; ids in the vocabulary
 
 
 def test_warmup_repeats_to_its_call_count_and_never_throws():

@@ -121,7 +121,8 @@ export interface Calibration {
   measured_n: number[];                 // the n timed; the rest interpolated
   draft_ms_per_proposal: number | null; draft_catchup_ms_per_token: number | null; lookup_ms: number | null;
   budget_ms: number; skipped: string[]; // what the budget left untimed
-  cache?: "hit" | "miss" | "unavailable";   // ready.info only
+  cache?: "hit" | "miss" | "stale" | "unavailable";   // ready.info only; stale: the cached entry's V(1) disagreed with now
+  spot_check?: { v1_ms: number; ratio: number };    // a cached entry's check (V(1) timed at this load)
 }
 
 export interface ReadyInfo {

@@ -17,6 +17,7 @@ export const DRIFT_REQUESTS = 2;
 const CONTEXT_IDS = 16;          // the synthetic context already in the cache before each timed round
 const CATCHUP_IDS = 8;           // the draft's catch-up forward
 const PROPOSE_K = 4;             // the draft's timed proposal
+const SPOT_TIMINGS = 3;          // V(1) timings of a cached entry's spot check
 const MAX_TIMINGS = 4;           // timings of one V(n) at most (a cheap device repeats while the budget lasts)
 
 const round3 = (x) => (x == null ? null : Math.round(x * 1000) / 1000);
@@ -65,6 +66,28 @@ export function interpolate(timed, maxN = 9) {
   return out.map(round3);
 }
 
+/** The synthetic context a calibration session starts from (16 ids; WebGPU 4: its prefill, which
+ *  the first timed round waits for, stays short). */
+const syntheticContext = (backend, vocabSize) =>
+  Array.from({ length: backend === "webgpu" ? 4 : CONTEXT_IDS }, (_, i) => (i * 7919 + 13) % vocabSize);
+
+/** A cached entry against this moment: V(1) timed SPOT_TIMINGS times over a session of its own
+ *  (the minimum) -> {v1_ms, ratio: v1_ms / the entry's V(1)}; a ratio outside DRIFT_RANGE makes
+ *  the entry stale (an entry measured while the machine was busy, or on a quieter day). */
+export async function spotCheck(probe, cached, { backend, vocabSize }) {
+  const s = await probe.open({ greedy: true, contextIds: syntheticContext(backend, vocabSize) });
+  try {
+    let v1 = Infinity;
+    for (let r = 0; r < SPOT_TIMINGS; r++) v1 = Math.min(v1, await s.verify(1));
+    return { v1_ms: round3(v1), ratio: round3(v1 / cached.verify_ms[1]) };
+  } finally {
+    s.close();
+  }
+}
+
+/** Whether a ratio of observed to calibrated time lies inside DRIFT_RANGE. */
+export const withinDrift = (ratio) => ratio >= DRIFT_RANGE[0] && ratio <= DRIFT_RANGE[1];
+
 /** Timed V(n) with each one at most every larger n's: a timing is only ever inflated (another
  *  thread, a tab, a GC took the core), and verifying more rows never costs less. */
 export function monotone(timed) {
@@ -102,7 +125,7 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
   const timed = new Map();                       // n -> min ms
   const counts = new Map();                      // n -> times timed
   const skipped = [];
-  const contextIds = Array.from({ length: backend === "webgpu" ? 4 : CONTEXT_IDS }, (_, i) => (i * 7919 + 13) % vocabSize);
+  const contextIds = syntheticContext(backend, vocabSize);
   const predictV = (n) => {
     if (!timed.size) return 0;
     if (timed.size === 1) return timed.get(1) * (1 + (n - 1) / 4);

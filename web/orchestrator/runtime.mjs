@@ -14,7 +14,8 @@ import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
 import { warmUp, warmupRequests } from "./warmup.mjs";
-import { adapterDescription, calibrationKey, driftTracker, measureCalibration, openCalibrationCache, usableCached } from "./calibrate.mjs";
+import { adapterDescription, calibrationKey, driftTracker, measureCalibration, openCalibrationCache, spotCheck, usableCached,
+  withinDrift } from "./calibrate.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
@@ -184,9 +185,10 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
         chat_template: chatTemplate, calibration } };   // the page's chat default
   }
 
-  /** The calibration for what is loaded now, from the cache (mode "auto") or measured ("force"), served
-   *  to Python -> the calibration with cache: "hit" | "miss" | "unavailable", or null when it failed
-   *  (with `error`: then Python's conservative default applies). Only between requests. */
+  /** The calibration for what is loaded now, from the cache (mode "auto"; checked by timing V(1):
+   *  "stale" when it disagrees) or measured ("force"), served to Python -> the calibration with
+   *  cache: "hit" | "miss" | "stale" | "unavailable" (and spot_check {v1_ms, ratio}), or {error, key}
+   *  when it failed (nothing served: Python's conservative default applies). Only between requests. */
   async function calibrate(mode) {
     const built = loaded.bridge;
     const info = built.info, draft = built.currentDraft();
@@ -199,16 +201,19 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
         adapter: info.champion.backend === "webgpu" ? await adapterDescription() : "", user_agent: globalThis.navigator?.userAgent ?? "" });
       cachePromise ??= openCalibrationCache();
       const cache = await cachePromise;
-      let out = null;
-      if (cache && mode !== "force") {
+      const how = { backend: info.champion.backend, key, vocabSize: info.champion.vocab_size };
+      let out = null, spot = null;
+      if (cache && mode !== "force") {      // a cached entry, if V(1) timed now agrees with it
         const entry = await cache.get(key).catch(() => null);
-        if (usableCached(entry, key)) out = { ...entry, source: "cache", cache: "hit" };
+        if (usableCached(entry, key)) {
+          spot = await spotCheck(built.calibrationProbe(), entry, how);
+          if (withinDrift(spot.ratio)) out = { ...entry, source: "cache", cache: "hit", spot_check: spot };
+        }
       }
       if (!out) {
-        const measured = await measureCalibration(built.calibrationProbe(), { backend: info.champion.backend, key,
-          vocabSize: info.champion.vocab_size });
+        const measured = await measureCalibration(built.calibrationProbe(), how);
         if (cache) await cache.put(measured).catch(() => {});
-        out = { ...measured, cache: cache ? "miss" : "unavailable" };
+        out = { ...measured, cache: !cache ? "unavailable" : spot ? "stale" : "miss", ...(spot ? { spot_check: spot } : {}) };
       }
       const { cache: _, ...served } = out;
       built.setCalibration(served);

@@ -4,8 +4,10 @@
 // code like the tenth (docs/browser.md, "Warm-up at load").
 
 /** The warm-up requests: greedy alone (a text prompt, in the chat template when the model has one),
- *  greedy lookup at k = maxBlock - 1 on a repeating prompt, and with a draft greedy and sampled
- *  draft rounds; a prompt of maxBlock + 2 ids prefills a full block and a partial one. */
+ *  greedy lookup at k = maxBlock - 1 on a repeating prompt, with a draft greedy and sampled
+ *  draft rounds, and greedy "auto" (the default mode: its policy's code; the calibration comes
+ *  after the warm-up, so it plans from its default) on the repeating prompt; a prompt of
+ *  maxBlock + 2 ids prefills a full block and a partial one. */
 export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = false }) {
   const k = Math.max(1, Math.min(8, maxBlock - 1));
   const n = maxBlock + 2;
@@ -19,6 +21,7 @@ export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = fals
     out.push({ prompt_ids: ids, config: config({ speculate: "draft", k }) });
     out.push({ prompt_ids: ids, config: config({ speculate: "draft", k: Math.min(4, k), temperature: 1, top_k: 40 }) });
   }
+  out.push({ prompt_ids: ids, config: config({ speculate: "auto" }) });
   return out;
 }
 
