@@ -136,7 +136,8 @@ def test_batch_check_and_the_fallback():
 
 
 def test_live_stats_carries_the_last_choice_and_the_counts():
-    """live_stats.mjs: the last round's auto object and the rounds by method; the load's calibration
+    """live_stats.mjs: the last round's auto object (a final last-token round skipped) and the rounds
+    by method; the load's calibration
     is a segment of the waterfall after the warm-up."""
     script = f"""
 const {{ createLiveStats, waterfall }} = await import({json.dumps(LIVE)});
@@ -144,11 +145,15 @@ const live = createLiveStats(0);
 const round = (method) => ({{ proposed: method === "none" ? 0 : 2, accepted: 1, draft_ms: 1, verify_ms: 2,
   auto: {{ method, k: method === "none" ? 0 : 2, cost_per_token_ms: {{ none: 3 }}, reason: "cheapest" }} }});
 for (const m of ["draft", "none", "lookup"]) live.onTokens({{ token_ids: [1], sources: ["baseline"], round: round(m) }}, 5);
+const ended = createLiveStats(0);
+for (const m of ["draft", "lookup"]) ended.onTokens({{ token_ids: [1], round: round(m) }}, 5);
+ended.onTokens({{ token_ids: [1], round: {{ ...round("none"), auto: {{ ...round("none").auto, reason: "last_token" }} }} }}, 6);
 const plain = createLiveStats(0);
 plain.onTokens({{ token_ids: [1, 2], sources: ["baseline"], round: {{ proposed: 0, accepted: 0 }} }}, 5);
 const [a, b] = [live.snapshot(10), plain.snapshot(10)];
 const segs = waterfall({{ warmup: 300, calibration: 120 }}, a.answer).map((x) => x.label);
-console.log(JSON.stringify([a.auto.method, a.autoCounts, b.auto, b.autoCounts, segs.slice(0, 2)]));
+console.log(JSON.stringify([a.auto.method, a.autoCounts, b.auto, b.autoCounts, segs.slice(0, 2), ended.snapshot(10).auto.method]));
 """
     out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["lookup", {"draft": 1, "lookup": 1, "none": 1}, None, None, ["warm-up", "calibration"]]
+    assert json.loads(out.stdout) == ["lookup", {"draft": 1, "lookup": 1, "none": 1}, None, None, ["warm-up", "calibration"],
+                                       "lookup"]   # a final last-token round leaves the last weighed choice shown

@@ -4,7 +4,8 @@
 // whose first i proposals were all accepted), accepted tokens per round, and the latency
 // waterfall. While streaming, prefill is the first token's wait less its round's draft and
 // verify time; after the result, the orchestrator's own timing_ms replaces every estimate. Under
-// speculate "auto", `auto` is the last round's choice (round.auto) and `autoCounts` its rounds by method.
+// speculate "auto", `auto` is the last round's choice (round.auto; a final last-token round skipped)
+// and `autoCounts` its rounds by method.
 
 import { countMethods } from "./auto_panel.mjs";
 
@@ -44,6 +45,13 @@ export function waterfall(loadTiming, answer) {
   return segs.filter(([, ms]) => Number.isFinite(ms) && ms > 0).map(([label, ms]) => ({ label, ms }));
 }
 
+/** The latest round's auto choice; at the answer's end, the last one that was weighed (a final
+ *  "last_token" round, champion alone by necessity, does not hide what auto was doing). */
+function lastChoice(rounds) {
+  const autos = rounds.filter((r) => r.auto).map((r) => r.auto);
+  return autos.findLast((a) => a.reason !== "last_token") ?? autos.at(-1) ?? null;
+}
+
 function snapshotOf(st, now, result) {
   const elapsed = Math.max(0, now - st.t0);
   const draft = st.rounds.reduce((a, r) => a + (r.draft_ms ?? 0), 0);
@@ -68,7 +76,7 @@ function snapshotOf(st, now, result) {
     proposedPerRound: st.rounds.map((r) => r.proposed),
     survival: survivalCurve(st.rounds),
     bySource: { ...st.bySource },
-    auto: [...st.rounds].reverse().find((r) => r.auto)?.auto ?? null,
+    auto: lastChoice(st.rounds),
     autoCounts: countMethods(st.rounds),
     answer,
   };
