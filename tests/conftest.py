@@ -54,7 +54,7 @@ SLOW_TESTS = {
     "test_gguf_cli.py::test_generate_chat_on_the_gguf_answers",
     "test_gguf_cli.py::test_the_draft_the_manifest_binds_is_picked_and_exact",
     "test_gguf_cli.py::test_the_shipped_manifest_pairs_the_smollm2_draft",
-    "test_gguf_cli.py::test_without_a_bound_draft_the_default_is_alone_and_draft_is_refused",
+    "test_gguf_cli.py::test_without_a_bound_draft_auto_runs_without_one_and_draft_is_refused",
     "test_gguf_cli.py::test_a_mismatched_draft_is_refused_naming_the_field",
     "test_cli.py::test_demo_chats_with_the_real_model",
     "test_cli.py::test_demo_says_which_champion_artifact_ran",

@@ -74,11 +74,11 @@ def test_auto_is_within_bounds_of_the_best_fixed_choice_on_a_grid():
     """The grid: acceptance a in {0, .3, .6, .9} (i.i.d. per proposal), draft cost d/V(1) in {.05, .15, 1},
     V(n) = V(1)(1 + slope (n-1)) with slope in {.05, .15}; V(1) = 20 ms, 0.5 ms overhead a round, catch-up
     0.1 d a token, 256 tokens, 8 seeds per cell. Best fixed: the best of champion alone and draft k = 1..8
-    on the same seeds. Auto (defaults: margin 5%, probes 2% of the time) is never more than 2.5% slower
-    than champion alone, within 9% of the best fixed choice in every cell and within 4% on the grid's
-    mean. Measured (2026-12-02): mean 1.036; 13 of 24 cells within 2.5%; the worst cells (1.06-1.085) are
-    those where the draft gains 8-20% (a = .3 / .6) or where learning a high k costs the first rounds
-    (a = .9): the margin and the low side of the two-speed acceptance estimate keep auto cautious."""
+    on the same seeds. Auto (defaults: margin 5%, probes within 2% of the time so far plus 3% of 64
+    steps, i.e. at most ~2.75% here) is never more than 3% slower than champion alone, within 9% of
+    the best fixed choice in every cell and within 4% on the grid's mean. Measured (2026-12-02): worst
+    cell 1.084; the worst cells are those where the draft gains 8-20% (a = .3 / .6): the margin and
+    the low side of the two-speed acceptance estimate keep auto cautious there."""
     ratios = []
     for a, dr, slope in GRID:
         world = dict(accept=a, d=20.0 * dr, slope=slope)
@@ -86,26 +86,25 @@ def test_auto_is_within_bounds_of_the_best_fixed_choice_on_a_grid():
         auto = sum(auto_request(seed=s, **world)[0] for s in seeds)
         fixed = [sum(fixed_request(k, seed=s, **world) for s in seeds) for k in range(9)]
         ratios.append(auto / min(fixed))
-        assert auto / fixed[0] < 1.025, (a, dr, slope, auto / fixed[0])
+        assert auto / fixed[0] < 1.03, (a, dr, slope, auto / fixed[0])
         assert auto / min(fixed) < 1.09, (a, dr, slope, auto / min(fixed))
     assert sum(ratios) / len(ratios) < 1.04
 
 
 def test_a_draft_that_cannot_pay_is_only_probed_within_the_budget():
-    """d = 2 V(1): the draft never pays, even at acceptance 0.9. Draft rounds are the first probes and
-    then probes whose cost fits probe_fraction of the time so far; auto stays within 2% + the first
-    probes of champion alone."""
+    """d = 2 V(1): the draft never pays, even at acceptance 0.9. Draft rounds are probes whose cost
+    fits probe_fraction of the time so far plus the start allowance (start_fraction of start_horizon
+    steps); what they really cost stays within that budget, and auto within it of champion alone."""
     for a in (0.0, 0.9):
         world = dict(accept=a, d=40.0, slope=0.1)
         per_token, trace, policy = auto_request(**world)
         alone = fixed_request(0, **world)
-        drafts = [i for i, (m, _, _) in enumerate(trace) if m == "draft"]
-        first = DEFAULT_PARAMS["probes_first"]
-        assert all(i < first for i in drafts[:first])
-        assert len(drafts) <= first + 3
-        first_cost = sum(40.0 * k + 20.0 * 0.1 * k for m, k, _ in trace[:first]) / 256
-        assert per_token <= alone * (1 + DEFAULT_PARAMS["probe_fraction"]) + first_cost
-        assert policy.probe_spent_ms <= DEFAULT_PARAMS["probe_fraction"] * policy.elapsed_ms + 50.0
+        drafts = [m for m, _, _ in trace].count("draft")
+        assert drafts <= DEFAULT_PARAMS["probes_first"]        # here: none (a probe's worst case exceeds the budget)
+        budget = DEFAULT_PARAMS["probe_fraction"] + DEFAULT_PARAMS["start_fraction"] * 64 / 256
+        assert per_token <= alone * (1 + budget)
+        allowance = DEFAULT_PARAMS["start_fraction"] * DEFAULT_PARAMS["start_horizon"] * 20.5
+        assert policy.probe_spent_ms <= DEFAULT_PARAMS["probe_fraction"] * policy.elapsed_ms + allowance
 
 
 def test_high_acceptance_and_a_cheap_draft_keep_the_draft():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 METHODS = ("none", "draft", "lookup")
 K_LIMIT = 8            # auto's k is at most min(8, the backend's max_k)
 DEFAULT_PARAMS = {"margin": 0.05, "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
-                  "decay": 0.95, "fast_decay": 0.8, "probe_fraction": 0.02, "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
+                  "decay": 0.95, "fast_decay": 0.8, "probe_fraction": 0.02, "start_fraction": 0.03, "start_horizon": 64, "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
                   "catchup_horizon": 32, "lookup_evidence": 2.0, "window": 9, "lookup_search_fraction": 0.1,
                   "lookup_search_every": 8}
 
@@ -117,6 +117,7 @@ class AutoPolicy:
         self.d_seen = _Recent(w)              # draft ms per (proposal + caught-up token), no calibration
         self.elapsed_ms = 0.0                 # the request's round time so far
         self.probe_spent_ms = 0.0
+        self.start_remaining = None           # the tokens the request could still emit at its first choice
         self.rounds = 0
         self.rounds_since_search = 0
         self.rounds_since_draft = 1 << 30     # rounds since the last draft round (none yet: many)
@@ -178,6 +179,8 @@ class AutoPolicy:
         match); draft_behind: committed tokens the draft has not consumed; searched: whether
         lookup searched this round (its cost is then paid whatever runs)."""
         p = self.params
+        if self.start_remaining is None:
+            self.start_remaining = remaining
         cap = max(0, min(self.k_max, remaining - 1))       # a round emits at most k + 1 tokens
         o = self.overhead.value() or 0.0
         sunk = self._lookup_ms() if searched else 0.0
@@ -229,32 +232,48 @@ class AutoPolicy:
 
     def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0):
         """(method, k) of a probe that fits the budget, or None. A probe is a draft round while the
-        draft has no evidence (or, whatever the evidence, once the budget allows one: acceptance
-        may have changed), or a lookup round whose verify cost was never timed."""
+        draft has fewer than probes_first rounds in this request (they ramp up: probe_k, 2x, 4x, ...
+        as far as the estimate's best k and the budget allow), a draft round at probe_k once it has
+        not run for probe_gap rounds (acceptance may have changed), or a lookup round whose verify
+        cost was never timed. Every probe's worst case must fit the budget: probe_fraction of the
+        time so far, plus a start allowance of start_fraction of min(the request's tokens,
+        start_horizon) steps; each is charged what it really cost."""
         p = self.params
         if none_cost is None or cap + 1 < p["probe_min_remaining"]:   # no step timed yet, or too late
             return None
-            return None
         first = self.rounds_by_method["draft" if self.has_draft else "lookup"] < p["probes_first"]
         if self.has_draft:
-            k = min(p["probe_k"], cap)
-            if first:       # the first probes ramp up (probe_k, 2x, 4x, ...) as far as the estimate's best k
-                n = self.rounds_by_method["draft"]
-                k = min(cap, max(k, min(draft_k, p["probe_k"] << n)))
-            method = "draft"
+            if not first and self.rounds_since_draft < p["probe_gap"]:
+                return None                     # the draft's evidence is recent: no probe needed
+            method, top = "draft", min(p["probe_k"], cap)
+            if first:
+                top = min(cap, max(top, min(draft_k, p["probe_k"] << self.rounds_by_method["draft"])))
         elif lookup_len and self._verify(min(p["probe_k"], cap, lookup_len) + 1) is None:
-            method, k = "lookup", min(p["probe_k"], cap, lookup_len)
+            method, top = "lookup", min(p["probe_k"], cap, lookup_len)
         else:
             return None
-        worst = self._worst_extra(method, k, behind, none_cost, o, sunk)
-        # the first probes_first probes come at once (a bounded cost: probes_first rounds); later
-        # ones when their worst case fits the budget
-        if not first and self.has_draft and self.rounds_since_draft < p["probe_gap"]:
-            return None                         # the draft's evidence is recent: no probe needed
-        if first or self.probe_spent_ms + worst <= p["probe_fraction"] * self.elapsed_ms:
-            self._probe_worst = worst
-            return method, k
+        if not self._could_pay(method, cap, none_cost, o, sunk):
+            return None                         # not even with every proposal accepted
+        budget = (p["probe_fraction"] * self.elapsed_ms - self.probe_spent_ms
+                  + p["start_fraction"] * min(self.start_remaining, p["start_horizon"]) * none_cost)
+        for k in range(top, 0, -1):
+            worst = self._worst_extra(method, k, behind, none_cost, o, sunk)
+            if worst <= budget:
+                self._probe_worst = worst
+                return method, k
         return None
+
+    def _could_pay(self, method, cap, none_cost, o, sunk) -> bool:
+        """Whether some k would beat none by the margin if every proposal were accepted (costs
+        unknown: yes, probing is how they are learnt)."""
+        for k in range(1, cap + 1):
+            v = self._verify(k + 1)
+            extra = self._draft_cost(k, 0) if method == "draft" else 0.0
+            if v is None or extra is None:
+                return True
+            if (v + extra + o + sunk) / (k + 1) < none_cost * (1.0 - self.params["margin"]):
+                return True
+        return False
 
     def _worst_extra(self, method, k, behind, none_cost, o, sunk) -> float:
         """A probe's extra cost over a champion-alone step if nothing is accepted (estimated;
@@ -291,7 +310,7 @@ class AutoPolicy:
         if method == "draft" and proposed > 0:
             self.acc["draft"].add(proposed, accepted)
         chosen = self._chosen
-        if chosen is not None and chosen[2] == "probe" and self.rounds_by_method[method] > self.params["probes_first"]:
+        if chosen is not None and chosen[2] == "probe":
             none_cost = self._verify(1)
             # realised extra over champion alone for the tokens it gave (a winning probe costs nothing)
             if none_cost is not None and self.rounds > 1:
