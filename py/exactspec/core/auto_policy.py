@@ -39,18 +39,17 @@ class _Recent:
     """A robust running estimate: the median of the last `window` values."""
 
     def __init__(self, window: int):
-        self.window, self.values = window, []
+        self.window, self.values, self.median = window, [], None
 
     def add(self, x: float) -> None:
         self.values.append(float(x))
         del self.values[:-self.window]
-
-    def value(self):
-        if not self.values:
-            return None
         v = sorted(self.values)
         n = len(v)
-        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+        self.median = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+    def value(self):
+        return self.median
 
 
 class _Acceptance:
@@ -63,9 +62,11 @@ class _Acceptance:
         self.decays = (decay, fast_decay)
         self.reached = [[0.0] * (k_max + 2) for _ in self.decays]
         self.taken = [[0.0] * (k_max + 2) for _ in self.decays]
+        self._gains = None                  # (gains for k = 0..max(k_max, 1), a_1), until the next add
 
     def add(self, proposed: int, accepted: int) -> None:
         """A round that proposed `proposed` tokens and accepted the first `accepted` of them."""
+        self._gains = None
         for reached, taken, d in zip(self.reached, self.taken, self.decays):
             for i in range(1, self.k_max + 1):
                 reached[i] *= d
@@ -78,7 +79,12 @@ class _Acceptance:
         return self.reached[0][1]
 
     def gains(self, k_top: int):
-        """(E[G(k)] for k = 0..k_top, a_1)."""
+        """(E[G(k)] for k = 0..k_top (and beyond), a_1)."""
+        if self._gains is None:
+            self._gains = self._compute(max(self.k_max, 1))
+        return self._gains
+
+    def _compute(self, k_top: int):
         out, s, total, a1 = [1.0], 1.0, 1.0, None
         prev = [self.prior, self.prior]
         for i in range(1, k_top + 1):
@@ -190,18 +196,23 @@ class AutoPolicy:
         gain = {"draft": None, "lookup": None}
         best_k = {"draft": 0, "lookup": 0}
         a1 = {}
+        verify = [None, v1] + [self._verify(n) for n in range(2, cap + 2)]     # V(n), n <= cap + 1
+        per_proposal = self._draft_cost(1, 0) if self.has_draft else None   # the draft's cost is linear in k
         for method, top in (("draft", cap if self.has_draft else 0), ("lookup", min(cap, lookup_len))):
             g, a1[method] = self.acc[method].gains(max(top, 1))
             if top < 1 or none_cost is None:
                 continue
             # the draft's catch-up is paid once, then the draft is in step: spread over a horizon
             catchup = (self._draft_cost(0, draft_behind) if method == "draft" else 0.0)
+            if catchup is None or (method == "draft" and per_proposal is None):
+                continue
+            spread = catchup / max(1, min(remaining, p["catchup_horizon"]))
             for k in range(1, top + 1):
-                v = self._verify(k + 1)
-                extra = self._draft_cost(k, 0) if method == "draft" else 0.0
-                if v is None or extra is None or catchup is None:
+                v = verify[k + 1]
+                if v is None:
                     continue
-                per = (v + extra + o + sunk) / g[k] + catchup / max(1, min(remaining, p["catchup_horizon"]))
+                extra = per_proposal * k if method == "draft" else 0.0
+                per = (v + extra + o + sunk) / g[k] + spread
                 if cpt[method] is None or per < cpt[method]:
                     cpt[method], gain[method], best_k[method] = per, g[k], k
         info = {"cost_per_token_ms": {m: _r(v) for m, v in cpt.items()},
