@@ -1,20 +1,63 @@
-"""The arms of a run (pure): which engine each runs on, its request config, and the interleaved
-order of (prompt, temperature, arm) requests."""
+"""The arms of a run (pure): the model pairs and topologies, which engine each arm runs on, its
+request config, and the interleaved order of (topology, arm, prompt, temperature) requests."""
 from __future__ import annotations
+
+import os
 
 DRAFT_KS = tuple(range(1, 9))
 LOOKUP_K = 4
 ADAPTIVE_K_MAX = 8
-FULL = ("none",) + tuple(f"draft-k{k}" for k in DRAFT_KS) + ("draft-adaptive", f"lookup-k{LOOKUP_K}", "lookup-adaptive")
-QUICK = ("none", "draft-adaptive")
+AUTO_K = 8          # sent with speculate "auto", which ignores k (auto picks k in 0..min(8, max_k) itself)
+# the toy pair on the WASM champion: every fixed k, the adaptive schedulers, lookup, and auto
+# "none-spec": champion alone on the champion + draft engine (the control that separates the engines'
+# own differences from what auto's choices do; "none" runs on the champion-alone engine)
+TOY_FULL = (("none", "none-spec") + tuple(f"draft-k{k}" for k in DRAFT_KS)
+            + ("draft-adaptive", f"lookup-k{LOOKUP_K}", "lookup-adaptive", "auto"))
+FULL = TOY_FULL     # v1's name
 # WebGPU on SwiftShader is ~15-20x slower than the WASM champion: a subset of arms and prompts only
-WEBGPU_SUBSET = ("none", "draft-k4", "draft-adaptive")
+WEBGPU_SUBSET = ("none", "draft-k4", "auto")
+# the real pair (SmolLM2-135M-Instruct Q4_1 + its draft), ~30-50 ms a token on the WASM champion
+REAL_FULL = ("none", "auto", "draft-k2", "draft-k4", f"lookup-k{LOOKUP_K}")
+QUICK = ("none", "auto")
+# the distribution samples' arms (T = 1, first SAMPLE_POSITIONS tokens); the real pair (slow) samples
+# champion alone and auto only
+SAMPLE_ARMS = ("none", "auto", "draft-k4")
+REAL_SAMPLE_ARMS = ("none", "auto")
+
+# the pairs: the URLs the bench page loads; "file" is the local file a pair needs (None: shipped)
+PAIRS = {
+    "toy": {"champion": "/web/models/champion/", "draft": "/web/models/draft/", "file": None},
+    "real": {"champion": "/web/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+             "draft": "/web/models/smollm2-draft/",
+             "file": os.path.join("build", "models", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")},
+}
+
+
+def topology(pair: str, backend: str) -> str:
+    """"toy-wasm", "toy-webgpu", "real-wasm", "toy-wllama": the unit the gates are judged per."""
+    return f"{pair}-{backend}"
+
+
+def split_topology(topo: str) -> tuple:
+    pair, _, backend = topo.partition("-")
+    return pair, backend
+
+
+def arms_for(pair: str, backend: str, quick: bool) -> tuple:
+    """The arms a topology runs (quick: champion alone and auto)."""
+    if quick:
+        return QUICK
+    if pair == "real":
+        return REAL_FULL
+    return WEBGPU_SUBSET if backend == "webgpu" else TOY_FULL
 
 
 def arm_spec(name: str) -> dict:
     """{speculate, k, scheduler, engine}: engine "alone" (champion only) or "spec" (champion + draft)."""
-    if name == "none":
-        return {"speculate": "none", "k": 0, "scheduler": "static", "engine": "alone"}
+    if name in ("none", "none-spec"):
+        return {"speculate": "none", "k": 0, "scheduler": "static", "engine": "alone" if name == "none" else "spec"}
+    if name == "auto":   # may use the draft and lookup: the champion + draft engine (what a user loads)
+        return {"speculate": "auto", "k": AUTO_K, "scheduler": "static", "engine": "spec"}
     mode, _, how = name.partition("-")
     if mode not in ("draft", "lookup") or not (how == "adaptive" or (how.startswith("k") and how[1:].isdigit())):
         raise ValueError(f"unknown arm {name!r}")
@@ -32,29 +75,49 @@ def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: i
             "seed": prompt["seed"]}
 
 
-def schedule(prompts: list, temperatures: list, arms_by_backend: dict, webgpu_prompts: set, wllama: bool,
+def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_topology: dict, wllama: bool,
              repeats: int = 1) -> list:
-    """Interleaved request keys (backend, arm, prompt id, temperature, repeat): per repeat, prompt
-    and temperature every arm once, their order rotated by the prompt's index so that drift falls
-    on all alike. webgpu runs only the prompts in webgpu_prompts (and only repeat 0); wllama only
-    prompts without the chat template."""
+    """Interleaved request keys (topology, arm, prompt id, temperature, repeat): per repeat, prompt
+    and temperature every topology's arms once, their order rotated by the prompt's index so that
+    drift falls on all alike. A topology runs only the prompts in ids_by_topology[topology] (a
+    webgpu topology: only repeat 0); wllama ("toy-wllama") runs toy-wasm's prompts without the
+    chat template."""
     keys = []
     for rep in range(repeats):
-        keys += _one_pass(prompts, temperatures, arms_by_backend, webgpu_prompts if rep == 0 else set(), wllama, rep)
+        for i, p in enumerate(prompts):
+            for t in temperatures:
+                row = []
+                for topo, arms in arms_by_topology.items():
+                    if p["id"] not in ids_by_topology.get(topo, ()) or (rep > 0 and split_topology(topo)[1] == "webgpu"):
+                        continue
+                    row += [(topo, arm, p["id"], t, rep) for arm in arms]
+                if wllama and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):
+                    row.append((topology("toy", "wllama"), "wllama", p["id"], t, rep))
+                r = i % len(row) if row else 0
+                keys += row[r:] + row[:r]
     return keys
 
 
-def _one_pass(prompts, temperatures, arms_by_backend, webgpu_prompts, wllama, rep) -> list:
-    keys = []
-    for i, p in enumerate(prompts):
-        for t in temperatures:
-            row = []
-            for backend, arms in arms_by_backend.items():
-                if backend == "webgpu" and p["id"] not in webgpu_prompts:
-                    continue
-                row += [(backend, arm, p["id"], t, rep) for arm in arms]
-            if wllama and not p["chat"]:
-                row.append(("wllama", "wllama", p["id"], t, rep))
-            r = i % len(row) if row else 0
-            keys += row[r:] + row[:r]
-    return keys
+def sample_arms(topo: str) -> tuple:
+    return REAL_SAMPLE_ARMS if split_topology(topo)[0] == "real" else SAMPLE_ARMS
+
+
+def sample_keys(topologies_seeds: dict, prompt_ids: list) -> list:
+    """The distribution samples' keys (topology, arm, prompt id, seed), interleaved by seed so that
+    an interrupted run has every arm at about the same count."""
+    return [(topo, arm, pid, seed) for topo, n in topologies_seeds.items() for seed in range(n)
+            for pid in prompt_ids for arm in sample_arms(topo)]
+
+
+# a rough prior cost of a request per topology, measured here (2 cores, headless Chromium): (fixed ms,
+# ms per new token, ms per prompt character: the prefill); the progress line rescales it by the time
+# the requests done so far took against it
+LOAD_PRIOR_MS = {"toy-wasm": 4000.0, "toy-webgpu": 6000.0, "real-wasm": 10000.0, "real-webgpu": 15000.0}
+COST_PRIOR = {"toy-wasm": (60.0, 5.0, 0.05), "toy-webgpu": (350.0, 75.0, 0.3),
+              "real-wasm": (250.0, 55.0, 2.2), "real-webgpu": (800.0, 2000.0, 3.0), "toy-wllama": (100.0, 15.0, 0.1)}
+
+
+def prior_ms(topo: str, prompt: dict, max_new_tokens: int) -> float:
+    """The prior estimate of one request's page-clock time (COST_PRIOR)."""
+    fixed, per_token, per_char = COST_PRIOR.get(topo, COST_PRIOR["toy-wasm"])
+    return fixed + per_token * max_new_tokens + per_char * len(prompt["prompt"])

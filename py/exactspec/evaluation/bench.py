@@ -1,13 +1,14 @@
-"""`exactspec bench`: run (or resume) the preregistered evaluation, then write its report, plots
-and, with --doc, the generated section of docs/evaluation.md."""
+"""`exactspec bench`: run (or resume) the preregistered evaluation, pack its raw records, then write
+its report, plots and, with --doc, the generated section of docs/evaluation.md."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
 from ..host.safe_files import copy_file, write_file
 from ..host.server import REPO_ROOT
-from .report import report_markdown, write_report
+from .report import raw_path, report_markdown, write_report, write_report_from_raw
 from .runner import check_args, run_bench
 
 DOC_PATH = os.path.join("docs", "evaluation.md")
@@ -25,7 +26,16 @@ def cmd_bench(args) -> int:
     run_dir = os.path.join(REPO_ROOT, "build", "eval", args.run)
     if not args.report_only:
         run_dir = run_bench(args)
-    res = write_report(run_dir)
+    # the raw per-request records (gzip JSONL) from which the report is written: committed under
+    # docs/evaluation/<run>/ for a full run; a --quick run (the harness's smoke) keeps it in build/
+    run_json = os.path.join(run_dir, "run.json")
+    if os.path.exists(run_json):
+        with open(run_json) as f:
+            quick = json.load(f)["plan"].get("quick")
+        raw = os.path.join(run_dir, "raw.jsonl.gz") if quick else raw_path(args.run)
+        res = write_report(run_dir, raw=raw)           # packs the checkpoints into the raw file, reports from it
+    else:                                               # a clone: only the committed raw file
+        res = write_report_from_raw(raw_path(args.run), run_dir)
     print(f"bench {args.run}: {os.path.join(run_dir, 'report.md')}")
     for backend, verdict in res["conclusions"].items():
         print(f"  {backend}: {verdict}")

@@ -1,6 +1,6 @@
-"""Drive headless Chromium through a run (I/O): engines per champion backend and topology, wllama,
-cold and warm requests in interleaved order, the distribution sample, checkpoints per arm in
-build/eval/<run>/arms/ so that an interrupted run resumes where it stopped."""
+"""Drive headless Chromium through a run (I/O): engines per pair, champion backend and topology,
+wllama, cold and warm requests in interleaved order, the distribution samples, checkpoints per arm
+in build/eval/<run>/arms/ so that an interrupted run resumes where it stopped."""
 from __future__ import annotations
 
 import hashlib
@@ -9,20 +9,30 @@ import os
 import sys
 import time
 
-from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
+from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, E_MODEL_LOAD, ExactSpecError
 from ..host.safe_files import append_text, write_file
 from ..host.server import REPO_ROOT
 from . import arms as arms_mod
-from .corpus import load_corpus, select
-from .gates import check_same_gates, load_gates
+from .corpus import load_corpus, record_test_run, select
+from .gates import GATES_V2_PATH, check_same_gates, load_gates
 
-MODELS = {"champion": "/web/models/champion/", "draft": "/web/models/draft/"}
+MODELS = {"champion": arms_mod.PAIRS["toy"]["champion"], "draft": arms_mod.PAIRS["toy"]["draft"]}
 CORPUS_DIR = os.path.join("eval", "corpus")
 LOCK_PATH = os.path.join("eval", "corpus.lock.json")
-GATES_PATH = os.path.join("eval", "gates.json")
-# the distribution test's prompt (T = 1, first token): chosen for the champion's own first-token
-# distribution (the reference's: four tokens above 5%, 0.36 at most), so that 150 samples can see a difference
-SAMPLE_PROMPT = "extraction-2"
+GATES_PATH = GATES_V2_PATH
+# The distribution samples (the gate's data): prompts chosen by this rule, applied to the DEV split
+# before any v2 test run (tests/test_eval_arms.py recomputes it), never for a result.
+SAMPLE_RULE = ("three dev-split prompts from three strata: in corpus order, the first prompt of each stratum whose "
+               "champion first-token distribution at T = 1 (CPython float64 reference on the toy pair's q8 champion) "
+               "has at least 3 tokens above 5%, for the first three strata that have one; the real pair samples the "
+               "same prompts")
+SAMPLE_PROMPTS = ("adversarial-1", "casual-1", "code-3")
+SAMPLE_POSITIONS = 4       # the first 4 answer tokens of every sample are recorded
+SAMPLE_NEW_TOKENS = 5      # one more than recorded, so the 4th can come out of a speculative round
+# the real pair on the WebGPU champion: SwiftShader here runs it at ~2 s a token (docs/gpu.md)
+REAL_WEBGPU_NOT_RUN = ("not run: the WebGPU champion is SwiftShader (software) here, ~2 s a token for SmolLM2-135M "
+                       "(docs/gpu.md): its arms would take over an hour against the run's 20 min; "
+                       "--real-backends wasm,webgpu runs it where a hardware GPU makes it fit")
 
 
 def _peer():
@@ -35,7 +45,7 @@ def _peer():
 
 
 class Checkpoints:
-    """build/eval/<run>/: run.json (identity of the run) and arms/<arm>.jsonl (one record a line)."""
+    """build/eval/<run>/: run.json (identity of the run) and arms/<name>.jsonl (one record a line)."""
 
     def __init__(self, run_dir: str):
         self.dir = run_dir
@@ -56,15 +66,24 @@ class Checkpoints:
 
 
 def _key(rec: dict) -> tuple:
-    return (rec["backend"], rec["arm"], rec["prompt_id"], rec["temperature"], rec.get("rep", 0))
+    """A request's checkpoint key; a v1 record (no topology) is keyed by its backend."""
+    return (rec.get("topology") or rec["backend"], rec["arm"], rec["prompt_id"], rec["temperature"], rec.get("rep", 0))
 
 
-def _record(backend, arm, prompt, temperature, out, rep: int = 0) -> dict:
-    """What a request leaves in the checkpoint (ids, not text; times; rounds; memory; identities)."""
+def _sample_key(rec: dict) -> tuple:
+    return (rec["topology"], rec["arm"], rec["prompt_id"], rec["seed"])
+
+
+def _record(topo, arm, prompt, temperature, out, rep: int = 0, max_new_tokens: int | None = None) -> dict:
+    """What a request leaves in the checkpoint (ids, not text; times; rounds; auto's choices; memory; identities)."""
+    pair, backend = arms_mod.split_topology(topo)
     res = out["result"]
     st, receipt = res["stats"], res.get("receipt") or {}
-    return {"backend": backend, "arm": arm, "prompt_id": prompt["id"], "stratum": prompt["stratum"],
-            "temperature": temperature, "rep": rep, "seed": prompt["seed"], "token_ids": res["token_ids"],
+    return {"pair": pair, "backend": backend, "topology": topo, "engine": f"{topo}-{arms_mod.arm_spec(arm)['engine']}",
+            "arm": arm, "prompt_id": prompt["id"], "stratum": prompt["stratum"], "split": prompt.get("split"),
+            "temperature": temperature, "rep": rep, "seed": prompt["seed"],
+            "max_new_tokens": max_new_tokens or prompt["max_new_tokens"], "token_ids": res["token_ids"],
+            "n_tokens": len(res["token_ids"]),
             "prompt_ids_sha256": hashlib.sha256(json.dumps(res["prompt_ids"]).encode()).hexdigest(),
             "prompt_len": len(res["prompt_ids"]), "finish_reason": res["finish_reason"], "error": res["error"],
             "first_token_ms": out["first_token_ms"], "total_ms": out["total_ms"], "timing_ms": res["timing_ms"],
@@ -72,6 +91,9 @@ def _record(backend, arm, prompt, temperature, out, rep: int = 0) -> dict:
                                               "accepted_count_histogram", "mode", "fallback_code")},
             "rounds": [[r.get("proposed", 0), r.get("accepted", 0), r["n"], r.get("draft_ms", 0), r.get("verify_ms", 0)]
                        for r in out["rounds"]],
+            "auto": st.get("auto"),
+            "auto_rounds": ([[(r.get("auto") or {}).get("method"), (r.get("auto") or {}).get("k"),
+                              (r.get("auto") or {}).get("reason")] for r in out["rounds"]] if arm == "auto" else None),
             "sources": [s for r in out["rounds"] for s in r["sources"]],
             "memory": out["memory"], "page_heap": out["page_heap"],
             "peak_resident_bytes": receipt.get("peak_resident_bytes"),
@@ -79,6 +101,81 @@ def _record(backend, arm, prompt, temperature, out, rep: int = 0) -> dict:
                                                      "chat_template_hash", "sampling_policy_hash", "scheduler_policy_hash",
                                                      "browser_version", "runtime_version", "champion_backend",
                                                      "hardware_class")}}
+
+
+def _load_entry(topo: str, role: str, r: dict) -> dict:
+    """run_info["loads"][<topology>-<role>]: the page-clock load, its breakdown, ready.info, and
+    the load's calibration and batch-invariance check (ready.info's, null when the engine has none)."""
+    pair, backend = arms_mod.split_topology(topo)
+    info = r["ready"].get("info") or {}
+    return {"pair": pair, "backend": backend, "topology": topo, "role": role, "load_ms": r["load_ms"],
+            "timing_ms": r["ready"].get("timing_ms"), "info": info,
+            "calibration": info.get("calibration"), "batch_check": info.get("batch_check"),
+            "champion_fallback": info.get("champion_fallback")}
+
+
+def versions() -> dict:
+    """The policy and scheduler versions this tree runs (name and version of each)."""
+    from ..core.scheduler import AdaptiveK
+    out = {"scheduler": {"name": AdaptiveK.name, "version": AdaptiveK.version}, "policy": None}
+    try:
+        from ..core.auto_policy import AutoPolicy
+        out["policy"] = {"name": AutoPolicy.name, "version": AutoPolicy.version}
+    except ImportError:
+        pass
+    return out
+
+
+def plan_run(opts, prompts: list) -> dict:
+    """What the run will do (pure, given the split's prompts): topologies with their arms and
+    prompt ids, the request keys, the sample keys and the prior time estimate."""
+    # quick (the CI smoke): the toy pair on WASM, no wllama, 2 prompts, champion alone and auto
+    pairs = ["toy"] if opts.quick else [p for p in opts.pairs.split(",") if p]
+    backends = ["wasm"] if opts.quick else [b for b in opts.backends.split(",") if b]
+    real_backends = [b for b in opts.real_backends.split(",") if b]
+    per_stratum = 1 if opts.quick else opts.per_stratum
+    prompts = select(prompts, per_stratum)
+    if opts.strata:
+        prompts = [p for p in prompts if p["stratum"] in opts.strata.split(",")]
+    if opts.quick:
+        prompts = prompts[:2]
+    arms_by_topo, ids_by_topo, not_run = {}, {}, []
+    for pair in pairs:
+        for backend in backends:
+            if pair == "real" and backend not in real_backends:
+                not_run.append({"pair": pair, "backend": backend, "why": REAL_WEBGPU_NOT_RUN if backend == "webgpu"
+                                else f"not run: --real-backends {opts.real_backends}"})
+                continue
+            topo = arms_mod.topology(pair, backend)
+            arms_by_topo[topo] = list(arms_mod.arms_for(pair, backend, opts.quick))
+            n = opts.webgpu_per_stratum if backend == "webgpu" else (opts.real_per_stratum if pair == "real" else per_stratum)
+            ids_by_topo[topo] = [p["id"] for p in select(prompts, n)]
+    wllama = opts.wllama and not opts.quick and "toy" in pairs and "wasm" in backends
+    keys = arms_mod.schedule(prompts, [float(t) for t in opts.temperatures.split(",")], arms_by_topo,
+                             {t: set(ids) for t, ids in ids_by_topo.items()}, wllama, opts.repeats)
+    seeds = {}
+    for topo in arms_by_topo:
+        pair, backend = arms_mod.split_topology(topo)
+        n = {("toy", "wasm"): opts.samples, ("toy", "webgpu"): opts.webgpu_samples}.get((pair, backend), opts.real_samples)
+        if n:
+            seeds[topo] = n
+    return {"prompts": prompts, "pairs": pairs, "arms": arms_by_topo, "prompt_ids": ids_by_topo, "not_run": not_run,
+            "wllama": wllama, "keys": keys, "sample_seeds": seeds}
+
+
+def estimate_ms(keys: list, by_id: dict, sample_keys: list, sample_prompts: dict, max_new_tokens: int | None) -> float:
+    """The prior estimate of the requests' and samples' page-clock time (arms.COST_PRIOR)."""
+    total = sum(arms_mod.prior_ms(topo, by_id[pid], max_new_tokens or by_id[pid]["max_new_tokens"])
+                for topo, _arm, pid, _t, _rep in keys)
+    return total + sum(arms_mod.prior_ms(topo, sample_prompts[pid], SAMPLE_NEW_TOKENS) for topo, _a, pid, _s in sample_keys)
+
+
+def _check_pair_files(pairs: list) -> None:
+    for pair in pairs:
+        f = arms_mod.PAIRS[pair]["file"]
+        if f and not os.path.isfile(os.path.join(REPO_ROOT, f)):
+            raise ExactSpecError(E_MODEL_LOAD, f"--pairs {pair}: the real pair's champion {f} is absent: fetch it with "
+                                 "`python tools/fetch_models.py`, or run --pairs toy")
 
 
 def run_bench(opts) -> str:
@@ -89,28 +186,29 @@ def run_bench(opts) -> str:
     peer = _peer()
 
     os.chdir(REPO_ROOT)
-    prompts, corpus_hash = load_corpus(CORPUS_DIR, LOCK_PATH)
+    split_prompts, split_hash = load_corpus(CORPUS_DIR, LOCK_PATH, opts.split)
     gates, g_hash = load_gates(GATES_PATH)
-    per_stratum = 1 if opts.quick else opts.per_stratum
-    prompts = select(prompts, per_stratum)
-    if opts.strata:
-        prompts = [p for p in prompts if p["stratum"] in opts.strata.split(",")]
-    if opts.quick:
-        prompts = prompts[:2]
-    backends = [b for b in opts.backends.split(",") if b]
-    arm_names = arms_mod.QUICK if opts.quick else arms_mod.FULL
-    arms_by_backend = {b: [a for a in arm_names if b != "webgpu" or a in arms_mod.WEBGPU_SUBSET] for b in backends}
-    webgpu_prompts = set(p["id"] for p in select(prompts, opts.webgpu_per_stratum))
+    pl = plan_run(opts, split_prompts)
+    _check_pair_files(pl["pairs"])
+    prompts, keys = pl["prompts"], pl["keys"]
+    by_id = {p["id"]: p for p in prompts}
     temperatures = [float(t) for t in opts.temperatures.split(",")]
-    keys = arms_mod.schedule(prompts, temperatures, arms_by_backend, webgpu_prompts, opts.wllama, opts.repeats)
+    sample_prompts = {}
+    if pl["sample_seeds"]:   # dev prompts by the stated rule; a test run reads them from the dev split
+        dev = {p["id"]: p for p in (split_prompts if opts.split == "dev" else load_corpus(CORPUS_DIR, LOCK_PATH, "dev")[0])}
+        sample_prompts = {pid: dev[pid] for pid in SAMPLE_PROMPTS}
+    s_keys = arms_mod.sample_keys(pl["sample_seeds"], list(sample_prompts))
 
     run_dir = os.path.join("build", "eval", opts.run)
     ck = Checkpoints(run_dir)
     run_path = os.path.join(run_dir, "run.json")
-    plan = {"corpus_sha256": corpus_hash, "gates_sha256": g_hash, "gates_version": gates["version"],
-            "prompts": [p["id"] for p in prompts], "temperatures": temperatures, "arms": arms_by_backend,
-            "webgpu_prompts": sorted(webgpu_prompts), "wllama": opts.wllama, "max_new_tokens": opts.max_new_tokens,
-            "samples": opts.samples, "quick": opts.quick, "repeats": opts.repeats}
+    plan = {"split": opts.split, "split_sha256": split_hash, "corpus_sha256": split_hash, "gates_path": GATES_PATH,
+            "gates_sha256": g_hash, "gates_version": gates["version"], "pairs": pl["pairs"],
+            "prompts": [p["id"] for p in prompts], "temperatures": temperatures, "arms": pl["arms"],
+            "prompts_by_topology": pl["prompt_ids"],
+            "strata_by_topology": {t: sorted({by_id[i]["stratum"] for i in ids}) for t, ids in pl["prompt_ids"].items()},
+            "strata": sorted({p["stratum"] for p in prompts}), "wllama": pl["wllama"], "max_new_tokens": opts.max_new_tokens,
+            "samples": opts.samples, "sample_seeds": pl["sample_seeds"], "quick": opts.quick, "repeats": opts.repeats}
     if os.path.exists(run_path):
         with open(run_path) as f:
             before = json.load(f)
@@ -121,10 +219,22 @@ def run_bench(opts) -> str:
         run_info = before
     else:
         run_info = {"run": opts.run, "plan": plan, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    done = {_key(r) for r in ck.load_all() if r.get("kind") == "request"}
-    by_id = {p["id"]: p for p in prompts}
+    run_info["versions"] = versions()
+    run_info["not_run"] = pl["not_run"]
+    run_info["distribution"] = {"rule": SAMPLE_RULE, "prompts": list(sample_prompts), "positions": SAMPLE_POSITIONS,
+                                "new_tokens": SAMPLE_NEW_TOKENS, "arms": list(arms_mod.SAMPLE_ARMS),
+                                "arms_by_topology": {t: list(arms_mod.sample_arms(t)) for t in pl["sample_seeds"]},
+                                "temperature": 1.0, "seeds": pl["sample_seeds"]}
+    everything = ck.load_all()
+    done = {_key(r) for r in everything if r.get("kind") == "request"}
+    done_samples = {_sample_key(r) for r in everything if r.get("kind") == "sample"}
+    todo = [k for k in keys if k not in done]
+    todo_samples = [k for k in s_keys if k not in done_samples]
+    est = estimate_ms(todo, by_id, todo_samples, sample_prompts, opts.max_new_tokens) / 1000
+    est_loads = sum(3 * arms_mod.LOAD_PRIOR_MS.get(t, 5000.0) for t in pl["arms"]) / 1000   # warm-up, alone, spec
+    run_info["estimate_s"] = {"requests_and_samples": round(est), "loads": round(est_loads)}
 
-    if opts.wllama:
+    if pl["wllama"]:
         from export_gguf import export_gguf   # tools/ (on the path once peer is imported)
         export_gguf(os.path.join(default_models_dir(), "champion"), peer.GGUF_PATH, "f32", weights="q8")
     server = peer.PeerServer()
@@ -139,6 +249,9 @@ def run_bench(opts) -> str:
         page.wait_for_function("() => window.evalReady === true && window.peerReady === true")
         call = lambda fn, *a: page.evaluate(f"(a) => window.evalBench.{fn}(...a)", list(a))
         run_info["machine"] = peer.machine_facts(browser)
+        run_info["commit"] = run_info["machine"]["commit"]     # git describe --always --dirty
+        if opts.split == "test" and "test_split_runs" not in run_info:   # counted once, at the run's start
+            run_info["test_split_runs"] = record_test_run(opts.run, run_info["commit"], run_info["started"])
         run_info.setdefault("loads", {})
         timeline = run_info.setdefault("memory_timeline", [])
 
@@ -146,76 +259,94 @@ def run_bench(opts) -> str:
             timeline.append({"t_s": round(time.perf_counter() - t_start, 3), "label": label, "engine": engine,
                              "memory": out.get("memory"), "page_heap": out.get("page_heap")})
 
-        available = []
-        for backend in backends:
-            # a throwaway load first, so that both topologies start "cold engine, warm browser"
-            # (Pyodide and the WASM modules compiled once), whichever loads first
-            w = call("load", f"{backend}-warmup", MODELS, {"championBackend": backend})
-            if "refused" in w:
-                raise ExactSpecError(w["refused"]["code"], f"{backend}: {w['refused']['message']}")
-            run_info["loads"][f"{backend}-warmup"] = {"load_ms": w["load_ms"], "timing_ms": w["ready"]["timing_ms"]}
-            call("unload", f"{backend}-warmup")
-            for topo in ("alone", "spec"):
-                name = f"{backend}-{topo}"
-                models = MODELS if topo == "spec" else {"champion": MODELS["champion"], "draft": None}
-                r = call("load", name, models, {"championBackend": backend})
-                if "refused" in r:
-                    raise ExactSpecError(r["refused"]["code"], f"{name}: {r['refused']['message']}")
-                run_info["loads"][name] = {"load_ms": r["load_ms"], "timing_ms": r["ready"]["timing_ms"],
-                                           "info": r["ready"]["info"]}
-                sample(f"after load {name}", name, r)
-                # the cold request: the first one this engine serves (first prompt, T = 0)
-                arm = "none" if topo == "alone" else "draft-adaptive"
-                cold = call("generate", name, {"prompt": prompts[0]["prompt"], "chat": prompts[0]["chat"],
-                                               "config": arms_mod.request_config(arm, prompts[0], 0.0, opts.max_new_tokens)})
+        def load(topo, role, models, backend):
+            # the default options (warm-up, calibration, batch check: what a user's load pays); the timed
+            # loads measure their own calibration as a first visit does ("force": the throwaway load's,
+            # measured in a cold browser and cached under the same key, is not read back)
+            name = f"{topo}-{role}"
+            r = call("load", name, models, {"championBackend": backend, **({} if role == "warmup" else {"calibrate": "force"})})
+            if "refused" in r:
+                raise ExactSpecError(r["refused"]["code"], f"{name}: {r['refused']['message']}")
+            run_info["loads"][name] = _load_entry(topo, role, r)
+            print(f"load {name}: {r['load_ms']:.0f} ms", flush=True)
+            return r
+
+        print(f"bench {opts.run}: {len(keys)} requests planned, {len(keys) - len(todo)} already done; "
+              f"{len(s_keys)} samples planned, {len(s_keys) - len(todo_samples)} already done; "
+              f"estimate ~{(est + est_loads) / 60:.1f} min ({est_loads / 60:.1f} of it loads)", flush=True)
+        for topo in pl["arms"]:
+            pair, backend = arms_mod.split_topology(topo)
+            models = {"champion": arms_mod.PAIRS[pair]["champion"], "draft": arms_mod.PAIRS[pair]["draft"]}
+            # a throwaway load first, so that both engines start "cold engine, warm browser" (Pyodide
+            # and the WASM modules compiled, the files in the HTTP cache), whichever loads first
+            load(topo, "warmup", models, backend)
+            call("unload", f"{topo}-warmup")
+            first = by_id[pl["prompt_ids"][topo][0]]
+            for role in ("alone", "spec"):
+                r = load(topo, role, models if role == "spec" else {**models, "draft": None}, backend)
+                sample(f"after load {topo}-{role}", f"{topo}-{role}", r)
+                # the cold request: the first one this engine serves (its first prompt, T = 0, the default mode)
+                arm = "none" if role == "alone" else "auto"
+                cold = call("generate", f"{topo}-{role}", {"prompt": first["prompt"], "chat": first["chat"],
+                                                           "config": arms_mod.request_config(arm, first, 0.0, opts.max_new_tokens)})
                 if "refused" in cold:
-                    raise ExactSpecError(cold["refused"]["code"], f"{name} cold request: {cold['refused']['message']}")
-                run_info.setdefault("cold", {})[name] = _record(backend, arm, prompts[0], 0.0, cold)
-                sample(f"after cold request {name}", name, cold)
-            available.append(backend)
-        if opts.wllama:
+                    raise ExactSpecError(cold["refused"]["code"], f"{topo}-{role} cold request: {cold['refused']['message']}")
+                run_info.setdefault("cold", {})[f"{topo}-{role}"] = _record(topo, arm, first, 0.0, cold, 0, opts.max_new_tokens)
+                sample(f"after cold request {topo}-{role}", f"{topo}-{role}", cold)
+        if pl["wllama"]:
             w = page.evaluate("(a) => window.peerBench.loadWllama(...a)", ["/" + peer.GGUF_PATH.replace(os.sep, "/"), {"nThreads": 1}])
-            run_info["loads"]["wllama"] = {"load_ms": w["load_ms"], "libllama": w["libllama"]}
+            run_info["loads"]["toy-wllama"] = {"pair": "toy", "backend": "wllama", "topology": "toy-wllama", "role": "alone",
+                                               "load_ms": w["load_ms"], "libllama": w["libllama"]}
         _write_json(run_path, run_info)
 
-        todo = [k for k in keys if k not in done]
-        print(f"bench {opts.run}: {len(keys)} requests planned, {len(keys) - len(todo)} already done", flush=True)
         t0 = time.perf_counter()
-        for i, (backend, arm, pid, t, rep) in enumerate(todo):
+        prior_done = 0.0
+        for i, (topo, arm, pid, t, rep) in enumerate(todo):
             p = by_id[pid]
-            if backend == "wllama":
+            if arm == "wllama":
                 try:
                     w = page.evaluate("(a) => window.peerBench.wllamaGenerate(...a)", [p["prompt"], {
                         "maxTokens": opts.max_new_tokens or p["max_new_tokens"], "temperature": t, "seed": p["seed"], "withIds": t == 0}])
                 except Exception as exc:   # the external arm failing is a result, not the run's end
-                    ck.append("wllama:wllama", {"kind": "failure", "backend": "wllama", "prompt_id": pid, "temperature": t,
-                                                "rep": rep, "error": str(exc)[:300]})
+                    ck.append("toy-wllama:wllama", {"kind": "failure", "pair": "toy", "backend": "wllama", "topology": topo,
+                                                    "arm": "wllama", "prompt_id": pid, "temperature": t, "rep": rep,
+                                                    "error": str(exc)[:300]})
                     print(f"[{i + 1}/{len(todo)}] wllama {pid} T={t:g} failed: {str(exc)[:120]}", flush=True)
                     page.evaluate("(a) => window.peerBench.loadWllama(...a)", ["/" + peer.GGUF_PATH.replace(os.sep, "/"), {"nThreads": 1}])
                     continue
-                rec = {"backend": "wllama", "arm": "wllama", "prompt_id": pid, "stratum": p["stratum"], "temperature": t, "rep": rep,
-                       "seed": p["seed"], "token_ids": w["token_ids"], "n_tokens": w["n_tokens"], "prompt_len": w["prompt_tokens"],
+                rec = {"pair": "toy", "backend": "wllama", "topology": topo, "engine": "toy-wllama", "arm": "wllama",
+                       "prompt_id": pid, "stratum": p["stratum"], "split": p.get("split"), "temperature": t, "rep": rep,
+                       "seed": p["seed"], "max_new_tokens": opts.max_new_tokens or p["max_new_tokens"],
+                       "token_ids": w["token_ids"], "n_tokens": w["n_tokens"], "prompt_len": w["prompt_tokens"],
                        "first_token_ms": w["first_token_ms"], "total_ms": w["total_ms"], "finish_reason": w["finish_reason"]}
             else:
-                engine = f"{backend}-{arms_mod.arm_spec(arm)['engine']}"
+                engine = f"{topo}-{arms_mod.arm_spec(arm)['engine']}"
                 out = call("generate", engine, {"prompt": p["prompt"], "chat": p["chat"],
                                                 "config": arms_mod.request_config(arm, p, t, opts.max_new_tokens)})
                 if "refused" in out:
-                    raise ExactSpecError(out["refused"]["code"], f"{backend}:{arm} {pid}: {out['refused']['message']}")
-                rec = _record(backend, arm, p, t, out, rep)
+                    raise ExactSpecError(out["refused"]["code"], f"{topo}:{arm} {pid}: {out['refused']['message']}")
+                rec = _record(topo, arm, p, t, out, rep, opts.max_new_tokens)
                 if i % 25 == 0:
                     sample(f"request {i}", engine, out)
             rec["kind"] = "request"
-            ck.append(f"{backend}:{arm}", rec)
-            el = time.perf_counter() - t0
-            print(f"[{i + 1}/{len(todo)}] {backend}:{arm} {pid} T={t:g} #{rep} {rec['total_ms']:.0f} ms, "
-                  f"elapsed {el:.0f} s, left ~{el / (i + 1) * (len(todo) - i - 1):.0f} s", flush=True)
+            ck.append(f"{topo}:{arm}", rec)
+            prior_done += arms_mod.prior_ms(topo, p, opts.max_new_tokens or p["max_new_tokens"]) / 1000
+            print(f"[{i + 1}/{len(todo)}] {topo}:{arm} {pid} T={t:g} #{rep} {rec['total_ms']:.0f} ms, "
+                  f"elapsed {time.perf_counter() - t0:.0f} s, left ~{_left_s(time.perf_counter() - t0, prior_done, est):.0f} s",
+                  flush=True)
 
-        if opts.samples and "wasm" in available:
-            run_info["distribution"] = distribution_sample(call, by_id.get(SAMPLE_PROMPT) or prompts[0], opts.samples)
-        for backend in available:
-            for topo in ("alone", "spec"):
-                call("unload", f"{backend}-{topo}")
+        for j, (topo, arm, pid, seed) in enumerate(todo_samples):
+            s = distribution_sample(call, topo, arm, sample_prompts[pid], seed)
+            s["kind"] = "sample"
+            ck.append(f"samples:{topo}", s)
+            prior_done += arms_mod.prior_ms(topo, sample_prompts[pid], SAMPLE_NEW_TOKENS) / 1000
+            if j % 50 == 0 or j == len(todo_samples) - 1:
+                print(f"[sample {j + 1}/{len(todo_samples)}] {topo}:{arm} {pid} seed {seed}, elapsed "
+                      f"{time.perf_counter() - t0:.0f} s, left ~{_left_s(time.perf_counter() - t0, prior_done, est):.0f} s",
+                      flush=True)
+        for topo in pl["arms"]:
+            for role in ("alone", "spec"):
+                call("unload", f"{topo}-{role}")
         context.close()
     finally:
         browser.close()
@@ -227,18 +358,36 @@ def run_bench(opts) -> str:
     return run_dir
 
 
-def distribution_sample(call, prompt: dict, n: int) -> dict:
-    """First tokens at T = 1 of champion alone and of the adaptive draft arm, seeds 0..n-1 (WASM).
-    Five new tokens, so that the first comes out of a real speculative round (the adaptive
-    scheduler never speculates when one token is left)."""
-    out = {"prompt_id": prompt["id"], "n": n, "none": [], "draft-adaptive": []}
-    for seed in range(n):
-        for arm, engine in (("none", "wasm-alone"), ("draft-adaptive", "wasm-spec")):
-            cfg = {**arms_mod.request_config(arm, prompt, 1.0, 5), "seed": seed}
-            r = call("generate", engine, {"prompt": prompt["prompt"], "chat": prompt["chat"], "config": cfg})
-            if "refused" in r:
-                raise ExactSpecError(r["refused"]["code"], r["refused"]["message"])
-            out[arm].append(r["result"]["token_ids"][0])
+def _left_s(elapsed_s: float, prior_done_s: float, prior_total_s: float) -> float:
+    """Time left: the prior estimate of what is left, scaled by how the work done so far compared with its prior."""
+    return max(prior_total_s - prior_done_s, 0.0) * (elapsed_s / prior_done_s if prior_done_s > 0 else 1.0)
+
+
+def distribution_sample(call, topo: str, arm: str, prompt: dict, seed: int) -> dict:
+    """One distribution sample: the first SAMPLE_POSITIONS answer ids at T = 1 of `arm` under `seed`
+    (SAMPLE_NEW_TOKENS new tokens; fewer ids when the answer ended sooner)."""
+    pair, backend = arms_mod.split_topology(topo)
+    engine = f"{topo}-{arms_mod.arm_spec(arm)['engine']}"
+    cfg = {**arms_mod.request_config(arm, prompt, 1.0, SAMPLE_NEW_TOKENS), "seed": seed}
+    r = call("generate", engine, {"prompt": prompt["prompt"], "chat": prompt["chat"], "config": cfg})
+    if "refused" in r:
+        raise ExactSpecError(r["refused"]["code"], f"{topo}:{arm} sample {prompt['id']} seed {seed}: {r['refused']['message']}")
+    return {"pair": pair, "backend": backend, "topology": topo, "arm": arm, "prompt_id": prompt["id"],
+            "stratum": prompt["stratum"], "temperature": 1.0, "seed": seed,
+            "token_ids": r["result"]["token_ids"][:SAMPLE_POSITIONS]}
+
+
+def choose_sample_prompts(dev_prompts: list, first_token_probs, n: int = 3, min_tokens: int = 3,
+                          min_p: float = 0.05) -> list:
+    """SAMPLE_RULE: in corpus order, the first prompt of each stratum whose first-token distribution
+    (first_token_probs(prompt) -> {id: p}) has at least min_tokens tokens above min_p, n strata."""
+    out, strata = [], set()
+    for p in dev_prompts:
+        if len(out) == n:
+            break
+        if p["stratum"] not in strata and sum(q > min_p for q in first_token_probs(p).values()) >= min_tokens:
+            out.append(p["id"])
+            strata.add(p["stratum"])
     return out
 
 
@@ -247,8 +396,17 @@ def _write_json(path: str, obj) -> None:
 
 
 def check_args(opts) -> None:
-    for b in opts.backends.split(","):
+    for b in opts.backends.split(",") + opts.real_backends.split(","):
         if b and b not in ("wasm", "webgpu"):
-            raise ExactSpecError(E_BAD_ARGUMENT, f"--backends: {b!r} is not a champion backend (wasm, webgpu)")
-    if opts.samples < 0 or opts.per_stratum < 1 or opts.repeats < 1:
-        raise ExactSpecError(E_BAD_ARGUMENT, "--samples must be >= 0, --per-stratum and --repeats >= 1")
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--backends/--real-backends: {b!r} is not a champion backend (wasm, webgpu)")
+    pairs = [p for p in opts.pairs.split(",") if p]
+    if not pairs or any(p not in arms_mod.PAIRS for p in pairs):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"--pairs {opts.pairs}: a comma-separated list of {', '.join(arms_mod.PAIRS)}")
+    if opts.split not in ("dev", "test"):
+        raise ExactSpecError(E_BAD_ARGUMENT, f"--split {opts.split}: dev or test")
+    if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,
+                                                                             opts.real_per_stratum) < 1:
+        raise ExactSpecError(E_BAD_ARGUMENT, "--samples, --webgpu-samples and --real-samples must be >= 0; "
+                             "--per-stratum, --real-per-stratum and --repeats >= 1")
+    if not opts.report_only:
+        _check_pair_files(pairs)

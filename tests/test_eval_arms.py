@@ -1,0 +1,107 @@
+"""The evaluation's run plan without a browser: arms per pair and backend, the interleaved schedule,
+the distribution samples' keys and prompt rule (recomputed on the dev split), options refused."""
+import argparse
+import os
+
+import pytest
+
+from exactspec.core.errors import ExactSpecError
+from exactspec.evaluation import arms as A
+from exactspec.evaluation import runner as R
+from exactspec.evaluation.corpus import load_corpus
+from exactspec.host.cli import _add_bench_args
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def opts(*argv):
+    p = argparse.ArgumentParser()
+    _add_bench_args(p)
+    return p.parse_args(list(argv))
+
+
+def prompts_of(split):
+    return load_corpus(os.path.join(REPO, R.CORPUS_DIR), os.path.join(REPO, R.LOCK_PATH), split)[0]
+
+
+def test_arm_specs_and_configs():
+    assert len(A.TOY_FULL) == 14 and "auto" in A.TOY_FULL and A.WEBGPU_SUBSET == ("none", "draft-k4", "auto")
+    assert A.REAL_FULL == ("none", "auto", "draft-k2", "draft-k4", "lookup-k4")
+    assert A.arm_spec("none-spec") == {"speculate": "none", "k": 0, "scheduler": "static", "engine": "spec"}
+    assert A.arm_spec("auto") == {"speculate": "auto", "k": 8, "scheduler": "static", "engine": "spec"}
+    assert A.arm_spec("none")["engine"] == "alone" and A.arm_spec("lookup-k4")["engine"] == "alone"
+    assert A.arm_spec("draft-k3") == {"speculate": "draft", "k": 3, "scheduler": "static", "engine": "spec"}
+    with pytest.raises(ValueError):
+        A.arm_spec("draft-fast")
+    cfg = A.request_config("auto", {"id": "x", "max_new_tokens": 32, "seed": 7, "chat": False}, 1.0)
+    assert cfg["speculate"] == "auto" and cfg["seed"] == 7 and cfg["max_new_tokens"] == 32
+
+
+def test_schedule_interleaves_every_topology_arm_once_per_prompt_and_temperature():
+    prompts = [{"id": f"p{i}", "chat": i == 1} for i in range(3)]
+    arms = {"toy-wasm": ["none", "auto"], "toy-webgpu": ["none"], "real-wasm": ["none", "auto"]}
+    ids = {"toy-wasm": {"p0", "p1", "p2"}, "toy-webgpu": {"p0"}, "real-wasm": {"p1", "p2"}}
+    keys = A.schedule(prompts, [0.0, 1.0], arms, ids, wllama=True)
+    assert len(keys) == len(set(keys)) == 2 * (3 * 2 + 1 + 2 * 2 + 2)
+    assert {k[2] for k in keys if k[0] == "toy-webgpu"} == {"p0"}
+    assert {k[2] for k in keys if k[0] == "real-wasm"} == {"p1", "p2"}
+    assert {k[2] for k in keys if k[0] == "toy-wllama"} == {"p0", "p2"}      # no chat prompts for wllama
+    assert keys[0][:2] == ("toy-wasm", "none") and [k for k in keys if k[2] == "p1"][0][:2] == ("toy-wasm", "auto")
+    twice = A.schedule(prompts, [0.0], {"toy-wasm": ["none"], "toy-webgpu": ["none"]},
+                       {"toy-wasm": {"p0", "p1", "p2"}, "toy-webgpu": {"p0"}}, wllama=False, repeats=2)
+    assert [k for k in twice if k[0] == "toy-webgpu"] == [("toy-webgpu", "none", "p0", 0.0, 0)]
+
+
+def test_plan_of_a_test_run_both_pairs_and_its_estimate():
+    test = prompts_of("test")
+    pl = R.plan_run(opts(), test)
+    assert pl["pairs"] == ["toy", "real"] and set(pl["arms"]) == {"toy-wasm", "toy-webgpu", "real-wasm"}
+    assert pl["not_run"] == [{"pair": "real", "backend": "webgpu", "why": R.REAL_WEBGPU_NOT_RUN}]
+    assert pl["arms"]["real-wasm"] == list(A.REAL_FULL) and pl["arms"]["toy-wasm"] == list(A.TOY_FULL)
+    assert len(pl["prompt_ids"]["toy-webgpu"]) == len({p["stratum"] for p in test})   # one prompt per stratum
+    assert pl["sample_seeds"] == {"toy-wasm": 150, "toy-webgpu": 20, "real-wasm": 20}
+    by_id = {p["id"]: p for p in test}
+    dev = {p["id"]: p for p in prompts_of("dev")}
+    s_keys = A.sample_keys(pl["sample_seeds"], list(R.SAMPLE_PROMPTS))
+    assert len(s_keys) == (150 + 20) * 3 * 3 + 20 * 3 * 2      # the real pair samples champion alone and auto only
+    est = (R.estimate_ms(pl["keys"], by_id, s_keys, dev, None) + sum(3 * A.LOAD_PRIOR_MS[t] for t in pl["arms"])) / 60000
+    assert 10 < est <= 20.5, est     # a full test-split run of both pairs: about 20 min here
+
+
+def test_quick_plan_is_toy_wasm_none_and_auto_on_two_prompts():
+    pl = R.plan_run(opts("--quick", "--split", "dev", "--samples", "3"), prompts_of("dev"))
+    assert pl["arms"] == {"toy-wasm": ["none", "auto"]} and len(pl["prompts"]) == 2 and not pl["wllama"]
+    assert len(pl["keys"]) == 8 and pl["sample_seeds"] == {"toy-wasm": 3}
+
+
+def test_sample_prompts_follow_the_stated_rule_on_the_dev_split():
+    from exactspec.evaluation.entropy import champion_first_token_probs
+    from exactspec.reference.models import default_models_dir
+    dev = prompts_of("dev")
+    assert all(p["split"] == "dev" for p in dev)
+    chosen = R.choose_sample_prompts(dev, lambda p: champion_first_token_probs(p, default_models_dir()))
+    assert tuple(chosen) == R.SAMPLE_PROMPTS
+
+
+def test_choose_sample_prompts_counts_tokens_above_the_threshold():
+    probs = {"a": {0: 0.5, 1: 0.5}, "b": {0: 0.3, 1: 0.3, 2: 0.06, 3: 0.04}, "b2": {0: 0.2, 1: 0.2, 2: 0.6},
+             "c": {0: 0.2, 1: 0.2, 2: 0.2, 3: 0.4}, "d": {0: 0.2, 1: 0.2, 2: 0.2, 3: 0.4}}
+    prompts = [{"id": k, "stratum": k[0]} for k in probs]
+    assert R.choose_sample_prompts(prompts, lambda p: probs[p["id"]], n=2) == ["b", "c"]   # one per stratum
+    assert R.choose_sample_prompts(prompts, lambda p: probs[p["id"]], n=5) == ["b", "c", "d"]
+
+
+@pytest.mark.parametrize("argv, what", [(["--pairs", "toy,big"], "--pairs"), (["--backends", "cuda"], "cuda"),
+                                        (["--webgpu-samples", "-1"], "--webgpu-samples")])
+def test_bad_options_are_refused(argv, what):
+    with pytest.raises(ExactSpecError) as e:
+        R.check_args(opts(*argv))
+    assert e.value.code == "E_BAD_ARGUMENT" and what in e.value.message
+
+
+def test_the_real_pair_without_its_gguf_is_refused_with_the_fetch_command(monkeypatch):
+    monkeypatch.setitem(A.PAIRS, "real", {**A.PAIRS["real"], "file": "build/models/absent/none.gguf"})
+    with pytest.raises(ExactSpecError) as e:
+        R.check_args(opts("--pairs", "toy,real"))
+    assert e.value.code == "E_MODEL_LOAD" and "tools/fetch_models.py" in e.value.message and "--pairs toy" in e.value.message
+    R.check_args(opts("--pairs", "toy"))
