@@ -68,6 +68,12 @@ def test_plan_of_a_test_run_both_pairs_and_its_estimate():
     assert 10 < est <= 20.5, est     # a full test-split run of both pairs: about 20 min here
 
 
+def test_real_pair_on_webgpu_runs_only_when_asked_and_then_the_webgpu_subset():
+    pl = R.plan_run(opts("--real-backends", "wasm,webgpu"), prompts_of("test"))
+    assert pl["not_run"] == [] and pl["arms"]["real-webgpu"] == list(A.WEBGPU_SUBSET)
+    assert len(pl["prompt_ids"]["real-webgpu"]) == 10
+
+
 def test_quick_plan_is_toy_wasm_none_and_auto_on_two_prompts():
     pl = R.plan_run(opts("--quick", "--split", "dev", "--samples", "3"), prompts_of("dev"))
     assert pl["arms"] == {"toy-wasm": ["none", "auto"]} and len(pl["prompts"]) == 2 and not pl["wllama"]

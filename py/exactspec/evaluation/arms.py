@@ -47,9 +47,9 @@ def arms_for(pair: str, backend: str, quick: bool) -> tuple:
     """The arms a topology runs (quick: champion alone and auto)."""
     if quick:
         return QUICK
-    if pair == "real":
-        return REAL_FULL
-    return WEBGPU_SUBSET if backend == "webgpu" else TOY_FULL
+    if backend == "webgpu":
+        return WEBGPU_SUBSET
+    return REAL_FULL if pair == "real" else TOY_FULL
 
 
 def arm_spec(name: str) -> dict:
