@@ -111,3 +111,10 @@ def test_the_real_pair_without_its_gguf_is_refused_with_the_fetch_command(monkey
         R.check_args(opts("--pairs", "toy,real"))
     assert e.value.code == "E_MODEL_LOAD" and "tools/fetch_models.py" in e.value.message and "--pairs toy" in e.value.message
     R.check_args(opts("--pairs", "toy"))
+
+
+def test_report_only_of_an_unknown_run_names_both_places_it_looked():
+    from exactspec.evaluation.bench import cmd_bench
+    with pytest.raises(ExactSpecError) as e:
+        cmd_bench(opts("--run", "no-such-run-h5", "--report-only", "--pairs", "toy"))
+    assert e.value.code == "E_BAD_ARGUMENT" and "build/eval/no-such-run-h5/run.json" in e.value.message

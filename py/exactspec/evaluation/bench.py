@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+from ..core.errors import E_BAD_ARGUMENT, ExactSpecError
 from ..host.safe_files import copy_file, write_file
 from ..host.server import REPO_ROOT
 from .report import raw_path, report_markdown, write_report, write_report_from_raw
@@ -34,8 +35,11 @@ def cmd_bench(args) -> int:
             quick = json.load(f)["plan"].get("quick")
         raw = os.path.join(run_dir, "raw.jsonl.gz") if quick else raw_path(args.run)
         res = write_report(run_dir, raw=raw)           # packs the checkpoints into the raw file, reports from it
-    else:                                               # a clone: only the committed raw file
+    elif os.path.exists(raw_path(args.run)):            # a clone: only the committed raw file
         res = write_report_from_raw(raw_path(args.run), run_dir)
+    else:
+        raise ExactSpecError(E_BAD_ARGUMENT, f"--run {args.run}: no such run (neither build/eval/{args.run}/run.json "
+                             f"nor docs/evaluation/{args.run}/raw.jsonl.gz)")
     print(f"bench {args.run}: {os.path.join(run_dir, 'report.md')}")
     for backend, verdict in res["conclusions"].items():
         print(f"  {backend}: {verdict}")
