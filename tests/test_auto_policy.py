@@ -315,3 +315,14 @@ def test_auto_draft_failure_after_output_ends_visibly():
     assert res.finish_reason == "error" and res.error["code"] == "E_DRAFT_LOST" and 0 < len(res.token_ids) < 40
     streamed = [t for e in events if e["kind"] == "tokens" for t in e["payload"]["token_ids"]]
     assert streamed == res.token_ids and [e["kind"] for e in events][-2:] == ["error", "result"]
+
+
+def test_a_calibration_of_one_point_leaves_the_slope_to_be_learnt():
+    """Only V(1) timed: V(n > 1) is not assumed flat (that would make every k look free); it is
+    learnt from the rounds that ran at that n."""
+    cal = dict(calibration(), verify_ms=[None, 20.0] + [None] * 8, measured_n=[1])
+    policy = AutoPolicy(cal, 8, True, True)
+    assert policy._verify(1) == 20.0 and policy._verify(3) is None
+    policy.observe("none", 0, 0, 0, 500.0, 0.0, 499.0)        # the first round times nothing
+    policy.observe("draft", 2, 2, 0, 35.0, 4.0, 30.0)
+    assert policy._verify(3) == 30.0 and policy._verify(5) == pytest.approx(40.0)   # through (1, 20), (3, 30)

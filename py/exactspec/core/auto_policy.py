@@ -145,13 +145,19 @@ class AutoPolicy:
         if not pts:
             return None
         extra = 0.0 if self.greedy else float(cal.get("verify_sampled_extra_ms_per_row") or 0.0)
+        if len(pts) == 1:               # one point says nothing of V's slope: the other n are learnt
+            return [None] + [pts[0][1] + extra * n if n == pts[0][0] else None for n in range(1, self.k_max + 2)]
         return [None] + [_interpolate(pts, n) + extra * n for n in range(1, self.k_max + 2)]
 
     def _verify(self, n: int):
         """Estimated champion time for n verified rows, or None when unknown."""
-        if self.v_cal is not None:
-            return self.v_cal[n] * (self.v_ratio.value() or 1.0)
+        ratio = self.v_ratio.value() or 1.0
+        if self.v_cal is not None and self.v_cal[n] is not None:
+            return self.v_cal[n] * ratio
         pts = [(m, r.value()) for m, r in sorted(self.v_seen.items())]
+        if self.v_cal is not None:      # calibrated points (drift-scaled) beside the observed ones
+            seen = {m for m, _ in pts}
+            pts = sorted(pts + [(m, v * ratio) for m, v in enumerate(self.v_cal) if v is not None and m not in seen])
         if not pts or (len(pts) == 1 and pts[0][0] != n):
             return None
         return _interpolate(pts, n)
@@ -338,7 +344,7 @@ class AutoPolicy:
         self.overhead.add(max(0.0, round_ms - draft_ms - verify_ms - (lookup_ms or 0.0)))
         if self.v_cal is not None and n < len(self.v_cal) and self.v_cal[n]:
             self.v_ratio.add(verify_ms / self.v_cal[n])
-        elif self.v_cal is None:
+        else:
             self.v_seen.setdefault(n, _Recent(self.params["window"])).add(verify_ms)
         if method == "draft" and proposed > 0:
             cal = self.calibration or {}
