@@ -433,3 +433,20 @@ def conclusion_v2(verdicts: list) -> str:
     if not not_passed:
         return "auto passes every gate: keep it the default"
     return "auto does not pass every gate: " + ", ".join(not_passed)
+
+
+CONTROL_ARM = "none-spec"   # champion alone on the champion + draft engine: what the engines alone make of auto vs none
+
+
+def auto_over_control_cells(rows: list, topology: str, strata: list, temps: list, control: str = CONTROL_ARM) -> dict:
+    """{"<stratum> T=<t>": {value, ci, n}}: auto's per-token speed-up over the control arm (champion
+    alone on the same engine as auto), paired by (prompt, repeat); value None where the topology
+    has no control. Information beside the gates (which compare with the user's alternative: the
+    champion-alone engine)."""
+    out = {}
+    for s in strata:
+        for t in temps:
+            auto = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, "auto", t, [s])}
+            ctrl = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, control, t, [s])}
+            out[cell_name(s, t)] = _stat([[auto[k] / ctrl[k] for k in sorted(auto) if k in ctrl]])
+    return out

@@ -208,7 +208,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
         verdicts[t] = {"metrics": gm, "verdicts": evaluate_v2(gates_doc, gm, t), "distribution": dist}
         conclusions[t] = A.conclusion_v2(verdicts[t]["verdicts"]) + (
             "" if plan.get("split", "test") == "test" else f" ({plan.get('split')} split: tuning information, not the preregistered verdict)")
-        cells[t] = {"auto": auto_cells, "best_fixed": best_cells, "strata": strata_of(t)}
+        cells[t] = {"auto": auto_cells, "best_fixed": best_cells, "strata": strata_of(t),
+                    "auto_over_control": A.auto_over_control_cells(rows, t, strata_of(t), temps)}
 
     arm_rows = []
     for key in sorted({(A.topology_of(r), r["arm"], r["temperature"]) for r in records}):
@@ -388,17 +389,21 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                      f"{v['threshold']} | {_verdict(v['verdict'])} |")
     L += ["", "## Per stratum: auto against champion alone and against the best fixed arm (per generated token)", "",
           "Strata judged per topology (its planned strata): " + "; ".join(f"{t}: {', '.join(c['strata'])}" for t, c in res["cells"].items()) + ".", "",
-          "| topology | stratum | T | n | auto speed-up | 95% CI | >= 0.95x | best fixed arm | auto / best | 95% CI | >= 0.9x |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          f"The last columns are information, not a gate: auto against the control arm `{A.CONTROL_ARM}` (champion alone on "
+          "the same champion + draft engine as auto), which separates what auto's choices gain from what the two engines differ by.", "",
+          "| topology | stratum | T | n | auto speed-up | 95% CI | >= 0.95x | best fixed arm | auto / best | 95% CI | >= 0.9x "
+          "| auto / none on the same engine | 95% CI |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t, g in res["gates"].items():
         by = {v["id"]: v for v in g["verdicts"]}
         ns, bf = (by.get("auto_never_slower") or {}).get("cells", {}), (by.get("auto_keeps_best_fixed") or {}).get("cells", {})
+        ctl = (res["cells"].get(t) or {}).get("auto_over_control") or {}
         for cell in sorted(set(ns) | set(bf)):
-            a, b = ns.get(cell, {}), bf.get(cell, {})
+            a, b, c = ns.get(cell, {}), bf.get(cell, {}), ctl.get(cell, {})
             stratum, temp = cell.rsplit(" T=", 1)
             L.append(f"| {t} | {stratum} | {temp} | {a.get('n', 0)} | {_f(a.get('value'), '.3f')}x | {_ci(a.get('ci'), '.3f')} | "
                      f"{_verdict(a.get('verdict', '-'))} | {b.get('best') or '-'} | {_f(b.get('value'), '.3f')} | {_ci(b.get('ci'), '.3f')} | "
-                     f"{_verdict(b.get('verdict', '-'))} |")
+                     f"{_verdict(b.get('verdict', '-'))} | {_f(c.get('value'), '.3f')} | {_ci(c.get('ci'), '.3f')} |")
     if res["auto_choices"]:
         L += ["", "## What auto chose (rounds by method, all its requests)", "", "| topology:stratum | none | draft | lookup |", "|---|---|---|---|"]
         for k, v in sorted(res["auto_choices"].items()):
