@@ -331,6 +331,11 @@ def _value(v, fmt=".3g"):
     return _f(v, fmt) if isinstance(v, (int, float)) else "-"
 
 
+def _not_run(nr: dict) -> str:
+    why = str(nr.get("why") or "")
+    return why if why.startswith("not run") else f"not run: {why}"
+
+
 def headline(res: dict) -> list:
     """The short block the README may quote (generated; the lead copies it)."""
     split = res["plan"].get("split", "?")
@@ -344,17 +349,18 @@ def headline(res: dict) -> list:
         ns = g.get("auto_never_slower")
         if ns:
             worst = min(((c, x) for c, x in ns["cells"].items() if x.get("value") is not None), key=lambda cx: cx[1]["value"], default=None)
-            parts.append("auto's worst stratum " + (f"{worst[0]} {_f(worst[1]['value'])}x {_ci(worst[1].get('ci'))}" if worst else "no data")
+            parts.append("auto's worst stratum " + (f"{worst[0]} {_f(worst[1]['value'])}x {_ci(worst[1].get('ci')) if worst[1].get('ci') else '(no interval)'}"
+                                                    if worst else "no data")
                          + f" (>= 0.95x: {ns['verdict']})")
         rc = g.get("real_conversational_t1")
         if rc:
-            parts.append(f"conversational T = 1 {_f(rc['value'])}x {_ci(rc['ci'])} (>= 1.5x: {rc['verdict']})")
+            parts.append(f"conversational T = 1 {_f(rc['value'])}x {_ci(rc['ci']) if rc['ci'] else '(no interval)'} (>= 1.5x: {rc['verdict']})")
         gi = g.get("greedy_identity")
         if gi:
             parts.append(f"greedy mismatches {_value(gi['value'])} ({gi['verdict']})")
         L.append(f"- **{t}**: " + "; ".join(parts) + f". Reading: {res['conclusions'][t]}.")
     for nr in res.get("not_run") or []:
-        L.append(f"- **{nr.get('pair')}-{nr.get('backend')}**: not run: {nr.get('why')}.")
+        L.append(f"- **{nr.get('pair')}-{nr.get('backend')}**: {_not_run(nr)}.")
     L.append(HEADLINE_END)
     return L
 
@@ -373,7 +379,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
     else:
         L.append(f"A {split}-split run: tuning information; the preregistered verdicts are those of a test-split run.")
     for nr in res.get("not_run") or []:
-        L.append(f"Not run: {nr.get('pair')}-{nr.get('backend')}: {nr.get('why')}.")
+        L.append(f"{nr.get('pair')}-{nr.get('backend')}: {_not_run(nr)}.")
     if res.get("raw"):
         L.append(f"Raw per-request results: `{res['raw']['path']}` ({res['raw']['bytes']:,} bytes, gzip JSONL); "
                  f"`exactspec bench --run {res['run']} --report-only` regenerates this report and its plots from that file alone.")
