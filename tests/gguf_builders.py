@@ -1,7 +1,9 @@
 """Raw GGUF bytes built field by field (to write what no writer would: wrong counts, types,
-offsets), and the fetched SmolLM2 GGUF's path. Tiny random GGUF models: synthetic_models.py."""
+offsets), the fetched SmolLM2 GGUF's path and its float reference pair (built once per process). Tiny
+random GGUF models: synthetic_models.py."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -59,6 +61,14 @@ def smollm2_path() -> str:
     if not status.get("available"):
         pytest.skip(f"SmolLM2 GGUF unavailable (build/models/status.json): {status.get('reason')}")
     return os.path.join(REPO, "build", "models", status["path"])
+
+
+@functools.lru_cache(maxsize=None)
+def gguf_reference_pair(path: str):
+    """gguf_pair.load_gguf_pair(path): the float reference pair on a GGUF, built once per test process
+    (SmolLM2-135M: ~8 s and ~1 GB) for the modules that only generate from it or read its tokenizer."""
+    from exactspec.reference.gguf_pair import load_gguf_pair
+    return load_gguf_pair(path)
 
 
 def smollm2_status() -> dict:

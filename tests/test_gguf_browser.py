@@ -16,7 +16,7 @@ from engine_loads import FAST_LOAD_JS, browser_runtime
 from exactspec.host.browser_run import BrowserRuntime
 from exactspec.core.errors import ExactSpecError
 from exactspec.formats.gguf_model import GGUFModel
-from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from gguf_builders import REPO, gguf_reference_pair, smollm2_path as fetched_smollm2
 from synthetic_models import write_tiny_model
 
 QUESTION = "What is the capital of France?"
@@ -31,11 +31,10 @@ def smollm2_path():
 @functools.lru_cache(maxsize=None)
 def reference_tokens(path) -> tuple:
     """(chat prompt ids, greedy answer ids stopping on EOS) of the CPython reference on the file."""
-    from exactspec.reference.gguf_pair import load_gguf_pair
     from exactspec.core.orchestrator import GenerationConfig
     from exactspec.core.policy import SamplingPolicy
     from exactspec.formats.chat import encode_chat_prompt
-    pair = load_gguf_pair(path)
+    pair = gguf_reference_pair(path)
     prompt = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": QUESTION}])
     result = pair.orchestrator.generate(prompt, GenerationConfig(max_new_tokens=N_TOKENS, speculate="none",
                                                                  policy=SamplingPolicy(temperature=0),

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 
 from exactspec.formats.chat import encode_chat_prompt
 from exactspec.formats.gguf_model import GGUFModel, load_reference
-from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from gguf_builders import REPO, gguf_reference_pair, smollm2_path as fetched_smollm2
 from synthetic_models import write_tiny_model
 from node_harness import run_harness
 from tolerances import flip_margin, max_error, within
@@ -115,9 +115,8 @@ def smollm2_path():
 
 @pytest.fixture(scope="module")
 def float_pair(smollm2_path):
-    """The float reference pair on the file (gguf_pair), loaded once for both matmul cases (~8 s)."""
-    from exactspec.reference.gguf_pair import load_gguf_pair
-    return load_gguf_pair(smollm2_path)
+    """The float reference pair on the file (gguf_pair), built once per process (gguf_builders)."""
+    return gguf_reference_pair(smollm2_path)
 
 
 @pytest.mark.parametrize("matmul", ["f32", "auto"])

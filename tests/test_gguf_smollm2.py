@@ -20,7 +20,7 @@ from exactspec.formats.chat import encode_chat_prompt, render_template
 from exactspec.formats.gguf import GGUFFile
 from exactspec.formats.gguf_model import GGUFModel, load_reference
 from exactspec.formats.gguf_tokenizer import load_tokenizer, stop_token_ids, tokenizer_config
-from gguf_builders import smollm2_path
+from gguf_builders import gguf_reference_pair, smollm2_path
 from test_tokenizer_families import HOSTILE
 from tolerances import TOLERANCES
 
@@ -164,10 +164,9 @@ def test_chat_prompt_equals_transformers(gguf_path, transformers_model):
 def test_orchestrator_on_the_gguf_champion(gguf_path):
     """The file as a champion (gguf_pair.load_gguf_pair): greedy alone and with prompt lookup give
     the same tokens, and a chat turn answers the question and stops on the file's EOS."""
-    from exactspec.reference.gguf_pair import load_gguf_pair
     from exactspec.core.orchestrator import GenerationConfig
     from exactspec.core.policy import SamplingPolicy
-    pair = load_gguf_pair(gguf_path)
+    pair = gguf_reference_pair(gguf_path)
     ids = pair.tokenizer.encode(PROMPT)
     greedy = SamplingPolicy(temperature=0)
     alone = pair.orchestrator.generate(ids, GenerationConfig(max_new_tokens=GREEDY_TOKENS, speculate="none",

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from gguf_builders import REPO, smollm2_path
+from gguf_builders import REPO, gguf_reference_pair, smollm2_path
 from test_tokenizer_families import HOSTILE
 from test_wasm_draft import run_node, unb64
 from tolerances import max_error, within
@@ -115,8 +115,7 @@ def test_greedy_speculation_equals_champion_alone(gguf_path, draft_reference, tm
     """The CPython reference on a chat turn: the GGUF champion alone, and with this draft at
     k = 4: the same tokens; and the draft has learnt the champion: more of its proposals are accepted than of
     the same shape with untrained weights."""
-    from exactspec.reference.gguf_pair import load_gguf_pair
-    pair = load_gguf_pair(gguf_path)
+    pair = gguf_reference_pair(gguf_path)
     base = pair.orchestrator
     ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config,
                              [{"role": "user", "content": "What is the capital of France?"}])

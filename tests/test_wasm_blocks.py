@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q, GGUFReader
 from exactspec.formats.gguf_model import GGUFModel, load_reference
 from exactspec.reference.models import default_models_dir
 from exactspec.reference.reference_llama import LlamaReference
-from gguf_builders import REPO, smollm2_path as fetched_smollm2
+from gguf_builders import REPO, gguf_reference_pair, smollm2_path as fetched_smollm2
 from node_harness import run_harness
 from synthetic_models import odd_q8, write_tiny_model
 from tolerances import max_error, within
@@ -219,8 +219,7 @@ def test_smollm2_q4_1_decodes_in_its_blocks_identically_at_1_2_and_3_threads(smo
     q8act-v1 moves logits by ~1 against the float function, and float32-level differences upstream
     of a quantisation move them as much, so a prompt whose top two tokens lie 0.08 apart -- the chat
     turn "What is the capital of France?" -- may answer either way; this prompt's margin is 2.5.)"""
-    from exactspec.reference.gguf_pair import load_gguf_pair
-    pair = load_gguf_pair(smollm2_path)
+    pair = gguf_reference_pair(smollm2_path)
     greedy = {"prompt": [int(i) for i in pair.tokenizer.encode("The capital of France is")], "n": 8}
     outs = champions(*(gguf_case(smollm2_path, matmul="auto", threads=n, greedy=greedy) for n in (1, 2, 3)))
     info = outs[0]["info"]
