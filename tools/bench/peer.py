@@ -202,7 +202,7 @@ def tfjs_comparison(rows: list) -> list:
 
 def prompt_set(n: int, strata: list, corpus_only: bool = False) -> list:
     """[{stratum, text}]: the first n default prompts (none with corpus_only), then the first n of
-    each eval/corpus stratum."""
+    each eval/corpus stratum's dev split (the test split is read only by `exactspec bench --split test`)."""
     out = [] if corpus_only else [{"stratum": DEFAULT_STRATUM, "text": p} for p in PROMPTS[:n]]
     for stratum in strata:
         path = os.path.join(REPO, CORPUS_DIR, f"{stratum}.jsonl")
@@ -210,6 +210,7 @@ def prompt_set(n: int, strata: list, corpus_only: bool = False) -> list:
             raise SystemExit(f"E_BAD_ARGUMENT: --corpus-strata {stratum}: no {CORPUS_DIR}/{stratum}.jsonl")
         with open(path, encoding="utf-8") as f:
             items = [json.loads(line) for line in f if line.strip()]
+        items = [item for item in items if item.get("split") != "test"]
         out += [{"stratum": stratum, "text": item["prompt"]} for item in items[:n]]
     return out
 

@@ -537,6 +537,8 @@ def eval_prompts(pair):
         with open(os.path.join(REPO, "eval", "corpus", f"{stratum}.jsonl")) as f:
             for line in f:
                 item = json.loads(line)
+                if item.get("split") == "test":     # the locked test split: only `exactspec bench --split test`
+                    continue
                 if item.get("chat"):
                     ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, [{"role": "user", "content": item["prompt"]}])
                 else:
