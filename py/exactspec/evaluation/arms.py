@@ -17,7 +17,7 @@ FULL = TOY_FULL     # v1's name
 # WebGPU on SwiftShader is ~15-20x slower than the WASM champion: a subset of arms and prompts only
 WEBGPU_SUBSET = ("none", "draft-k4", "auto")
 # the real pair (SmolLM2-135M-Instruct Q4_1 + its draft), ~30-50 ms a token on the WASM champion
-REAL_FULL = ("none", "auto", "draft-k2", "draft-k4", f"lookup-k{LOOKUP_K}")
+REAL_FULL = ("none", "none-spec", "auto", "draft-k2", "draft-k4", f"lookup-k{LOOKUP_K}")
 QUICK = ("none", "auto")
 # the distribution samples' arms (T = 1, first SAMPLE_POSITIONS tokens); the real pair (slow) samples
 # champion alone and auto only
