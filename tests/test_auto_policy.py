@@ -326,3 +326,16 @@ def test_a_calibration_of_one_point_leaves_the_slope_to_be_learnt():
     policy.observe("none", 0, 0, 0, 500.0, 0.0, 499.0)        # the first round times nothing
     policy.observe("draft", 2, 2, 0, 35.0, 4.0, 30.0)
     assert policy._verify(3) == 30.0 and policy._verify(5) == pytest.approx(40.0)   # through (1, 20), (3, 30)
+
+
+def test_auto_ignores_k_and_caps_its_own_by_the_backend():
+    """Under auto, k is ignored (a k above the backend's max_k is not refused); auto's own k stays
+    within min(8, max_k)."""
+    orch = make_orchestrator(40, 1, overlap=0.95)
+    orch.champion.limits = {"max_k": 3}
+    events = []
+    r = orch.generate([3, 4, 5, 3, 4, 5], GenerationConfig(max_new_tokens=40, policy=GREEDY, k=50),
+                      on_event=events.append)
+    assert r.error is None and max(e["payload"]["round"]["proposed"] for e in events if e["kind"] == "tokens") <= 3
+    with pytest.raises(Exception):
+        orch.generate([3, 4, 5], GenerationConfig(max_new_tokens=4, policy=GREEDY, k=50, speculate="draft"))

@@ -82,7 +82,7 @@ class GenerationConfig:
         temperature or penalty whose f32 arithmetic would overflow."""
         def bad(name, why):
             raise ExactSpecError(E_BAD_ARGUMENT, f"{name} {why}")
-        if self.speculate != "none" and "max_k" in limits and self.k > limits["max_k"]:
+        if self.speculate not in ("none", "auto") and "max_k" in limits and self.k > limits["max_k"]:
             bad("k", f"is {self.k}: this champion backend verifies at most {limits['max_k']} proposals per round")
         for policy in filter(None, (self.policy, self.draft_policy)):
             t, r = policy.temperature, policy.repetition_penalty
