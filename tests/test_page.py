@@ -89,6 +89,11 @@ def test_load_shows_progress(app):
     assert app.input_value("#speculate") == "auto"                  # the default: measured on this device
     assert app.eval_on_selector("#speculate option:checked", "o => o.textContent") == "auto (measured on this device)"
     assert app.is_disabled("#k") and app.is_disabled("#scheduler")   # auto picks k itself
+    assert "Measuring this device for auto" in rows, rows
+    calibration = app.evaluate("() => window.appState.engine.ready.info.calibration")
+    line = app.text_content("#calibration_line")                     # the load's calibration, in one line
+    assert re.fullmatch(r"Measured (at load|on this device earlier) in [\d.]+ ms \(WASM\): a champion step [\d.]+ ms, .*", line), line
+    assert line.endswith(" (from cache)") == (calibration["source"] == "cache"), (line, calibration["source"])
 
 
 AUTO_SENTENCE = re.compile(r"(Using the draft, \d+ tokens? ahead: it costs|Prompt lookup found a match, \d+ tokens? ahead:"
