@@ -319,7 +319,7 @@ def test_the_browser_backend_runs_a_published_bf16_folder(bf16_folder, tmp_path)
     """It failed with a bare HTTP 404 for model.q8.safetensors; the bf16 draft was refused."""
     r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", bf16_folder,
             "--draft", bf16_folder, "--prompt", "Hi", "--temperature", "0", "--max-new-tokens", "4", "--json",
-            env_extra={"EXACTSPEC_MODEL_CACHE": str(tmp_path / "cache")})
+            "--speculate", "draft", env_extra={"EXACTSPEC_MODEL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["error"] is None and len(out["token_ids"]) == 4 and out["stats"]["proposed"] > 0
