@@ -18,10 +18,13 @@ class RngDecider:
 
     def __init__(self, seed: int):
         self.seed = seed
+        self.last_accept = None     # (u, probability) of the last bernoulli: the round record's diag_u, diag_a
 
     def bernoulli(self, probability, domain, round_id, position) -> bool:
         bits = rng.draw_bits(self.seed, domain, round_id, position, 0)
-        return rng.uniform_open_closed(bits) <= probability
+        u = rng.uniform_open_closed(bits)
+        self.last_accept = (u, probability)
+        return u <= probability
 
     def categorical(self, weights, domain, round_id, position) -> int:
         if hasattr(weights, "dtype"):

@@ -5,6 +5,7 @@ C decider and the JS session (web/orchestrator/session.mjs), the CPython referen
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
@@ -68,9 +69,11 @@ def decode(words) -> RoundOutcome:
                      "near_top_p": bool(ended & LAYOUT["near_top_p_flag"])})
 
 
-def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0) -> list:
+def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0,
+           accept_test=None) -> list:
     """The record of a round decided in Python (acceptance.RoundDecision, or None when the champion
-    did not run), as the WGSL/C deciders and the JS session write it."""
+    did not run), as the WGSL/C deciders and the JS session write it. accept_test: (u, a) of the
+    round's last accept test (the uniform and min(1, p_target / p_draft)), or None: diag_u, diag_a."""
     w = [0] * (FIXED_WORDS + len(proposals))
     w[AT["next_token"]] = w[AT["rejected_at"]] = -1
     if decision is not None:
@@ -81,9 +84,51 @@ def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, veri
         w[AT["decision_error"]] = LAYOUT["decision_errors"].index(decision.error.code) if decision.error else 0
     for name in ("diag_score", "diag_u", "diag_a"):
         w[AT[name]] = _f32_word(None)
+    if accept_test is not None:
+        w[AT["diag_u"]], w[AT["diag_a"]] = (_f32_word(float(x)) for x in accept_test)
     w[AT["status"]] = STATUS[status]
     w[AT["draft_us"]] = round(draft_ms * 1000)
     w[AT["verify_us"]] = round(verify_ms * 1000)
     w[AT["n_proposed"]] = len(proposals)
     w[FIXED_WORDS:] = list(proposals)
     return w
+
+
+# |u - a| below this: float32 and float64 arithmetic could decide the accept test differently
+CLOSE_MARGIN = 1e-6
+
+
+class NumericsTally:
+    """The decider's numerical diagnostics over one request, for the receipt's `numerics` (a few
+    counts, not per-round values). Each record carries the round's near_top_p flag (the WGSL
+    decider: a row it used was near its top-p boundary in float32) and the u, a of its last accept
+    test (the one that decided the round), filled by the C decider, the WGSL one and the CPython
+    reference (RngDecider); only WGSL sets near_top_p (the float64 reference is the yardstick)."""
+
+    def __init__(self):
+        self.decided_rounds = 0       # rounds the champion ran and decided (not draft_failed)
+        self.near_top_p_rounds = 0
+        self.judged_rounds = 0        # rounds with an accept test (sampled, with proposals): finite u and a
+        self.close_rounds = 0         # ... whose |u - a| < CLOSE_MARGIN
+        self.min_margin: Optional[float] = None
+
+    def add(self, outcome: RoundOutcome) -> None:
+        if outcome.status == "draft_failed":
+            return
+        self.decided_rounds += 1
+        d = outcome.diagnostics
+        self.near_top_p_rounds += bool(d.get("near_top_p"))
+        u, a = d.get("u"), d.get("a")
+        # no accept test: NaN (the C decider, encode) or 0 (the WGSL decider); a real u is in (0, 1]
+        if u is None or a is None or not (math.isfinite(u) and math.isfinite(a)) or u <= 0:
+            return
+        margin = abs(u - a)
+        self.judged_rounds += 1
+        self.close_rounds += margin < CLOSE_MARGIN
+        self.min_margin = margin if self.min_margin is None else min(self.min_margin, margin)
+
+    def summary(self) -> dict:
+        """-> the receipt's numerics: counts, and the smallest |u - a| (None: no accept test ran)."""
+        return {"decided_rounds": self.decided_rounds, "near_top_p_rounds": self.near_top_p_rounds,
+                "judged_rounds": self.judged_rounds, "min_acceptance_margin": self.min_margin,
+                "close_margin_rounds": self.close_rounds, "close_margin": CLOSE_MARGIN}
