@@ -113,12 +113,29 @@ console.log(JSON.stringify(seq.map((x) => t.observe(x))));
     assert out == [False, False, False, False, False, True, False, True, False, False, True]
 
 
+def test_a_trigger_whose_measurement_agreed_backs_off_and_one_that_differed_resets():
+    out = node("""
+const t = cal.driftTracker();
+const fire = () => { let n = 0; while (!t.observe(2.0)) n++; return n + 1; };   // requests in a row until it triggers
+const seen = [fire()];
+t.backoff(true); seen.push(fire());
+t.backoff(true); seen.push(fire());
+t.backoff(false); seen.push(fire());
+for (let i = 0; i < 6; i++) t.backoff(true);
+seen.push(t.requests);
+const v = (v1) => ({ verify_ms: [null, v1] });
+console.log(JSON.stringify({ seen, agree: [cal.agreeing(v(2), v(2.5)), cal.agreeing(v(2), v(3)), cal.agreeing(null, v(2))] }));
+""")
+    assert out["seen"] == [2, 4, 8, 2, 16]
+    assert out["agree"] == [True, False, False]
+
+
 def test_a_cached_entry_is_spot_checked_by_timing_v1_now():
     out = node(PROBE + """
 const p = probe({ base: 1, perRow: 1 });
 const fresh = await cal.spotCheck(p, { verify_ms: [null, 2.2] }, { backend: "wasm", vocabSize: 100 });
 const stale = await cal.spotCheck(p, { verify_ms: [null, 0.5] }, { backend: "wasm", vocabSize: 100 });
-console.log(JSON.stringify({ fresh, stale, log: p.log, within: [0.74, 0.75, 1.0, 1.33, 1.34].map(cal.withinDrift) }));
+console.log(JSON.stringify({ fresh, stale, log: p.log, within: [0.74, 0.75, 1.0, 1.33, 1.34].map((x) => cal.withinDrift(x)) }));
 """)
     assert out["log"] == ["prefill", "V1", "V1", "V1"] * 2                          # three timings of V(1) each
     assert out["fresh"]["v1_ms"] >= 2 and out["stale"]["ratio"] >= 4                # 2 ms now against 0.5 cached

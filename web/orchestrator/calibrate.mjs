@@ -14,6 +14,7 @@ export const V_ORDER = [1, 9, 5, 3, 2, 7, 4, 6, 8];
  *  range count as drifting; two in a row drop the cached entry and measure again. */
 export const DRIFT_RANGE = [0.75, 1.33];
 export const DRIFT_REQUESTS = 2;
+export const MAX_DRIFT_REQUESTS = 16;
 const CONTEXT_IDS = 16;          // the synthetic context already in the cache before each timed round
 const CATCHUP_IDS = 8;           // the draft's catch-up forward
 const PROPOSE_K = 4;             // the draft's timed proposal
@@ -85,8 +86,8 @@ export async function spotCheck(probe, cached, { backend, vocabSize }) {
   }
 }
 
-/** Whether a ratio of observed to calibrated time lies inside DRIFT_RANGE. */
-export const withinDrift = (ratio) => ratio >= DRIFT_RANGE[0] && ratio <= DRIFT_RANGE[1];
+/** Whether a ratio of observed to calibrated time lies inside `range` (DRIFT_RANGE). */
+export const withinDrift = (ratio, range = DRIFT_RANGE) => ratio >= range[0] && ratio <= range[1];
 
 /** Timed V(n) with each one at most every larger n's: a timing is only ever inflated (another
  *  thread, a tab, a GC took the core), and verifying more rows never costs less. */
@@ -240,18 +241,27 @@ export function usableCached(entry, key) {
 }
 
 /** Counts requests in a row whose drift lies outside DRIFT_RANGE; observe(drift) -> true on the
- *  DRIFT_REQUESTS-th in a row (then it starts over). null / undefined drift (no auto request, no
- *  calibration) leaves the count as it is. */
-export function driftTracker({ range = DRIFT_RANGE, requests = DRIFT_REQUESTS } = {}) {
-  let run = 0;
+ *  `requests`-th in a row (DRIFT_REQUESTS; then it starts over). null / undefined drift (no auto
+ *  request, no calibration) leaves the count as it is. backoff(agreed), after the measurement that
+ *  a trigger caused: when it agreed with the calibration it replaced (agreeing(), the drift was in
+ *  how requests run, not in the device), the next trigger needs twice as many requests in a row
+ *  (at most MAX_DRIFT_REQUESTS), so a steady gap costs a few measurements, not one every two
+ *  requests; when it differed, back to DRIFT_REQUESTS. */
+export function driftTracker({ range = DRIFT_RANGE, base = DRIFT_REQUESTS } = {}) {
+  let run = 0, requests = base;
   return {
     observe(drift) {
       if (drift == null || !Number.isFinite(drift)) return false;
-      run = drift < range[0] || drift > range[1] ? run + 1 : 0;
+      run = withinDrift(drift, range) ? 0 : run + 1;
       if (run < requests) return false;
       run = 0;
       return true;
     },
+    backoff(agreed) { requests = agreed ? Math.min(MAX_DRIFT_REQUESTS, requests * 2) : base; },
     get run() { return run; },
+    get requests() { return requests; },
   };
 }
+
+/** Whether calibration `b` agrees with `a`: V(1) within DRIFT_RANGE of a's. */
+export const agreeing = (a, b) => !!(a?.verify_ms?.[1] && b?.verify_ms?.[1]) && withinDrift(b.verify_ms[1] / a.verify_ms[1]);

@@ -14,8 +14,8 @@ import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
 import { checkModels } from "./model_check.mjs";
 import { warmUp, warmupRequests } from "./warmup.mjs";
-import { adapterDescription, calibrationKey, driftTracker, measureCalibration, openCalibrationCache, spotCheck, usableCached,
-  withinDrift } from "./calibrate.mjs";
+import { adapterDescription, agreeing, calibrationKey, driftTracker, measureCalibration, openCalibrationCache, spotCheck,
+  usableCached, withinDrift } from "./calibrate.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
 
 /** Call a Python method by name, destroying the bound-method proxy and any proxy it returns
@@ -58,7 +58,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   // calibration (calibrate.mjs): the cache (opened once per worker), the load's mode and notify, the
   // measurement in flight between requests, whether one is due, the drift run and a test's override
   let cachePromise = null;
-  const cal = { mode: "auto", notify: () => {}, running: null, due: false, drift: driftTracker(), override: null };
+  const cal = { mode: "auto", notify: () => {}, running: null, due: false, dueFromDrift: false, drift: driftTracker(), override: null };
   const notifyRequest = (payload) => {
     if (current) post({ kind: "progress", request_id: current.request_id, seq: 0, epoch: current.epoch, payload });
   };
@@ -97,7 +97,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     if (!CALIBRATE_MODES.includes(mode)) throw codedError("E_BAD_ARGUMENT", `calibrate must be one of ${CALIBRATE_MODES.join(", ")}, got ${JSON.stringify(mode)}`);
     await cal.running?.catch(() => {});         // a calibration between requests uses the bridge
     unload();                                   // a second load frees the first
-    Object.assign(cal, { mode, notify, due: false, drift: driftTracker(), override: null });
+    Object.assign(cal, { mode, notify, due: false, dueFromDrift: false, drift: driftTracker(), override: null });
     const assets = options.assets ?? {};
     const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
     const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
@@ -228,11 +228,13 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
    *  next request waits for it. Announced on the load's request ({stage: "calibration"}). */
   function calibrateWhenIdle() {
     if (!cal.due || current || cal.running || !loaded) return;
-    const mode = cal.due;
-    cal.due = false;
+    const mode = cal.due, fromDrift = cal.dueFromDrift;
+    cal.due = cal.dueFromDrift = false;
     const forLoad = loaded;
+    const before = JSON.parse(loaded.bridge.bridge.calibration() || "null");
     cal.running = (async () => {
       const calibration = await calibrate(mode);
+      if (fromDrift) cal.drift.backoff(agreeing(before, calibration));   // a steady gap: rarer triggers
       if (loaded === forLoad) cal.notify({ stage: "calibration", calibration });
     })().finally(() => { cal.running = null; });
   }
@@ -247,6 +249,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     const cache = await (cachePromise ?? Promise.resolve(null));
     if (cache && key) await cache.delete(key).catch(() => {});
     cal.due = "force";
+    cal.dueFromDrift = true;
   }
 
   /** One request through the loaded session with its events dropped (the warm-up) -> result JSON. */
