@@ -141,7 +141,18 @@ export interface ReadyInfo {
     warmup: { requests: number; rounds: number; tokens: number; errors: string[] } | null;   // null: warmUp false
     /** null with calibrate "off"; {error, key} when measuring failed (the load still succeeds) */
     calibration: Calibration | { error: string; key: string | null } | null;
+    /** The load-time batch-invariance check of the champion that runs (docs/browser.md, "Batch invariance at load"). */
+    batch_check: BatchCheck;
+    /** null, or: auto's WebGPU champion was batch-variant here, so the WASM champion runs (receipts: champion_fallback_code). */
+    champion_fallback: { code: "E_BATCH_VARIANT"; message: string; from: "webgpu"; batch_check: BatchCheck } | null;
   };
+}
+
+/** A block of `positions` against the same positions one by one, logits compared as bits; ms. */
+export interface BatchCheck {
+  backend: "webgpu" | "wasm"; positions: number; ms: number;
+  result: "invariant" | "variant" | "unchecked";          // unchecked: a context too short for a block of 2
+  first_mismatch: { position: number; index: number } | null;
 }
 
 export interface ExactSpecEngine {

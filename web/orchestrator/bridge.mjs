@@ -9,6 +9,7 @@ import { DraftWorkerClient } from "../draft/draft_worker.mjs";
 import { codedError, errorPayload, loadSchema, roundRecordLayout } from "../protocol.mjs";
 import { createSession } from "./session.mjs";
 import { chooseChampionBackend, openChampion } from "./champion_backends.mjs";
+import { batchVariantError, checkBatchInvariance } from "./batch_check.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
 const FAULT_POINTS = ["championForward", "championRound", "draftForward", "draftPropose"];
@@ -35,14 +36,47 @@ export function chooseDraftPlacement(placement, championKind) {
 export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
-  draftInBackground = false, draftDelayMs = 0 }) {
+  draftInBackground = false, draftDelayMs = 0, batchVariantFault = false }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
   const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads, matmul };
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
-  const tOpen = performance.now();
-  const championWarmup = champ.warmUp?.() ?? null;   // WASM: every forward path warmed, threads calibrated
+  if (faults && batchVariantFault) champ.setBatchVariantFault();   // tests: the first champion opened
+  let warmMs = 0;
+  const warm = (c) => {                // WASM: every forward path warmed, threads calibrated
+    const s = performance.now();
+    const w = c.warmUp?.() ?? null;
+    warmMs += performance.now() - s;
+    return w;
+  };
+  let championWarmup = warm(champ);
+  // the batch-invariance check (batch_check.mjs), before any request uses the champion (after the WASM
+  // warm-up, whose forwards are discarded: warm, the check costs half): a variant WebGPU champion is
+  // closed and the WASM one opened instead (E_BATCH_VARIANT in ready.info and every receipt), unless
+  // WebGPU was asked for by name; a variant WASM champion fails the load
+  const checked = async (c) => {       // -> the check; a variant or failed one closes the champion
+    try {
+      const check = await checkBatchInvariance(c, { maxBlock: MAX_BLOCK });
+      if (check.result !== "variant") return check;
+      throw Object.assign(batchVariantError(check), { check });
+    } catch (err) {
+      c.close();
+      throw err;
+    }
+  };
+  let batchCheck, championFallback = null;
+  try {
+    batchCheck = await checked(champ);
+  } catch (err) {
+    if (err.code !== "E_BATCH_VARIANT" || champ.kind === "wasm" || championBackend === "webgpu") throw err;
+    championFallback = { code: err.code, message: err.detail, from: champ.kind, batch_check: err.check };
+    choice = { kind: "wasm", why: `${choice.why}, but its kernels are batch-variant (E_BATCH_VARIANT): the WASM champion instead` };
+    champ = await openChampion("wasm", openOpts);
+    championWarmup = warm(champ);
+    batchCheck = await checked(champ);
+  }
+  const checkMs = batchCheck.ms + (championFallback ? championFallback.batch_check.ms : 0);
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0, closed = false;
   let epoch = 0;
@@ -58,7 +92,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.
   let draftLoading = null, backgroundDraft = null;
-  const timing = { champion_load: tOpen - t0, champion_warmup: t1 - tOpen, draft_load: 0 };
+  // champion_load: the opens (a fallback's both); champion_warmup, batch_check: the warm-ups, the checks (both)
+  const timing = { champion_load: t1 - t0 - warmMs - checkMs, champion_warmup: warmMs, draft_load: 0, batch_check: checkMs };
   if (draftUrl) {
     const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
     const attempt = (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
@@ -189,6 +224,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         browser_version: browserVersion(),
         runtime_version: info.runtime_version ?? "pyodide-unknown",
         champion_backend: champ.kind,
+        champion_fallback_code: championFallback?.code ?? null,   // E_BATCH_VARIANT: WebGPU was batch-variant here
         calibration_key: calibration?.key ?? null,
         peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draft ? draft.memoryBytes : 0,
           pyodide_heap: info.pyodide_heap_bytes ?? 0 },
@@ -209,6 +245,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         ...(championWarmup ? { warmup_ms: championWarmup } : {}) },
       draft: draftInfo(),
       draft_error: draftError,
+      batch_check: batchCheck,             // the champion that runs: {backend, positions, ms, result, first_mismatch}
+      champion_fallback: championFallback, // null, or {code: E_BATCH_VARIANT, message, from: "webgpu", batch_check}
       draft_loading: draftLoading !== null,
     },
     timing_ms: timing,
@@ -247,11 +285,14 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
           let roundId = 0;
           return {
             canVerify: (n) => s.committedLength + n < room,
+            /** -> {wall: the call's ms, verify: the record's verify time (forward + decide), ms} */
             async verify(n) {
               const t = performance.now();
               const r = s.round(n - 1, roundId++, 1 << 20, s.committedLength, idsFrom(s.committedLength, n - 1));
-              check(r instanceof Promise ? await r : r);
-              return performance.now() - t;
+              const rec = r instanceof Promise ? await r : r;
+              const ms = performance.now() - t;
+              check(rec);
+              return { wall: ms, verify: rec[layout.at.verify_us] / 1000 };
             },
             close: () => s.end(),
           };

@@ -106,7 +106,10 @@ export class Engine {
    *  draftInBackground: ready as soon as the champion is (ready.info.draft_loading true; until
    *  then speculate "draft" is refused with E_DRAFT_LOST); when the draft has loaded (or failed)
    *  onProgress sees {stage: "draft_ready", draft, draft_error} and ready.info is updated.
-   *  draftDelayMs (tests, with faults) holds the draft back. warmUp (default true): before ready,
+   *  draftDelayMs (tests, with faults) holds the draft back. faultBatchVariant (tests, with faults): the
+   *  first champion opened computes batch-variant logits, so the load-time batch check fails
+   *  (docs/browser.md "Batch invariance at load"); faultAdapterIsHardware (tests, with faults): "auto"
+   *  takes a software WebGPU adapter as hardware. warmUp (default true): before ready,
    *  a few small requests run the whole round path once per mode, outputs dropped, so the first
    *  request is as fast as the tenth (ready.timing_ms.warmup, ready.info.warmup; web/orchestrator/warmup.mjs).
    *  threads ("auto" or a count): the WASM champion's; "auto" takes min(cores, 4) in a cross-origin
@@ -118,7 +121,7 @@ export class Engine {
    *  {stage: "calibration", calibration} and replaces it (web/orchestrator/calibrate.mjs). */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true,
-    calibrate = "auto" } = {}) {
+    faultBatchVariant = false, faultAdapterIsHardware = false, calibrate = "auto" } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
@@ -128,7 +131,7 @@ export class Engine {
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
       champion_backend: championBackend, threads, matmul, draft_placement: draftPlacement, assets,
       draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp,
-      calibrate } }, timeoutMs, onProgress);
+      fault_batch_variant: faultBatchVariant, fault_adapter_is_hardware: faultAdapterIsHardware, calibrate } }, timeoutMs, onProgress);
     return this.ready;
   }
 
