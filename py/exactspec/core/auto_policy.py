@@ -2,16 +2,18 @@
 
 Pure (no clock, no I/O, no NumPy): the orchestrator times rounds and tells `observe`; `choose`
 runs every round in Pyodide, O(k_max). docs/core.md ("The auto policy") states the model:
-  cost of a round    none: V(1) + o;  draft k: c*behind + k*d + V(k+1) + o;  lookup j: V(j+1) + o
-                     (+ l, lookup's search, on every round that searched: all methods pay it)
+  cost of a round    none: V(1) + o;  draft k: k*d + V(k+1) + o;  lookup j: V(j+1) + o
+                     (+ l, lookup's search, on every round that searched: all methods pay it;
+                     the draft's catch-up c*behind is spread over min(remaining, catchup_horizon))
   tokens of a round  E[G(k)] = 1 + S_1 + ... + S_k, S_i = a_1 ... a_i (per-position acceptance,
                      decayed counters with a prior, as scheduler.AdaptiveK)
 V(n), d, c, l come from the calibration (measured at load, common.md §1), scaled by a drift
 factor (observed / calibrated, median of the last `window` rounds); o (per-round overhead) is
 learnt online. A speculative method is chosen only when its cost per token is below none's by
-`margin`. Exploration is bounded: a draft round while the draft has no evidence in this request
-(or any speculative round whose costs are unknown) is a probe, run only when its worst-case extra
-cost fits in `probe_fraction` of the request's time so far plus one probe's allowance.
+`margin`. Exploration is bounded: the draft is trusted after `probes_first` probe rounds, and every
+probe's worst-case extra cost must fit `probe_fraction` of the request's time so far plus a start
+allowance (`start_fraction` of min(the request's tokens, `start_horizon`) steps); each probe is
+charged what it really cost.
 Lookup's acceptance is learnt from every round where it had a match (observe_lookup): the
 committed tokens are champion-distributed whatever method ran, so comparing lookup's proposals
 with them is an unbiased observation of its acceptance, for free.
@@ -22,10 +24,18 @@ from dataclasses import dataclass
 
 METHODS = ("none", "draft", "lookup")
 K_LIMIT = 8            # auto's k is at most min(8, the backend's max_k)
-DEFAULT_PARAMS = {"margin": 0.05, "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
-                  "decay": 0.95, "fast_decay": 0.8, "probe_fraction": 0.02, "start_fraction": 0.03, "start_horizon": 64, "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
-                  "catchup_horizon": 32, "lookup_evidence": 2.0, "window": 9, "lookup_search_fraction": 0.1,
-                  "lookup_search_every": 8}
+DEFAULT_PARAMS = {
+    "margin": 0.05,                    # a speculative method must beat none's cost per token by this
+    "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
+    "decay": 0.95, "fast_decay": 0.8,  # acceptance counters: a_i = min(slow, fast) estimate
+    "probe_fraction": 0.02,            # probes' budget: this fraction of the request's time so far,
+    "start_fraction": 0.03, "start_horizon": 64,   # plus this fraction of min(tokens, horizon) steps
+    "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
+    "catchup_horizon": 32,             # the draft's catch-up is spread over min(remaining, this) tokens
+    "lookup_evidence": 2.0,            # lookup is trusted after this many (decayed) observations
+    "window": 9,                       # robust running estimates: median of the last `window` rounds
+    "lookup_search_fraction": 0.1, "lookup_search_every": 8,
+}
 
 
 @dataclass(frozen=True)
