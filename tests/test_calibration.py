@@ -26,7 +26,8 @@ function probe({ base, perRow, d = null, c = null, sampledPerRow = 0, maxRows = 
     async open({ greedy }) { spin(base); log.push(greedy ? "prefill" : "prefill-sampled");
       return { canVerify: () => true, close() {},
                async verify(n) { const t = performance.now(); spin(base + perRow * n + (greedy ? 0 : sampledPerRow * n));
-                                 log.push(`${greedy ? "V" : "S"}${n}`); return performance.now() - t; } }; },
+                                 log.push(`${greedy ? "V" : "S"}${n}`); const ms = performance.now() - t;
+                                 return { wall: ms + base, verify: ms }; } }; },   // the call's own cost on top
     async draftCatchup(ids) { const t = performance.now(); spin(c * ids.length); log.push("catchup"); return performance.now() - t; },
     async draftPropose(k) { const t = performance.now(); spin(d * k); log.push("propose"); return { ms: performance.now() - t, proposed: k }; },
   };

@@ -79,7 +79,7 @@ export async function spotCheck(probe, cached, { backend, vocabSize }) {
   const s = await probe.open({ greedy: true, contextIds: syntheticContext(backend, vocabSize) });
   try {
     let v1 = Infinity;
-    for (let r = 0; r < SPOT_TIMINGS; r++) v1 = Math.min(v1, await s.verify(1));
+    for (let r = 0; r < SPOT_TIMINGS; r++) v1 = Math.min(v1, (await s.verify(1)).verify);
     return { v1_ms: round3(v1), ratio: round3(v1 / cached.verify_ms[1]) };
   } finally {
     s.close();
@@ -105,14 +105,16 @@ export function monotone(timed) {
  * Measure on the loaded models through `probe` (bridge.calibrationProbe()):
  *   probe.maxRows: the largest n a round may verify here (<= 9, the context permitting);
  *   probe.hasDraft; probe.open({greedy, contextIds}) -> a session over the synthetic context with
- *     canVerify(n), verify(n) -> ms (one round of n rows: the pending token + n - 1 given
- *     proposals, decided) and close();
+ *     canVerify(n), verify(n) -> {wall, verify} (one round of n rows: the pending token + n - 1
+ *     given proposals, decided; `verify` the round record's verify time, the span a request's
+ *     round reports and the policy divides by V(n); `wall` the whole call) and close();
  *   probe.draftCatchup(ids) -> ms (a forward from position 0); probe.draftPropose(k, at) -> {ms, proposed}
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill and the
  * first V(1) (without them there is no calibration). Order: V(1) and V(9) twice, the draft (a
- * catch-up over 8 ids, a greedy proposal of k = 4 twice), one sampled round at the largest n timed,
+ * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
+ * twice), one sampled round at the largest n timed,
  * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
  * every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
  * n's (monotone). The synthetic context is
@@ -123,14 +125,15 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
   const t0 = performance.now();
   const elapsed = () => performance.now() - t0;
   const maxN = Math.max(1, Math.min(9, probe.maxRows));
-  const timed = new Map();                       // n -> min ms
+  const timed = new Map();                       // n -> min verify ms (the record's)
+  const wall = new Map();                        // n -> max wall ms of the call (budget predictions)
   const counts = new Map();                      // n -> times timed
   const skipped = [];
   const contextIds = syntheticContext(backend, vocabSize);
-  const predictV = (n) => {
-    if (!timed.size) return 0;
-    if (timed.size === 1) return timed.get(1) * (1 + (n - 1) / 4);
-    return interpolate(timed, maxN)[n];
+  const predictV = (n) => {                      // the wall time a round of n rows will take
+    if (!wall.size) return 0;
+    if (wall.size === 1) return wall.get(1) * (1 + (n - 1) / 4);
+    return interpolate(wall, maxN)[n];
   };
   const fits = (predicted) => elapsed() + predicted <= budgetMs;
 
@@ -142,8 +145,9 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
       while ((counts.get(n) ?? 0) < upto) {
         const mandatory = n === 1 && !timed.size;
         if (!mandatory && (!fits(predictV(n)) || !greedy.canVerify(n))) return false;
-        const ms = await greedy.verify(n);
-        timed.set(n, Math.min(timed.get(n) ?? Infinity, ms));
+        const t = await greedy.verify(n);
+        timed.set(n, Math.min(timed.get(n) ?? Infinity, t.verify));
+        wall.set(n, Math.max(wall.get(n) ?? 0, t.wall));
         counts.set(n, (counts.get(n) ?? 0) + 1);
       }
       return true;
@@ -151,10 +155,17 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
     await timeV(1, 2);
     if (maxN > 1) await timeV(maxN, 2);
     if (probe.hasDraft) {
-      const catchup = Array.from({ length: CATCHUP_IDS }, (_, i) => contextIds[i % contextIds.length]);
+      // the marginal cost of a caught-up token: a forward of 1 + CATCHUP_IDS ids against one of 1 id
+      // (each call's fixed cost cancels), the minimum of two pairs
+      const catchup = Array.from({ length: 1 + CATCHUP_IDS }, (_, i) => contextIds[i % contextIds.length]);
       let at = 0;                                 // ids in the draft's cache before its proposal
-      if (fits(predictV(1) * 2)) { catchupMs = (await probe.draftCatchup(catchup)) / CATCHUP_IDS; at = CATCHUP_IDS; }
-      else skipped.push("the draft's catch-up");
+      for (let r = 0; r < 2; r++) {
+        if (!fits(predictV(1) * 3)) { if (!r) skipped.push("the draft's catch-up"); break; }
+        const one = await probe.draftCatchup(catchup.slice(0, 1));
+        const many = await probe.draftCatchup(catchup);
+        catchupMs = Math.min(catchupMs ?? Infinity, Math.max(0, (many - one) / CATCHUP_IDS));
+        at = catchup.length;
+      }
       for (let r = 0; r < 2; r++) {
         if (!fits(draftMs != null ? draftMs * PROPOSE_K : predictV(1) * 2)) { if (!r) skipped.push("the draft's proposal"); break; }
         const { ms, proposed } = await probe.draftPropose(PROPOSE_K, at);
@@ -165,7 +176,7 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
     if (fits(predictV(9) + predictV(6) + predictV(nS) * 1.5)) {   // a session of its own: its prefill, one sampled round
       const sampled = await probe.open({ greedy: false, contextIds });
       try {
-        const ms = await sampled.verify(nS);
+        const ms = (await sampled.verify(nS)).verify;
         sampledExtra = Math.max(0, (ms - timed.get(nS)) / nS);
       } finally {
         sampled.close();
