@@ -88,3 +88,16 @@ def test_calibrate_off_has_none_and_auto_still_gives_the_champions_greedy_tokens
     alone = ask(rt, "none")
     auto = ask(rt, "auto")
     assert auto["token_ids"] == alone["token_ids"]
+
+
+def test_on_webgpu_the_budget_allows_few_points_and_says_what_it_skipped(rt):
+    """SwiftShader's WebGPU (~45 ms a step): V(1) is timed, the rest that did not fit in 300 ms is
+    listed in `skipped` and interpolated (or n x V(1)); the calibration's key differs from WASM's."""
+    wasm_key = load(rt)["info"]["calibration"]["key"]
+    ready = load(rt, championBackend="webgpu", calibrate="force")
+    c = ready["info"]["calibration"]
+    assert ready["info"]["champion"]["backend"] == "webgpu" and c["backend"] == "webgpu" and c["key"] != wasm_key
+    assert c["verify_ms"][1] > 0 and all(v is not None for v in c["verify_ms"][1:])
+    assert c["verify_ms"][9] >= c["verify_ms"][1] * 0.8
+    assert c["skipped"] and len(c["measured_n"]) < 9, c
+    assert c["ms"] <= c["budget_ms"] + 2 * c["verify_ms"][9], c     # one step's misprediction at most
