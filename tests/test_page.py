@@ -94,6 +94,8 @@ def test_load_shows_progress(app):
     line = app.text_content("#calibration_line")                     # the load's calibration, in one line
     assert re.fullmatch(r"Measured (at load|on this device earlier) in [\d.]+ ms \(WASM\): a champion step [\d.]+ ms, .*", line), line
     assert line.endswith(" (from cache)") == (calibration["source"] == "cache"), (line, calibration["source"])
+    check = app.text_content("#batch_check_line")                     # and the batch-invariance check
+    assert re.fullmatch(r"Kernels checked batch-invariant \(WASM, [\d.]+ ms\)", check), check
 
 
 AUTO_SENTENCE = re.compile(r"(Using the draft, \d+ tokens? ahead: it costs|Prompt lookup found a match, \d+ tokens? ahead:"
