@@ -1,7 +1,11 @@
-"""speculate="auto" in headless Chromium (Pyodide orchestrator, WASM champion, the draft in its
-instance, the calibration measured at load): greedy auto answers equal champion alone's, and the
-JS session keeps the draft in step (mirror.draftAt) when auto moves between lookup, none and the
-draft within one answer."""
+"""speculate="auto" in headless Chromium (Pyodide orchestrator; the WASM champion with the draft in
+its instance, and the WebGPU champion with the draft in its worker; the calibration measured at
+load): greedy auto answers equal champion alone's while auto moves between lookup, none and the
+draft within one answer. A draft round after lookup or none rounds makes the JS session feed the
+draft the ids it has not seen (mirror.draftAt); how often auto does that depends on this machine's
+costs, so it is printed, not asserted (runs of 2026-12-02, WASM: 1-3 per 10 answers). That the
+caught-up draft holds exactly the committed tokens is asserted on the reference session
+(test_auto_policy.py); a draft out of step would change speed only, never these tokens."""
 import os
 
 import pytest
@@ -17,10 +21,11 @@ PROMPTS = ["In the beginning", "To be, or not to be,", "And the LORD said unto M
            "Blessed are the meek:", "Thus saith the LORD, Thus saith the LORD,"]
 
 
-@pytest.fixture(scope="module")
-def runtime(chromium_browser):
-    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend="wasm",
+@pytest.fixture(scope="module", params=["wasm", "webgpu"])
+def runtime(request, chromium_browser):
+    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param,
                         calibrate="force")
+    assert rt.ready["info"]["champion"]["backend"] == request.param
     yield rt
     rt.close()
 
@@ -30,7 +35,7 @@ def test_auto_greedy_equals_champion_alone_in_the_browser(runtime):
     assert cal and cal["version"] == 1 and cal["verify_ms"][1] > 0
     methods, after_other, keys = set(), 0, set()
     for prompt in PROMPTS:
-        config = dict(max_new_tokens=48, temperature=0)
+        config = dict(max_new_tokens=64, temperature=0)
         alone = runtime.generate({"prompt": prompt, "config": dict(config, speculate="none")})["result"]
         out = runtime.generate({"prompt": prompt, "config": dict(config, speculate="auto")})
         auto = out["result"]
@@ -47,4 +52,4 @@ def test_auto_greedy_equals_champion_alone_in_the_browser(runtime):
         assert auto["receipt"]["scheduler_decisions"]["rounds_by_method"] == st["rounds_by_method"]
     print(f"[measure] auto methods {sorted(methods)}, draft rounds after other rounds: {after_other}")
     assert keys == {cal["key"]}
-    assert "draft" in methods and len(methods) >= 2 and after_other >= 1
+    assert "draft" in methods and len(methods) >= 2
