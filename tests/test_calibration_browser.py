@@ -101,3 +101,15 @@ def test_on_webgpu_the_budget_allows_few_points_and_says_what_it_skipped(rt):
     assert c["verify_ms"][9] >= c["verify_ms"][1] * 0.8
     assert c["skipped"] and len(c["measured_n"]) < 9, c
     assert c["ms"] <= c["budget_ms"] + 2 * c["verify_ms"][9], c     # one step's misprediction at most
+
+
+def test_a_draft_that_arrives_after_ready_joins_the_calibration(rt):
+    """draftInBackground: the load's calibration has no draft (its key says none); when the draft
+    arrives a calibration is due, measured between requests with the draft's costs."""
+    ready = load(rt, draftInBackground=True, faults=True, draftDelayMs=2500)
+    first = ready["info"]["calibration"]
+    assert ready["info"]["draft_loading"] is True and first["draft_ms_per_proposal"] is None
+    rt.page.wait_for_function("() => window.exactspecRunner.info().info.calibration?.draft_ms_per_proposal > 0", timeout=60000)
+    after = rt.page.evaluate("() => window.exactspecRunner.info().info.calibration")
+    assert after["key"] != first["key"] and after["draft_catchup_ms_per_token"] is not None
+    assert ask(rt, "auto")["stats"]["auto"]["calibration_key"] == after["key"]   # served to the next request
