@@ -99,8 +99,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     unload();                                   // a second load frees the first
     Object.assign(cal, { mode, notify, due: false, dueFromDrift: false, drift: driftTracker(), override: null });
     const assets = options.assets ?? {};
-    const choice = await chooseChampionBackend(options.champion_backend ?? "auto",
-      { softwareAdapterCounts: !!options.faults && !!options.fault_adapter_is_hardware });   // tests: auto's WebGPU path on SwiftShader
+    const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
     const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
     if (choice.kind === "webgpu") {
       notify({ stage: "prepare", what: "WebGPU device and shader pipelines", done: false });
@@ -120,7 +119,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     built = await createBridge({ choice, prepared, ...wasmAssets(assets),
       championUrl: models.champion, championConfig: checked.champion_config ?? null,
       draftUrl: models.draft || null, draftConfig: checked.draft_config ?? null, counters, runtimeInfo,
-      faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1, batchVariantFault: !!options.fault_batch_variant,
+      faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto", matmul: options.matmul ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
@@ -189,7 +188,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   /** The calibration for what is loaded now, from the cache (mode "auto"; checked by timing V(1):
    *  "stale" when it disagrees) or measured ("force"), served to Python -> the calibration with
    *  cache: "hit" | "miss" | "stale" | "unavailable" (and spot_check {v1_ms, ratio}), or {error, key}
-   *  when it failed (nothing served: Python's conservative default applies). Only between requests. */
+   *  when it failed (the calibration served before stays; at load there is none: Python's
+   *  conservative default applies). Only between requests. */
   async function calibrate(mode) {
     const built = loaded.bridge;
     const info = built.info, draft = built.currentDraft();
@@ -219,8 +219,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       const { cache: _, ...served } = out;
       built.setCalibration(served);
       return out;
-    } catch (err) {
-      built.setCalibration(null);
+    } catch (err) {                         // what was served stays served (at load: nothing)
       return { error: `${err?.code ? `${err.code}: ` : ""}${err?.message ?? err}`, key: key ?? null };
     }
   }
