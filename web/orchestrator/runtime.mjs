@@ -99,7 +99,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     unload();                                   // a second load frees the first
     Object.assign(cal, { mode, notify, due: false, dueFromDrift: false, drift: driftTracker(), override: null });
     const assets = options.assets ?? {};
-    const choice = await chooseChampionBackend(options.champion_backend ?? "auto");
+    const choice = await chooseChampionBackend(options.champion_backend ?? "auto",
+      { softwareAdapterCounts: !!options.faults && !!options.fault_adapter_is_hardware });   // tests: auto's WebGPU path on SwiftShader
     const prepared = prepareChampion(choice.kind);   // device + pipelines while Python boots
     if (choice.kind === "webgpu") {
       notify({ stage: "prepare", what: "WebGPU device and shader pipelines", done: false });
@@ -119,7 +120,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     built = await createBridge({ choice, prepared, ...wasmAssets(assets),
       championUrl: models.champion, championConfig: checked.champion_config ?? null,
       draftUrl: models.draft || null, draftConfig: checked.draft_config ?? null, counters, runtimeInfo,
-      faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1,
+      faults: !!options.faults, refuseAllocAfter: options.refuse_alloc_after ?? -1, batchVariantFault: !!options.fault_batch_variant,
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto", matmul: options.matmul ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
