@@ -326,6 +326,11 @@ def test_a_calibration_of_one_point_leaves_the_slope_to_be_learnt():
     policy.observe("none", 0, 0, 0, 500.0, 0.0, 499.0)        # the first round times nothing
     policy.observe("draft", 2, 2, 0, 35.0, 4.0, 30.0)
     assert policy._verify(3) == 30.0 and policy._verify(5) == pytest.approx(40.0)   # through (1, 20), (3, 30)
+    # the browser's calibration fills every V(n) in (n x V(1) beyond its one timed point): only the
+    # n it names in measured_n are points (seen on the real pair, where 300 ms timed V(1) alone)
+    filled = dict(calibration(), verify_ms=[None] + [20.0 * n for n in range(1, 10)], measured_n=[1])
+    policy = AutoPolicy(filled, 8, True, True)
+    assert policy._verify(1) == 20.0 and policy._verify(3) is None
 
 
 def test_auto_ignores_k_and_caps_its_own_by_the_backend():

@@ -151,7 +151,9 @@ class AutoPolicy:
         if not cal or not cal.get("verify_ms"):
             return None
         raw = list(cal["verify_ms"])
-        pts = [(n, float(v)) for n, v in enumerate(raw) if n >= 1 and v is not None and v > 0]
+        timed = cal.get("measured_n")   # the n the device timed; the calibration fills the others in
+        pts = [(n, float(v)) for n, v in enumerate(raw)
+               if n >= 1 and v is not None and v > 0 and (timed is None or n in timed)]
         if not pts:
             return None
         extra = 0.0 if self.greedy else float(cal.get("verify_sampled_extra_ms_per_row") or 0.0)
