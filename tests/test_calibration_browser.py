@@ -9,7 +9,7 @@ from exactspec.host.browser_run import BrowserRuntime
 from exactspec.reference.models import default_models_dir
 
 MODELS = {"champion": "/web/models/champion/", "draft": "/web/models/draft/"}
-WASM = {"championBackend": "wasm", "warmUp": False}
+WASM = {"championBackend": "wasm", "warmUp": False, "threads": 1}   # threads "auto" may choose either per load: another key
 GREEDY = {"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 12}}
 
 
