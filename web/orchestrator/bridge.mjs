@@ -85,7 +85,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // next to the WASM champion, the draft loads into the champion's own instance (one CPU module), so
   // a round is one call into it (session.mjs cpuRound).
   const spawnDraft = () => (placement === "inline" && champ.loadDraft
-    ? champ.loadDraft({ modelUrl: draftUrl, configJson: draftConfig }).then((d) => new InlineDraft(d))
+    ? champ.loadDraft({ modelUrl: draftUrl, configJson: draftConfig }).then((d) => Object.assign(new InlineDraft(d), { inChampionMemory: true }))
     : (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
       configJson: draftConfig }));
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
@@ -116,6 +116,9 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   let taken = {};
   const cumulative = () => ({ ...counters(), ...addCounts(retired, draft ? draft.staleCounts : NO_DRAFT_COUNTS) });
 
+  // the draft's own WASM memory; 0 when it lives in the champion's instance (one memory: its bytes
+  // are counted once, in the champion's, which grew by them)
+  const draftOwnBytes = () => (draft && !draft.inChampionMemory ? draft.memoryBytes : 0);
   const liveChampion = () => {
     if (champ.lost) throw codedError("E_DEVICE_LOST", `${champ.kind} champion lost (device destroyed)`);
     return champ;
@@ -226,7 +229,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         champion_backend: champ.kind,
         champion_fallback_code: championFallback?.code ?? null,   // E_BATCH_VARIANT: WebGPU was batch-variant here
         calibration_key: calibration?.key ?? null,
-        peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draft ? draft.memoryBytes : 0,
+        peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draftOwnBytes(),
           pyodide_heap: info.pyodide_heap_bytes ?? 0 },
       });
     },
@@ -364,7 +367,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       return { champion_backend: champ.kind, gpu_buffers_live: m.buffers_live, gpu_bytes_live: m.category === "gpu_buffers" ? m.live : 0,
         gpu_bytes_peak: m.category === "gpu_buffers" ? m.peak : 0, wasm_champion_bytes: m.category === "wasm_champion" ? m.live : 0,
         champion_weight_bytes: champ.weightBytes ?? 0,
-        wasm_draft_bytes: draft ? draft.memoryBytes : 0, draft_respawns: draftRespawns, device_lost: champ.lost };
+        wasm_draft_bytes: draftOwnBytes(), draft_respawns: draftRespawns, device_lost: champ.lost };
     },
     close() {
       closed = true;
