@@ -65,7 +65,7 @@ console.log(JSON.stringify({ c, log: p.log }));
     assert c["version"] == 1 and c["source"] == "measured" and c["key"] == "k" and c["backend"] == "wasm"
     assert sorted(c["measured_n"]) == list(range(1, 10)) and c["skipped"] == []
     assert c["ms"] <= 300 and c["budget_ms"] == 300
-    assert log[:5] == ["prefill", "V1", "V1", "V9", "V9"]              # the ends first
+    assert log[:5] == ["prefill", "V1", "V9", "V1", "V9"]              # both ends once, then their second timings
     v = c["verify_ms"]                                                 # each at least its busy-wait (a shared machine: no upper bound)
     assert v[0] is None and all(v[n] >= 1 + 0.25 * n - 0.01 for n in range(1, 10)), v
     assert c["draft_ms_per_proposal"] >= 0.49 and c["draft_catchup_ms_per_token"] >= 0.19
@@ -73,7 +73,8 @@ console.log(JSON.stringify({ c, log: p.log }));
     assert c["lookup_ms"] is None
     vs = [x for x in log if x.startswith("V")]
     assert vs[4:18] == ["V5", "V5", "V3", "V3", "V2", "V2", "V7", "V7", "V4", "V4", "V6", "V6", "V8", "V8"]
-    assert vs[18:27] == ["V1", "V9", "V5", "V3", "V2", "V7", "V4", "V6", "V8"]   # the budget left: a third timing of each
+    third = ["V1", "V9", "V5", "V3", "V2", "V7", "V4", "V6", "V8"]      # the budget left: a third timing of each, in order
+    assert vs[18:27] == third[:len(vs[18:27])]                         # (a busy machine may stop it early)
     assert len(vs) <= 36                                               # four at most
 
 
@@ -88,7 +89,7 @@ console.log(JSON.stringify({ c, log: p.log }));
     c, log = out["c"], out["log"]
     assert c["ms"] <= 300 + 5, c                                       # the hard stop (predicted costs)
     assert 1 in c["measured_n"] and len(c["measured_n"]) < 9 and c["skipped"], c
-    assert log[:3] == ["prefill", "V1", "V1"]
+    assert log[:2] == ["prefill", "V1"]
     assert c["draft_ms_per_proposal"] is None and c["draft_catchup_ms_per_token"] is None
     assert all(x is not None for x in c["verify_ms"][1:])
 

@@ -15,7 +15,7 @@ export const V_ORDER = [1, 9, 5, 3, 2, 7, 4, 6, 8];
 export const DRIFT_RANGE = [0.75, 1.33];
 export const DRIFT_REQUESTS = 2;
 export const MAX_DRIFT_REQUESTS = 16;
-const CONTEXT_IDS = 16;          // the synthetic context already in the cache before each timed round
+const CONTEXT_IDS = 8;           // the synthetic context (WASM) before each timed round: its prefill is one block
 const CATCHUP_IDS = 8;           // the draft's catch-up forward
 const PROPOSE_K = 4;             // the draft's timed proposal
 const SPOT_TIMINGS = 5;          // V(1) timings of a cached entry's spot check, at most
@@ -68,8 +68,8 @@ export function interpolate(timed, maxN = 9) {
   return out.map(round3);
 }
 
-/** The synthetic context a calibration session starts from (16 ids; WebGPU 4: its prefill, which
- *  the first timed round waits for, stays short). */
+/** The synthetic context a calibration session starts from (8 ids, one block's prefill; WebGPU 4:
+ *  the first timed round waits for its prefill). */
 const syntheticContext = (backend, vocabSize) =>
   Array.from({ length: backend === "webgpu" ? 4 : CONTEXT_IDS }, (_, i) => (i * 7919 + 13) % vocabSize);
 
@@ -114,13 +114,13 @@ export function monotone(timed) {
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill and the
- * first V(1) (without them there is no calibration). Order: V(1) and V(9) twice, the draft (a
+ * first V(1) (without them there is no calibration). Order: V(1), V(9), V(1), V(9), the draft (a
  * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
  * twice), one sampled round at the largest n timed,
  * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
  * every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
- * n's (monotone). The synthetic context is
- * 16 ids (WebGPU: 4, so that its prefill, which the first timed round waits for, stays short).
+ * n's (monotone); measured_n lists exactly the n timed. The synthetic context is 8 ids (one
+ * block's prefill; WebGPU: 4, since the first timed round waits for its prefill).
  * -> the calibration object (common contract §1) plus {budget_ms, skipped: [what was not timed]}.
  */
 export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, backend, key, vocabSize } = {}) {
@@ -154,6 +154,8 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
       }
       return true;
     };
+    await timeV(1, 1);                           // both ends once before any second timing: a large
+    if (maxN > 1) await timeV(maxN, 1);          // model's budget may hold only a few rounds
     await timeV(1, 2);
     if (maxN > 1) await timeV(maxN, 2);
     if (probe.hasDraft) {
