@@ -114,9 +114,9 @@ export function monotone(timed) {
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill and the
- * first V(1) (without them there is no calibration). Order: V(1), V(9), V(1), V(9), the draft (a
+ * first V(1) (without them there is no calibration). Order: V(1), V(9), the draft (a
  * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
- * twice), one sampled round at the largest n timed,
+ * twice), V(1), V(9) again, one sampled round at the largest n timed,
  * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
  * every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
  * n's (monotone); measured_n lists exactly the n timed. The synthetic context is 8 ids (one
@@ -156,26 +156,29 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
     };
     await timeV(1, 1);                           // both ends once before any second timing: a large
     if (maxN > 1) await timeV(maxN, 1);          // model's budget may hold only a few rounds
-    await timeV(1, 2);
-    if (maxN > 1) await timeV(maxN, 2);
-    if (probe.hasDraft) {
+    if (probe.hasDraft) {                        // the draft next: its calls are a fraction of a champion round
       // the marginal cost of a caught-up token: a forward of 1 + CATCHUP_IDS ids against one of 1 id
       // (each call's fixed cost cancels), the minimum of two pairs
       const catchup = Array.from({ length: 1 + CATCHUP_IDS }, (_, i) => contextIds[i % contextIds.length]);
       let at = 0;                                 // ids in the draft's cache before its proposal
+      let pairMs = predictV(1);                   // a draft forward of 1 + 9 ids, predicted: a champion round
       for (let r = 0; r < 2; r++) {
-        if (!fits(predictV(1) * 3)) { if (!r) skipped.push("the draft's catch-up"); break; }
+        if (!fits(pairMs)) { if (!r) skipped.push("the draft's catch-up"); break; }
+        const t = performance.now();
         const one = await probe.draftCatchup(catchup.slice(0, 1));
         const many = await probe.draftCatchup(catchup);
+        pairMs = performance.now() - t;
         catchupMs = Math.min(catchupMs ?? Infinity, Math.max(0, (many - one) / CATCHUP_IDS));
         at = catchup.length;
       }
       for (let r = 0; r < 2; r++) {
-        if (!fits(draftMs != null ? draftMs * PROPOSE_K : predictV(1) * 2)) { if (!r) skipped.push("the draft's proposal"); break; }
+        if (!fits(draftMs != null ? draftMs * PROPOSE_K * 1.5 : predictV(1))) { if (!r) skipped.push("the draft's proposal"); break; }
         const { ms, proposed } = await probe.draftPropose(PROPOSE_K, at);
         draftMs = Math.min(draftMs ?? Infinity, ms / Math.max(1, proposed));
       }
     }
+    await timeV(1, 2);
+    if (maxN > 1) await timeV(maxN, 2);
     const nS = Math.max(...timed.keys());
     if (fits(predictV(9) + predictV(6) + predictV(nS) * 1.5)) {   // a session of its own: its prefill, one sampled round
       const sampled = await probe.open({ greedy: false, contextIds });
