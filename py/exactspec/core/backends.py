@@ -330,12 +330,29 @@ class LookupProposer:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.n_calls = 0
+        self._index = None      # _NgramIndex of the token list searched last (one request's committed ids)
 
     def prefill(self, cache):
         pass
 
     def find_continuation(self, tokens, k):
-        """Tokens following the most recent earlier occurrence of the longest matching suffix n-gram."""
+        """Tokens following the most recent earlier occurrence of the longest matching suffix n-gram.
+        The same answer as `find_continuation_scan` (the definition), from an index of the n-grams
+        that grows with the list: O(new tokens) a round instead of O(context) (a scan of 300 ids
+        cost ~0.15 ms in CPython, several times that in Pyodide: a third of a toy champion step)."""
+        index = self._index
+        if index is None or not index.extends(tokens):
+            index = self._index = _NgramIndex(self.min_ngram, self.max_ngram)
+        index.add(tokens)
+        n_tokens = len(tokens)
+        for n in range(min(self.max_ngram, n_tokens - 1), self.min_ngram - 1, -1):
+            start = index.earlier[n].get(tuple(tokens[n_tokens - n:]))
+            if start is not None:
+                return tokens[start + n:start + n + k]
+        return []
+
+    def find_continuation_scan(self, tokens, k):
+        """The definition find_continuation computes (tests compare the two)."""
         n_tokens = len(tokens)
         for n in range(min(self.max_ngram, n_tokens - 1), self.min_ngram - 1, -1):
             suffix = tokens[n_tokens - n:]
@@ -346,6 +363,10 @@ class LookupProposer:
                         return cont
         return []
 
+    def forget(self) -> None:
+        """Drop the n-gram index (a request ended: nothing of it is kept for the next)."""
+        self._index = None
+
     def proposals(self, tokens, k: int, stop_token_ids) -> list:
         """Up to k proposals for the committed `tokens`: the continuation, cut after a stop token."""
         self.n_calls += 1
@@ -355,3 +376,35 @@ class LookupProposer:
             if y in stop_token_ids:
                 break
         return out
+
+
+class _NgramIndex:
+    """For n in [min_n, max_n]: each n-gram's most recent start (`latest`) and the one before it
+    (`earlier`) over tokens[:seen]. The suffix n-gram of the indexed list is always its own latest
+    start, so `earlier[n][suffix]` is its most recent earlier occurrence. Valid while the list only
+    grows (a request's committed ids); `extends` checks that it is the same list, not shorter, with
+    the same last indexed id."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.ns = range(min_n, max_n + 1)
+        self.latest = {n: {} for n in self.ns}
+        self.earlier = {n: {} for n in self.ns}
+        self.tokens, self.seen, self.last = None, 0, None
+
+    def extends(self, tokens) -> bool:
+        return (tokens is self.tokens and len(tokens) >= self.seen
+                and (self.seen == 0 or tokens[self.seen - 1] == self.last))
+
+    def add(self, tokens) -> None:
+        for end in range(self.seen, len(tokens)):
+            for n in self.ns:
+                start = end - n + 1
+                if start < 0:
+                    continue
+                key = tuple(tokens[start:end + 1])
+                latest = self.latest[n]
+                if key in latest:
+                    self.earlier[n][key] = latest[key]
+                latest[key] = start
+        self.tokens, self.seen = tokens, len(tokens)
+        self.last = tokens[-1] if tokens else None

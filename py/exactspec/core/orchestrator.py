@@ -272,6 +272,7 @@ class Orchestrator:
             if run.finish is None:
                 self._fatal(run, coded_error(exc, E_INTERNAL, "orchestrator"))
         finally:
+            self.lookup.forget()         # its n-gram index held this request's ids
             if run.session is not None:
                 run.session_counts = run.session.end(run.finish)
         run.timing["total"] = _ms(run.t_start)
