@@ -63,9 +63,9 @@ def test_plan_of_a_test_run_both_pairs_and_its_estimate():
     by_id = {p["id"]: p for p in test}
     dev = {p["id"]: p for p in prompts_of("dev")}
     s_keys = A.sample_keys(pl["sample_seeds"], list(R.SAMPLE_PROMPTS))
-    assert len(s_keys) == (150 + 20) * 3 * 3 + 20 * 3 * 2      # the real pair samples champion alone and auto only
+    assert len(s_keys) == (150 + 20) * 3 * 3 + 20 * 3 * 3      # every topology samples none, auto and draft k = 4
     est = (R.estimate_ms(pl["keys"], by_id, s_keys, dev, None) + sum(3 * A.LOAD_PRIOR_MS[t] for t in pl["arms"])) / 60000
-    assert 10 < est <= 22.5, est     # a full test-split run of both pairs: about 22 min here
+    assert 10 < est <= 27, est       # a full test-split run of both pairs: about 26 min here (12-token samples since run #1)
 
 
 def test_real_pair_on_webgpu_runs_only_when_asked_and_then_the_webgpu_subset():
@@ -118,3 +118,15 @@ def test_report_only_of_an_unknown_run_names_both_places_it_looked():
     with pytest.raises(ExactSpecError) as e:
         cmd_bench(opts("--run", "no-such-run-h5", "--report-only", "--pairs", "toy"))
     assert e.value.code == "E_BAD_ARGUMENT" and "build/eval/no-such-run-h5/run.json" in e.value.message
+
+
+def test_auto_distribution_samples_are_long_enough_to_speculate():
+    """Test run #1 sampled 5 new tokens: auto never probes with fewer than probe_min_remaining
+    tokens left, so its samples were champion-alone rounds and their test could not fail. The
+    samples now leave auto room to speculate from its first round, and every topology samples a
+    speculative fixed arm (draft k = 4) too."""
+    from exactspec.core.auto_policy import DEFAULT_PARAMS
+    from exactspec.evaluation import arms as arms_mod, runner
+    assert runner.SAMPLE_NEW_TOKENS - 1 >= DEFAULT_PARAMS["probe_min_remaining"] + runner.SAMPLE_POSITIONS - 1
+    for topo in ("toy-wasm", "toy-webgpu", "real-wasm"):
+        assert {"none", "auto", "draft-k4"} <= set(arms_mod.sample_arms(topo)), topo

@@ -22,7 +22,7 @@ QUICK = ("none", "auto")
 # the distribution samples' arms (T = 1, first SAMPLE_POSITIONS tokens); the real pair (slow) samples
 # champion alone and auto only
 SAMPLE_ARMS = ("none", "auto", "draft-k4")
-REAL_SAMPLE_ARMS = ("none", "auto")
+REAL_SAMPLE_ARMS = ("none", "auto", "draft-k4")   # draft k = 4 too: a speculative arm whose every round proposes
 
 # the pairs: the URLs the bench page loads; "file" is the local file a pair needs (None: shipped)
 PAIRS = {

@@ -28,7 +28,10 @@ SAMPLE_RULE = ("three dev-split prompts from three strata: in corpus order, the 
                "same prompts")
 SAMPLE_PROMPTS = ("adversarial-1", "casual-1", "code-3")
 SAMPLE_POSITIONS = 4       # the first 4 answer tokens of every sample are recorded
-SAMPLE_NEW_TOKENS = 5      # one more than recorded, so the 4th can come out of a speculative round
+# new tokens of a sample: enough that auto's first rounds are speculative (its probes need
+# probe_min_remaining = 8 tokens left: with 5, test run #1's auto samples were champion-alone rounds,
+# identical to champion alone's by construction, so their test could not fail)
+SAMPLE_NEW_TOKENS = 12
 # the real pair on the WebGPU champion: SwiftShader here runs it at ~2 s a token (docs/gpu.md)
 REAL_WEBGPU_NOT_RUN = ("not run: the WebGPU champion is SwiftShader (software) here, ~2 s a token for SmolLM2-135M "
                        "(docs/gpu.md): its arms would take over an hour against the run's 20 min; "
