@@ -15,7 +15,7 @@ async function main() {
   $("go").onclick = async () => {
     $("go").disabled = true;
     $("output").textContent = "";
-    const result = await engine.generate($("prompt").value, { speculate: "draft", k: 4, temperature: 0, max_new_tokens: 24 },
+    const result = await engine.generate($("prompt").value, { speculate: "auto", temperature: 0, max_new_tokens: 24 },
       (ev) => { if (ev.kind === "tokens") $("output").textContent += ev.payload.text; });
     $("status").textContent = `${result.finish_reason}: ${result.token_ids.length} tokens, ` +
       `${result.stats.accepted} of ${result.stats.proposed} proposals accepted`;
