@@ -226,12 +226,13 @@ def test_a_gguf_draft_runs_on_the_browser_backend(gguf_path, browser_alone, tmp_
 
 def test_generate_chat_on_the_gguf_answers_in_the_browser(gguf_path, browser_alone):
     """The browser engine (WASM champion, the file's own weights in their blocks) answers; a GGUF
-    champion's default mode is champion alone, and it gives champion alone's tokens."""
+    champion's default mode is auto (with the draft the manifest binds to the file), and it gives
+    champion alone's tokens."""
     r = cli("generate", "--backend", "browser", "--champion-backend", "wasm", "--champion", gguf_path, "--chat",
             "--prompt", QUESTION, "--max-new-tokens", str(ANSWER_TOKENS), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["stats"]["mode"] == "none" and out["token_ids"] == browser_alone["token_ids"] and out["text"].strip()
+    assert out["stats"]["mode"] == "auto" and out["token_ids"] == browser_alone["token_ids"] and out["text"].strip()
 
 
 def test_a_file_that_is_not_gguf_is_named(tmp_path):
