@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .acceptance import argmax_tie_low, decide_round
+from .auto_policy import _interpolate
 from .caches import LogicalCache
 from .errors import E_CACHE_STATE, E_DRAFT_LOST, E_PROCESSOR_INVALID, ExactSpecError, coded_error
 from .rng import DRAFT_SAMPLE
@@ -243,7 +244,7 @@ def calibrate_reference(champion, draft=None, budget_ms: float = 300.0) -> dict:
         if within():
             timed[n] = min(timed.get(n, float("inf")), verify_once(n))
     pts = sorted(timed.items())
-    verify = [None] + [_line(pts, n) for n in range(1, 10)]
+    verify = [None] + [_interpolate(pts, n) for n in range(1, 10)]   # n = 1 and 9 timed: no extrapolation
     d = c = None
     if draft is not None:
         cache = LogicalCache(draft.identity, context)
@@ -268,16 +269,6 @@ def calibrate_reference(champion, draft=None, budget_ms: float = 300.0) -> dict:
             "measured_at": None, "ms": round(_ms(t_start), 3), "backend": "reference",
             "verify_ms": verify, "verify_sampled_extra_ms_per_row": 0.0, "measured_n": sorted(timed),
             "draft_ms_per_proposal": d, "draft_catchup_ms_per_token": c, "lookup_ms": None}
-
-
-def _line(points, n):
-    """Linear interpolation through sorted (n, ms) points (flat beyond the ends)."""
-    if n <= points[0][0]:
-        return points[0][1]
-    for (n0, v0), (n1, v1) in zip(points, points[1:]):
-        if n <= n1:
-            return v0 + (v1 - v0) * (n - n0) / (n1 - n0)
-    return points[-1][1]
 
 
 def _one_hot(vocab_size: int, y: int) -> list:
