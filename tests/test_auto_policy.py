@@ -48,9 +48,9 @@ def simulate(choose, observe=None, *, v1=20.0, slope=0.1, d=2.0, o=0.5, accept=0
     return total / tokens, trace
 
 
-def auto_request(**world):
+def auto_request(memory=None, **world):
     cal = calibration(world.get("v1", 20.0), world.get("slope", 0.1), world.get("d", 2.0))
-    policy = AutoPolicy(cal, 8, True, True)
+    policy = AutoPolicy(cal, 8, True, True, memory=memory)
 
     def choose(remaining, behind):
         c = policy.choose(remaining, 0, behind)
@@ -127,6 +127,64 @@ def test_auto_switches_to_none_when_acceptance_falls():
     assert policy.switches >= 1
 
 
+# --- the engine's memory of the draft -----------------------------------------------------------
+REAL_LIKE = dict(v1=28.0, slope=0.3, d=1.3, n_tokens=32)    # SmolLM2-135M on WASM: V(2) ~ 1.3 V(1)
+
+
+def test_memory_spares_a_weak_draft_the_start_probes_of_later_requests():
+    """A draft accepted 5% of the time, 32-token requests at real-pair costs. The first requests
+    pay the start probes (probes_first draft rounds in all, within each one's start allowance:
+    ~3% over champion alone); once the engine's memory holds them, a request runs no draft round
+    before probe_gap rounds, re-probes only within probe_fraction of its time so far, and is
+    within that fraction (2%) of champion alone (measured: 1.4%)."""
+    world = dict(REAL_LIKE, accept=0.05)
+    alone = fixed_request(0, **world)
+    first, _, policy = auto_request(**world)
+    assert first > alone * 1.02
+    memory, costs = policy.export_memory(), []
+    for _ in range(3):
+        per_token, trace, policy = auto_request(memory=memory, **world)
+        memory = policy.export_memory()
+        costs.append(per_token)
+        assert memory["rounds"] >= 1 and max(memory["draft"]["reached"]) <= DEFAULT_PARAMS["memory_weight"] + 1e-9
+    assert policy.stats()["memory_rounds"] == DEFAULT_PARAMS["probes_first"]
+    assert [m for m, _, _ in trace[:DEFAULT_PARAMS["probe_gap"]]] == ["none"] * DEFAULT_PARAMS["probe_gap"]
+    assert costs[-1] < alone * (1 + DEFAULT_PARAMS["probe_fraction"]) and costs[-1] < first
+
+
+def test_memory_of_a_strong_draft_uses_it_from_the_first_round():
+    """Acceptance 0.9: the next request drafts at once (k > 1) instead of ramping probes up from k = 1."""
+    world = dict(REAL_LIKE, accept=0.9)
+    _, _, p1 = auto_request(**world)
+    _, trace2, _ = auto_request(memory=p1.export_memory(), **world)
+    assert trace2[0][0] == "draft" and trace2[0][1] >= 2
+
+
+def test_memory_is_the_prior_only_the_request_s_own_rounds_take_over():
+    """A memory of a strong draft, a request where it is useless (acceptance 0): auto leaves the
+    draft within a few rounds (memory_weight bounds the memory's evidence)."""
+    strong = dict(REAL_LIKE, accept=0.9, n_tokens=200)
+    _, _, p1 = auto_request(**strong)
+    _, trace, _ = auto_request(memory=p1.export_memory(), **dict(strong, accept=0.0))
+    off = next(i for i, (m, _, _) in enumerate(trace) if m == "none")
+    assert off <= 4 and sum(m == "draft" for m, _, _ in trace[off:]) <= 0.15 * len(trace[off:])
+
+
+def test_orchestrator_keeps_memory_per_sampling_policy():
+    """The engine's next auto request with the same sampling policy starts from the last one's
+    memory (stats.auto.memory_rounds, the receipt's policy); another policy starts afresh."""
+    orch = make_orchestrator()
+    orch.calibration = calibration()          # modelled costs: the first request probes the draft
+    greedy = GenerationConfig(max_new_tokens=24, policy=GREEDY, speculate="auto", seed=3)
+    sampled = GenerationConfig(max_new_tokens=24, policy=SamplingPolicy(temperature=1.0), speculate="auto", seed=3)
+    first = orch.generate([1, 2, 3], greedy)
+    assert first.stats["auto"]["memory_rounds"] == 0
+    second = orch.generate([1, 2, 3], greedy)
+    assert second.stats["auto"]["memory_rounds"] > 0 and second.token_ids == first.token_ids
+    assert second.receipt["scheduler_policy_hash"] != first.receipt["scheduler_policy_hash"]   # the memory is bound
+    assert orch.generate([1, 2, 3], sampled).stats["auto"]["memory_rounds"] == 0
+
+
 # --- the choice's report ----------------------------------------------------------------------
 def test_choice_info_has_the_contract_shape():
     policy = AutoPolicy(calibration(), 8, True, True)
@@ -185,7 +243,7 @@ def test_describe_binds_parameters_and_calibration_values_not_when_measured():
     a = AutoPolicy(calibration(), 8, True, True).describe()
     b = AutoPolicy(dict(calibration(), source="cache", measured_at="2026-12-02T00:00:00Z", ms=99.0), 8, True,
                    True).describe()
-    assert a == b and a["name"] == "auto" and a["version"] == 1 and a["calibration"]["key"] == "sim"
+    assert a == b and a["name"] == "auto" and a["version"] == 2 and a["calibration"]["key"] == "sim"
     assert a != AutoPolicy(calibration(d=3.0), 8, True, True).describe()
     assert AutoPolicy(calibration(), 8, True, True, margin=0.1).describe()["margin"] == 0.1
     with pytest.raises(ValueError):
@@ -207,7 +265,7 @@ def test_auto_greedy_equals_champion_alone_on_the_toy_pair(overlap):
         assert all(r["auto"]["k"] == r["proposed"] or r["auto"]["method"] == "lookup" for r in rounds)
         methods |= {r["auto"]["method"] for r in rounds}
         st = auto.stats["auto"]
-        assert st["policy"] == "auto" and st["version"] == 1 and sum(st["rounds_by_method"].values()) == len(rounds)
+        assert st["policy"] == "auto" and st["version"] == 2 and sum(st["rounds_by_method"].values()) == len(rounds)
         assert st["calibration_key"] == orch.auto_calibration()["key"]
         assert auto.receipt["scheduler_decisions"] == {"rounds_by_method": st["rounds_by_method"],
                                                        "switches": st["switches"]}

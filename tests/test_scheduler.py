@@ -226,7 +226,7 @@ class _WrongLookup(LookupProposer):
 
 def _auto_distribution(monkeypatch, policy_cls, V, n_tokens, wrong_lookup, **params):
     monkeypatch.setattr(orch_module, "make_auto_policy",
-                        lambda cal, k_max, has_draft, greedy: policy_cls(AUTO_CAL, k_max, has_draft, greedy, **params))
+                        lambda cal, k_max, has_draft, greedy, memory=None: policy_cls(AUTO_CAL, k_max, has_draft, greedy, **params))
     rows = distinct_rows(V)
     champion_dist, draft_dist = table_dist(V, rows, salt=11), table_dist(V, rows[::-1], salt=29)
     orch = Orchestrator(ExactChampion(V, champion_dist), ExactDraft(V, draft_dist))

@@ -35,6 +35,7 @@ DEFAULT_PARAMS = {
     "lookup_evidence": 2.0,            # lookup is trusted after this many (decayed) observations
     "window": 9,                       # robust running estimates: median of the last `window` rounds
     "lookup_search_fraction": 0.1, "lookup_search_every": 8,
+    "memory_weight": 4.0,              # the draft's acceptance carried into the engine's next request (rounds)
 }
 
 
@@ -88,6 +89,21 @@ class _Acceptance:
     def evidence(self) -> float:
         return self.reached[0][1]
 
+    def export(self, weight: float) -> dict:
+        """The slow counters scaled to at most `weight` rounds of evidence: the prior of the
+        engine's next request (AutoPolicy's memory)."""
+        reached, taken = self.reached[0], self.taken[0]
+        scale = min(1.0, weight / reached[1]) if reached[1] > 0 else 0.0
+        return {"reached": [round(x * scale, 6) for x in reached], "taken": [round(x * scale, 6) for x in taken]}
+
+    def seed(self, memory: dict) -> None:
+        """Start both speeds' counters from an export() (positions beyond this k_max dropped)."""
+        self._gains = None
+        n = self.k_max + 2
+        for j in (0, 1):
+            self.reached[j] = (list(memory["reached"][:n]) + [0.0] * n)[:n]
+            self.taken[j] = (list(memory["taken"][:n]) + [0.0] * n)[:n]
+
     def gains(self, k_top: int):
         """(E[G(k)] for k = 0..k_top (and beyond), a_1)."""
         if self._gains is None:
@@ -114,9 +130,9 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 1
+    name, version = "auto", 2
 
-    def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, **params):
+    def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
         if unknown:
             raise ValueError(f"unknown auto policy parameters: {sorted(unknown)}")
@@ -143,6 +159,12 @@ class AutoPolicy:
         self._chosen = None                   # (method, k, reason) of the last choice
         self._probe_worst = 0.0               # the last probe's estimated worst-case extra (ms)
         self.v_cal = self._calibrated_v()
+        self.memory = memory if (memory and self.has_draft) else None
+        self.memory_rounds = 0                # draft rounds the memory stands for (capped at probes_first)
+        if self.memory is not None:
+            self.acc["draft"].seed(self.memory["draft"])
+            self.memory_rounds = min(int(self.memory["rounds"]), p["probes_first"])
+            self.rounds_since_draft = 0       # the memory is the recent evidence: no probe at once
 
     # ---- costs ---------------------------------------------------------------------------
     def _calibrated_v(self):
@@ -242,7 +264,7 @@ class AutoPolicy:
         # a draft observed in fewer than probes_first rounds of this request is explored by
         # (budgeted) probes, not chosen on its prior
         # lookup, whose acceptance is observed for free, once it was observed twice
-        known = {"draft": self.rounds_by_method["draft"] >= p["probes_first"],
+        known = {"draft": self._draft_rounds() >= p["probes_first"],
                  "lookup": self.acc["lookup"].evidence() >= p["lookup_evidence"]}
         spec = [(cpt[m], m) for m in ("draft", "lookup") if cpt[m] is not None and known[m]]
         if spec and none_cost is not None:
@@ -270,27 +292,35 @@ class AutoPolicy:
         p = self.params
         if none_cost is None or cap + 1 < p["probe_min_remaining"]:   # no step timed yet, or too late
             return None
-        first = self.rounds_by_method["draft" if self.has_draft else "lookup"] < p["probes_first"]
+        first = (self._draft_rounds() if self.has_draft else self.rounds_by_method["lookup"]) < p["probes_first"]
         if self.has_draft:
             if not first and self.rounds_since_draft < p["probe_gap"]:
                 return None                     # the draft's evidence is recent: no probe needed
             method, top = "draft", min(p["probe_k"], cap)
             if first:
-                top = min(cap, max(top, min(draft_k, p["probe_k"] << self.rounds_by_method["draft"])))
+                top = min(cap, max(top, min(draft_k, p["probe_k"] << self._draft_rounds())))
         elif lookup_len and self._verify(min(p["probe_k"], cap, lookup_len) + 1) is None:
             method, top = "lookup", min(p["probe_k"], cap, lookup_len)
         else:
             return None
         if not self._could_pay(method, cap, none_cost, o, sunk):
             return None                         # not even with every proposal accepted
-        budget = (p["probe_fraction"] * self.elapsed_ms - self.probe_spent_ms
-                  + p["start_fraction"] * min(self.start_remaining, p["start_horizon"]) * none_cost)
+        # the start allowance funds the first probes; once the engine's memory has them, only
+        # probe_fraction of the time so far funds re-probes
+        start = p["start_fraction"] * min(self.start_remaining, p["start_horizon"]) * none_cost
+        if self.memory_rounds >= p["probes_first"]:
+            start = 0.0
+        budget = p["probe_fraction"] * self.elapsed_ms - self.probe_spent_ms + start
         for k in range(top, 0, -1):
             worst = self._worst_extra(method, k, behind, none_cost, o, sunk)
             if worst <= budget:
                 self._probe_worst = worst
                 return method, k
         return None
+
+    def _draft_rounds(self) -> int:
+        """Draft rounds behind the draft's acceptance estimate: this request's and the memory's."""
+        return self.rounds_by_method["draft"] + self.memory_rounds
 
     def _could_pay(self, method, cap, none_cost, o, sunk) -> bool:
         """Whether some k would beat none by the margin if every proposal were accepted (costs
@@ -393,7 +423,16 @@ class AutoPolicy:
         """The result's stats.auto (common.md §2)."""
         return {"policy": self.name, "version": self.version, "rounds_by_method": dict(self.rounds_by_method),
                 "switches": self.switches, "drift": self.drift(),
-                "calibration_key": (self.calibration or {}).get("key")}
+                "calibration_key": (self.calibration or {}).get("key"), "memory_rounds": self.memory_rounds}
+
+    def export_memory(self):
+        """What the engine's next request with the same sampling policy starts from: the draft's
+        acceptance (at most `memory_weight` rounds of evidence), how many draft rounds stand
+        behind it; None when this request learnt nothing of the draft."""
+        rounds = self._draft_rounds()
+        if not self.has_draft or rounds == 0:
+            return self.memory
+        return {"draft": self.acc["draft"].export(self.params["memory_weight"]), "rounds": rounds}
 
     def describe(self) -> dict:
         """The canonical policy the receipt hashes: name, version, parameters, and the
@@ -405,7 +444,7 @@ class AutoPolicy:
                                              "measured_n", "draft_ms_per_proposal", "draft_catchup_ms_per_token",
                                              "lookup_ms")}
         return {"name": self.name, "version": self.version, "k_max": self.k_max, "has_draft": self.has_draft,
-                "greedy": self.greedy, **self.params, "calibration": bound}
+                "greedy": self.greedy, **self.params, "calibration": bound, "memory": self.memory}
 
 
 def _interpolate(points, n):

@@ -214,6 +214,9 @@ class Orchestrator:
         self.identities["champion"] = champion.identity
         self.lookup = LookupProposer(self.vocab_size)
         self.calibration = calibration
+        # speculate="auto": the draft's acceptance learnt by the last auto request of each sampling
+        # policy (canonical JSON -> AutoPolicy.export_memory()), the next one's prior: timing only
+        self.auto_memory = {}
 
     def auto_calibration(self) -> Optional[dict]:
         """The calibration an auto request reads: the one given, else the champion backend's."""
@@ -263,7 +266,8 @@ class Orchestrator:
         if config.speculate == "auto":
             k_max = min(K_LIMIT, self.champion.limits.get("max_k", K_LIMIT))
             auto = make_auto_policy(self.auto_calibration(), k_max, self._draft_fits(prompt_ids, config),
-                                    config.policy.temperature == 0)
+                                    config.policy.temperature == 0,
+                                    memory=self.auto_memory.get(config.policy.canonical_json()))
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
                    self.stream_decoder() if self.stream_decoder is not None else None, auto)
         try:
@@ -473,6 +477,9 @@ class Orchestrator:
         decisions = None
         if run.auto is not None:          # what auto could use: the draft (when it fit) and lookup
             st["auto"] = run.auto.stats()
+            memory = run.auto.export_memory()
+            if memory is not None:
+                self.auto_memory[run.config.policy.canonical_json()] = memory
             decisions = {"rounds_by_method": st["auto"]["rounds_by_method"], "switches": st["auto"]["switches"]}
             identities["draft"] = (f"{self.draft.identity}+{self.lookup.identity}" if run.auto.has_draft
                                    else self.lookup.identity)
@@ -497,9 +504,10 @@ async def resolve(value):
     return value
 
 
-def make_auto_policy(calibration, k_max: int, has_draft: bool, greedy: bool) -> AutoPolicy:
-    """The policy of one speculate="auto" request (tests replace it with one fed modelled times)."""
-    return AutoPolicy(calibration, k_max, has_draft, greedy)
+def make_auto_policy(calibration, k_max: int, has_draft: bool, greedy: bool, memory=None) -> AutoPolicy:
+    """The policy of one speculate="auto" request (tests replace it with one fed modelled times);
+    `memory`: the engine's last auto request's export_memory() for the same sampling policy."""
+    return AutoPolicy(calibration, k_max, has_draft, greedy, memory=memory)
 
 
 def run_without_loop(coro):
