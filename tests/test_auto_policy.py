@@ -185,6 +185,28 @@ def test_orchestrator_keeps_memory_per_sampling_policy():
     assert orch.generate([1, 2, 3], sampled).stats["auto"]["memory_rounds"] == 0
 
 
+def test_a_clear_none_is_held_a_few_rounds_and_a_lookup_match_ends_the_hold():
+    """None beaten by more than hold_margin: the next hold_rounds rounds repeat it without weighing
+    the options again (the per-round cost in Pyodide); a round where lookup has a match is weighed."""
+    policy = AutoPolicy(calibration(d=40.0), 8, True, True)     # a draft that never pays
+    weighed = []
+    real = policy._verify
+    policy._verify = lambda n: (weighed.append(n), real(n))[1]
+    for _ in range(40):
+        before = len(weighed)
+        c = policy.choose(200, 0, 0)
+        policy.observe(c.method, c.k, c.k, 0, 20.5 if c.method == "none" else 63.0, 0.0, 20.0)
+        if c.method == "none":
+            assert c.info["reason"] in ("cheapest", "no_match")
+        weighed.append(("round", len(weighed) > before))
+    rounds_weighed = sum(1 for x in weighed if isinstance(x, tuple) and x[1])
+    assert rounds_weighed <= 12          # hold_rounds = 3: one round in four weighed, and the first ones
+    for _ in range(3):                                          # lookup observed (decayed) twice: trusted
+        policy.observe_lookup([1, 2], [1, 2])
+    c = policy.choose(200, 4, 0)
+    assert c.method == "lookup" and c.info["reason"] == "cheapest"
+
+
 # --- the choice's report ----------------------------------------------------------------------
 def test_choice_info_has_the_contract_shape():
     policy = AutoPolicy(calibration(), 8, True, True)

@@ -36,6 +36,8 @@ DEFAULT_PARAMS = {
     "window": 9,                       # robust running estimates: median of the last `window` rounds
     "lookup_search_fraction": 0.1, "lookup_search_every": 8,
     "memory_weight": 4.0,              # the draft's acceptance carried into the engine's next request (rounds)
+    "hold_rounds": 3, "hold_max": 16,  # none that wins by hold_margin: repeated this many rounds unweighed,
+    "hold_margin": 0.1,                # doubling (to hold_max) while it keeps winning when weighed again
 }
 
 
@@ -158,6 +160,8 @@ class AutoPolicy:
         self.switches = 0
         self._chosen = None                   # (method, k, reason) of the last choice
         self._probe_worst = 0.0               # the last probe's estimated worst-case extra (ms)
+        self._hold, self._held = 0, None      # rounds left to repeat the held none choice, and it
+        self._hold_len = self.params["hold_rounds"]   # the next hold's length (doubles while none keeps winning)
         self.v_cal = self._calibrated_v()
         self.memory = memory if (memory and self.has_draft) else None
         self.memory_rounds = 0                # draft rounds the memory stands for (capped at probes_first)
@@ -227,6 +231,15 @@ class AutoPolicy:
         p = self.params
         if self.start_remaining is None:
             self.start_remaining = remaining
+        if self._hold and not lookup_len and remaining > 1:   # none by a wide margin: not weighed again yet
+            self._hold -= 1
+            self._hold_len = min(2 * self._hold_len, p["hold_max"]) if not self._hold else self._hold_len
+            info = self._held.info
+            if info["reason"] in ("no_match", "no_draft"):     # which of the two: whether lookup searched now
+                info = {**info, "reason": "no_match" if searched else "no_draft"}
+            return self._pick("none", 0, info["reason"], info)
+        if self._hold:                  # lookup found a match during a hold: weigh it, from a short hold again
+            self._hold, self._hold_len = 0, p["hold_rounds"]
         cap = max(0, min(self.k_max, remaining - 1))       # a round emits at most k + 1 tokens
         o = self.overhead.value() or 0.0
         sunk = self._lookup_ms() if searched else 0.0
@@ -279,7 +292,12 @@ class AutoPolicy:
         probe = self._probe(cap, lookup_len, draft_behind, none_cost, o, sunk, best_k["draft"])
         if probe is not None:
             return self._pick(probe[0], probe[1], "probe", info)
-        return self._pick("none", 0, reason, info)
+        held = self._pick("none", 0, reason, info)
+        if none_cost is not None and reason != "margin" and (not spec or min(spec)[0] >= none_cost * (1.0 + p["hold_margin"])):
+            self._hold, self._held = self._hold_len, held      # the next rounds repeat it unless lookup matches
+        else:
+            self._hold_len = p["hold_rounds"]
+        return held
 
     def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0):
         """(method, k) of a probe that fits the budget, or None. A probe is a draft round while the
@@ -349,6 +367,8 @@ class AutoPolicy:
         return max(0.0, v + extra + o + sunk - base)
 
     def _pick(self, method, k, reason, info) -> Choice:
+        if method != "none":
+            self._hold_len = self.params["hold_rounds"]
         self._chosen = (method, k, reason)
         return Choice(method, k, {"method": method, "k": k, **info, "reason": reason})
 
