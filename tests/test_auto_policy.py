@@ -127,6 +127,37 @@ def test_auto_switches_to_none_when_acceptance_falls():
     assert policy.switches >= 1
 
 
+def test_a_method_s_own_overhead_and_v_n_drift_are_learnt():
+    """A world the calibration under-states (the toy pair in the browser, dev split: a k = 1 draft
+    round's verify 1.5x the calibrated V(2) while one-row steps match it, and 0.4 ms more outside
+    the champion than a champion-alone round): the draft at acceptance 0.7 then loses ~16% per
+    token, and auto must not keep choosing it. Without the per-n drift and the per-method overhead
+    (own_evidence larger than any request) it drafts and loses."""
+    def request(**params):
+        cal = calibration(v1=1.3, slope=0.1, d=0.2)
+        policy = AutoPolicy(cal, 8, True, True, **params)
+        rng, total, tokens, trace = random.Random(5), 0.0, 0, []
+        while tokens < 400:
+            c = policy.choose(400 - tokens, 0, 0)
+            k = c.k if c.method == "draft" else 0
+            acc = 0
+            while acc < k and rng.random() < 0.7:
+                acc += 1
+            verify = 1.3 if k == 0 else 1.3 * (1.5 + 0.3 * (k - 1))
+            draft = 0.75 * k
+            round_ms = draft + verify + (0.95 if k else 0.55)
+            policy.observe(c.method, c.k, k, acc, round_ms, draft, verify, draft_behind=0, emitted=acc + 1)
+            total, tokens = total + round_ms, tokens + acc + 1
+            trace.append(c.method)
+        return total / tokens, trace
+    alone = 1.3 + 0.55
+    per_token, trace = request()            # measured: 1.02x alone's time, 5% draft rounds (probes)
+    drafts = trace[40:].count("draft")
+    assert per_token < alone * 1.03 and drafts <= 0.1 * len(trace[40:])
+    blind, trace = request(own_evidence=10 ** 9)   # measured: 1.07x, 20% draft rounds
+    assert blind > per_token * 1.03 and trace[40:].count("draft") >= 2 * drafts
+
+
 # --- the engine's memory of the draft -----------------------------------------------------------
 REAL_LIKE = dict(v1=28.0, slope=0.3, d=1.3, n_tokens=32)    # SmolLM2-135M on WASM: V(2) ~ 1.3 V(1)
 

@@ -38,6 +38,7 @@ DEFAULT_PARAMS = {
     "memory_weight": 4.0,              # the draft's acceptance carried into the engine's next request (rounds)
     "hold_rounds": 3, "hold_max": 16,  # none that wins by hold_margin: repeated this many rounds unweighed,
     "hold_margin": 0.1,                # doubling (to hold_max) while it keeps winning when weighed again
+    "own_evidence": 3,                 # rounds after which a method's own overhead and V(n)'s own drift are used
 }
 
 
@@ -148,6 +149,8 @@ class AutoPolicy:
         w = p["window"]
         self.v_ratio, self.d_ratio, self.overhead, self.lookup_cost = _Recent(w), _Recent(w), _Recent(w), _Recent(w)
         self.v_seen = {}                      # n -> _Recent(verify_ms) (used when there is no calibration)
+        self.v_ratio_n = {}                   # n -> _Recent(observed / calibrated V(n)): each n's own drift
+        self.overhead_m = {m: _Recent(w) for m in METHODS}   # each method's own per-round overhead
         self.d_seen = _Recent(w)              # draft ms per (proposal + caught-up token), no calibration
         self.elapsed_ms = 0.0                 # the request's round time so far
         self.probe_spent_ms = 0.0
@@ -188,9 +191,13 @@ class AutoPolicy:
         return [None] + [_interpolate(pts, n) + extra * n for n in range(1, self.k_max + 2)]
 
     def _verify(self, n: int):
-        """Estimated champion time for n verified rows, or None when unknown."""
+        """Estimated champion time for n verified rows, or None when unknown. The calibrated V(n)
+        is scaled by its own drift once `own_evidence` rounds verified n rows, else by the median drift."""
         ratio = self.v_ratio.value() or 1.0
         if self.v_cal is not None and self.v_cal[n] is not None:
+            own = self.v_ratio_n.get(n)
+            if own is not None and len(own.values) >= self.params["own_evidence"]:
+                ratio = own.value()
             return self.v_cal[n] * ratio
         pts = [(m, r.value()) for m, r in sorted(self.v_seen.items())]
         if self.v_cal is not None:      # calibrated points (drift-scaled) beside the observed ones
@@ -208,6 +215,15 @@ class AutoPolicy:
             return (c * behind + d * k) * (self.d_ratio.value() or 1.0)
         per = self.d_seen.value()
         return None if per is None else per * (k + behind)
+
+    def _overhead(self, method: str) -> float:
+        """Per-round time outside the champion, the draft and the search: the method's own median
+        once it ran `own_evidence` rounds (a speculative round costs more than its V and d), else
+        the median of all rounds."""
+        own = self.overhead_m[method]
+        if len(own.values) >= self.params["own_evidence"]:
+            return own.value()
+        return self.overhead.value() or 0.0
 
     def _lookup_ms(self) -> float:
         l = (self.calibration or {}).get("lookup_ms")
@@ -244,7 +260,7 @@ class AutoPolicy:
         o = self.overhead.value() or 0.0
         sunk = self._lookup_ms() if searched else 0.0
         v1 = self._verify(1)
-        none_cost = None if v1 is None else v1 + o + sunk
+        none_cost = None if v1 is None else v1 + self._overhead("none") + sunk
         cpt = {"none": none_cost, "draft": None, "lookup": None}
         gain = {"draft": None, "lookup": None}
         best_k = {"draft": 0, "lookup": 0}
@@ -265,7 +281,7 @@ class AutoPolicy:
                 if v is None:
                     continue
                 extra = per_proposal * k if method == "draft" else 0.0
-                per = (v + extra + o + sunk) / g[k] + spread
+                per = (v + extra + self._overhead(method) + sunk) / g[k] + spread
                 if cpt[method] is None or per < cpt[method]:
                     cpt[method], gain[method], best_k[method] = per, g[k], k
         info = {"cost_per_token_ms": {m: _r(v) for m, v in cpt.items()},
@@ -403,9 +419,12 @@ class AutoPolicy:
         n = proposed + 1
         if lookup_ms is not None:
             self.lookup_cost.add(lookup_ms)
-        self.overhead.add(max(0.0, round_ms - draft_ms - verify_ms - (lookup_ms or 0.0)))
+        outside = max(0.0, round_ms - draft_ms - verify_ms - (lookup_ms or 0.0))
+        self.overhead.add(outside)
+        self.overhead_m[method].add(outside)
         if self.v_cal is not None and n < len(self.v_cal) and self.v_cal[n]:
             self.v_ratio.add(verify_ms / self.v_cal[n])
+            self.v_ratio_n.setdefault(n, _Recent(self.params["window"])).add(verify_ms / self.v_cal[n])
         else:
             self.v_seen.setdefault(n, _Recent(self.params["window"])).add(verify_ms)
         if method == "draft" and proposed > 0:
