@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from exactspec.core.auto_policy import AutoPolicy
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = "pytest-smoke"
 RUN_DIR = os.path.join(REPO, "build", "eval", RUN)
@@ -41,7 +43,7 @@ def test_quick_run_writes_well_formed_results(smoke):
     gates = {v["id"]: v for v in res["gates"]["toy-wasm"]["verdicts"]}
     assert gates["greedy_identity"]["value"] == 0 and gates["greedy_identity"]["verdict"] == "pass"
     assert res["identities"]["same_prompt_ids_everywhere"] is True
-    assert res["commit"] and res["versions"]["policy"] == {"name": "auto", "version": 1}
+    assert res["commit"] and res["versions"]["policy"] == {"name": "auto", "version": AutoPolicy.version}
     for name, paths in res["plots"].items():
         assert [os.path.splitext(p)[1] for p in paths] == [".png", ".svg"] and all(os.path.getsize(p) > 1000 for p in paths)
     with open(os.path.join(RUN_DIR, "report.md")) as f:

@@ -1,0 +1,139 @@
+"""auto_ab.py — speculate "auto" against champion alone on ONE engine, interleaved, dev split only.
+
+A tuning instrument, not the preregistered evaluation (that is `exactspec bench`): both modes run
+on the same loaded engine, prompt by prompt, in alternating order, so the ratio is free of the
+difference between two engines (threads, warm-up). It also measures the machine's noise floor:
+`--same` runs one prompt many times in champion-alone mode and reports how much identical requests
+differ. Prints a table and writes JSON (default build/bench/auto_ab-<pair>.json).
+
+    .venv/bin/python tools/bench/auto_ab.py --pair toy [--passes 2] [--threads auto]
+    .venv/bin/python tools/bench/auto_ab.py --pair real --same 8
+Run it under the browser lock (README), on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "py"))
+
+from exactspec.evaluation.corpus import load_corpus  # noqa: E402
+from exactspec.host.browser_run import BrowserRuntime  # noqa: E402
+from exactspec.host.safe_files import write_file  # noqa: E402
+
+PAIRS = {   # pair -> (champion, draft), relative to the repository
+    "toy": ("web/models/champion", "web/models/draft"),
+    "real": ("build/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "web/models/smollm2-draft"),
+}
+
+
+def dev_prompts():
+    """The corpus's dev split only: the locked test split is read by `exactspec bench --split test` alone."""
+    prompts, _ = load_corpus(os.path.join(ROOT, "eval", "corpus"), os.path.join(ROOT, "eval", "corpus.lock.json"), "dev")
+    assert all(p["split"] == "dev" for p in prompts), "auto_ab reads the dev split only"
+    return prompts
+
+
+def payload(prompt: dict, mode: str, temperature: float) -> dict:
+    config = {"speculate": mode, "temperature": temperature, "max_new_tokens": prompt["max_new_tokens"],
+              "seed": prompt["seed"]}
+    if prompt.get("chat"):
+        return {"messages": [{"role": "user", "content": prompt["prompt"]}], "config": config}
+    return {"prompt": prompt["prompt"], "config": config}
+
+
+def measure(rt: BrowserRuntime, body: dict) -> dict:
+    """One request -> {ms_per_token (page clock, prefill included), overhead_ms a round (outside the
+    champion and the draft), n_tokens, rounds_by_method}."""
+    t0 = time.perf_counter()
+    result = rt.generate(body)["result"]
+    ms = (time.perf_counter() - t0) * 1000
+    timing, stats = result["timing_ms"], result["stats"]
+    n = len(result["token_ids"])
+    rounds = stats["rounds"] + stats["baseline_steps"]
+    other = timing["total"] - timing["prefill"] - timing["verify"] - timing["draft"]
+    return {"ms_per_token": ms / max(n, 1), "overhead_ms": other / max(rounds, 1), "n_tokens": n,
+            "rounds_by_method": (stats.get("auto") or {}).get("rounds_by_method")}
+
+
+def geo(values):
+    values = [v for v in values if v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def run_ab(rt, prompts, passes: int, temperatures) -> dict:
+    rows = []
+    for rep in range(passes):
+        for i, prompt in enumerate(prompts):
+            for t in temperatures:
+                order = ("none", "auto") if (rep + i) % 2 else ("auto", "none")
+                got = {mode: measure(rt, payload(prompt, mode, t)) for mode in order}
+                rows.append({"prompt_id": prompt["id"], "temperature": t, "pass": rep,
+                             "speedup": got["none"]["ms_per_token"] / got["auto"]["ms_per_token"],
+                             "none": got["none"], "auto": got["auto"]})
+                print(f"  {prompt['id']:16s} T={t} auto/none {rows[-1]['speedup']:.3f}", flush=True)
+    summary = {}
+    for t in temperatures:
+        sel = [r for r in rows if r["temperature"] == t]
+        summary[str(t)] = {
+            "requests": len(sel), "auto_speedup_geo": geo([r["speedup"] for r in sel]),
+            "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in ("none", "auto")}}
+    return {"rows": rows, "summary": summary}
+
+
+def run_same(rt, prompt, times: int) -> dict:
+    per_token = [measure(rt, payload(prompt, "none", 0.0))["ms_per_token"] for _ in range(times)]
+    spread = max(per_token) / min(per_token)
+    adjacent = [b / a for a, b in zip(per_token, per_token[1:])]
+    return {"prompt_id": prompt["id"], "ms_per_token": per_token, "max_over_min": spread,
+            "adjacent_ratio_range": [min(adjacent), max(adjacent)] if adjacent else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", choices=sorted(PAIRS), default="toy")
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--threads", default="auto")
+    ap.add_argument("--same", type=int, default=0, help="noise floor: one dev prompt this many times, champion alone")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    champion, draft = (os.path.join(ROOT, p) for p in PAIRS[args.pair])
+    prompts = dev_prompts()
+    threads = args.threads if args.threads == "auto" else int(args.threads)
+    rt = BrowserRuntime(champion, draft, champion_backend="wasm", threads=threads)
+    info = rt.ready["info"]["champion"]
+    print(f"auto_ab {args.pair}: threads {info.get('threads')} ({info.get('threads_why')})", flush=True)
+    try:
+        if args.same:
+            chat = next(p for p in prompts if p.get("chat") and p["max_new_tokens"] >= 32)
+            out = {"same": run_same(rt, chat, args.same)}
+            s = out["same"]
+            print(f"noise floor: {args.same} identical requests, {min(s['ms_per_token']):.1f}-"
+                  f"{max(s['ms_per_token']):.1f} ms a token (max/min {s['max_over_min']:.3f})")
+        else:
+            temps = [float(t) for t in args.temperatures.split(",")]
+            out = run_ab(rt, prompts, args.passes, temps)
+            for t, s in out["summary"].items():
+                print(f"T={t}: auto / champion alone (same engine) {s['auto_speedup_geo']:.3f} over {s['requests']} "
+                      f"prompts; overhead a round: none {s['overhead_ms_median']['none']:.3f} ms, "
+                      f"auto {s['overhead_ms_median']['auto']:.3f} ms")
+    finally:
+        rt.close()
+    out.update({"pair": args.pair, "threads": info.get("threads"), "argv": sys.argv[1:],
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    path = args.out or os.path.join(ROOT, "build", "bench", f"auto_ab-{args.pair}{'-same' if args.same else ''}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_file(path, (json.dumps(out, indent=1) + "\n").encode("utf-8"))
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
