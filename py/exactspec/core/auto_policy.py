@@ -14,6 +14,9 @@ learnt online. A speculative method is chosen only when its cost per token is be
 probe's worst-case extra cost must fit `probe_fraction` of the request's time so far plus a start
 allowance (`start_fraction` of min(the request's tokens, `start_horizon`) steps); each probe is
 charged what it really cost.
+Version 2: each V(n) and each method's overhead get their own estimates once measured; the engine
+keeps the draft's acceptance across requests (`memory`, export_memory); a none that wins clearly is
+held a few rounds without weighing the options again.
 Lookup's acceptance is learnt from every round where it had a match (observe_lookup): the
 committed tokens are champion-distributed whatever method ran, so comparing lookup's proposals
 with them is an unbiased observation of its acceptance, for free.
@@ -466,8 +469,8 @@ class AutoPolicy:
 
     def export_memory(self):
         """What the engine's next request with the same sampling policy starts from: the draft's
-        acceptance (at most `memory_weight` rounds of evidence), how many draft rounds stand
-        behind it; None when this request learnt nothing of the draft."""
+        acceptance (at most `memory_weight` rounds of evidence) and how many draft rounds stand
+        behind it; when this request ran no draft round, the memory it started from (or None)."""
         rounds = self._draft_rounds()
         if not self.has_draft or rounds == 0:
             return self.memory
