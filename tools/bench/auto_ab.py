@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "py"))
 
 from exactspec.evaluation.corpus import load_corpus  # noqa: E402
+from exactspec.evaluation.metrics import geo_mean  # noqa: E402
 from exactspec.host.browser_run import BrowserRuntime  # noqa: E402
 from exactspec.host.safe_files import write_file  # noqa: E402
 
@@ -62,11 +62,6 @@ def measure(rt: BrowserRuntime, body: dict) -> dict:
             "rounds_by_method": (stats.get("auto") or {}).get("rounds_by_method")}
 
 
-def geo(values):
-    values = [v for v in values if v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def run_ab(rt, prompts, passes: int, temperatures) -> dict:
     rows = []
     for rep in range(passes):
@@ -82,7 +77,7 @@ def run_ab(rt, prompts, passes: int, temperatures) -> dict:
     for t in temperatures:
         sel = [r for r in rows if r["temperature"] == t]
         summary[str(t)] = {
-            "requests": len(sel), "auto_speedup_geo": geo([r["speedup"] for r in sel]),
+            "requests": len(sel), "auto_speedup_geo": geo_mean([r["speedup"] for r in sel]),
             "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in ("none", "auto")}}
     return {"rows": rows, "summary": summary}
 
