@@ -296,7 +296,7 @@ def test_describe_binds_parameters_and_calibration_values_not_when_measured():
     a = AutoPolicy(calibration(), 8, True, True).describe()
     b = AutoPolicy(dict(calibration(), source="cache", measured_at="2026-12-02T00:00:00Z", ms=99.0), 8, True,
                    True).describe()
-    assert a == b and a["name"] == "auto" and a["version"] == 2 and a["calibration"]["key"] == "sim"
+    assert a == b and a["name"] == "auto" and a["version"] == AutoPolicy.version and a["calibration"]["key"] == "sim"
     assert a != AutoPolicy(calibration(d=3.0), 8, True, True).describe()
     assert AutoPolicy(calibration(), 8, True, True, margin=0.1).describe()["margin"] == 0.1
     with pytest.raises(ValueError):
@@ -318,7 +318,7 @@ def test_auto_greedy_equals_champion_alone_on_the_toy_pair(overlap):
         assert all(r["auto"]["k"] == r["proposed"] or r["auto"]["method"] == "lookup" for r in rounds)
         methods |= {r["auto"]["method"] for r in rounds}
         st = auto.stats["auto"]
-        assert st["policy"] == "auto" and st["version"] == 2 and sum(st["rounds_by_method"].values()) == len(rounds)
+        assert st["policy"] == "auto" and st["version"] == AutoPolicy.version and sum(st["rounds_by_method"].values()) == len(rounds)
         assert st["calibration_key"] == orch.auto_calibration()["key"]
         assert auto.receipt["scheduler_decisions"] == {"rounds_by_method": st["rounds_by_method"],
                                                        "switches": st["switches"]}
@@ -384,6 +384,59 @@ def test_reference_session_catches_the_draft_up_after_lookup_rounds():
     assert session.draft_cache.committed_ids == committed
     out = session.round(4, 5, 15, len(committed), None)            # the draft: in step, so all 4 accepted
     assert out.n_accepted == 4 and list(out.proposals) == alone[5:9]
+
+
+class _CountingRunner(ToyRunner):
+    """A toy runner that counts its forward calls."""
+    n_forwards = 0
+
+    def forward(self, token_ids, start_pos):
+        self.n_forwards += 1
+        return super().forward(token_ids, start_pos)
+
+
+def test_an_auto_session_leaves_the_draft_unprefilled_and_its_first_draft_round_catches_up():
+    """Mode "auto": begin runs the champion only; the first draft round feeds the draft the whole
+    prompt and what was committed since, and a draft identical to the champion then has every
+    greedy proposal accepted (the catch-up left it exactly in step)."""
+    champion, draft = RunnerChampion(ToyRunner(40, 5, 16, 3.0)), RunnerDraft(_CountingRunner(40, 5, 16, 3.0))
+    prompt = [3, 4, 5, 6, 7]
+    alone = Orchestrator(RunnerChampion(ToyRunner(40, 5, 16, 3.0))).generate(
+        prompt, GenerationConfig(max_new_tokens=12, policy=GREEDY, speculate="none")).token_ids
+    session = ReferenceSession(champion, draft, SessionRequest(tuple(prompt), GREEDY, GREEDY, (), 0, 12, "auto",
+                                                               RngDecider(0)))
+    assert session.draft_cache.n_materialized == 0 and draft.runner.n_forwards == 0
+    committed = list(prompt)
+    for i in range(2):                                              # two champion-alone steps
+        committed.append(session.round(0, i, 12 - i, len(committed), None).next_token)
+    assert draft.runner.n_forwards == 0
+    out = session.round(4, 2, 10, len(committed), None)             # the draft catches up 6 ids, proposes 4
+    assert out.n_accepted == 4 and list(out.proposals) == alone[2:6]
+    assert session.draft_cache.committed_ids == session.champion_cache.committed_ids
+
+
+def test_a_request_auto_never_drafts_never_runs_the_draft():
+    """A draft far too slow to pay (d = 50 ms a proposal against a 1 ms step): auto's requests never
+    draft, so the draft never runs, not even to prefill the prompt (it is not prefilled in auto)."""
+    champion, draft_runner = ToyRunner(40, 2), _CountingRunner(40, 2)
+    orch = Orchestrator(RunnerChampion(champion), RunnerDraft(draft_runner), decode=toy_decode,
+                        calibration=calibration(v1=1.0, slope=0.05, d=50.0))
+    for seed in range(3):
+        res = orch.generate([4, 5, 6, 7, 8, 9], GenerationConfig(max_new_tokens=24, policy=GREEDY, seed=seed))
+        assert res.stats["auto"]["rounds_by_method"]["draft"] == 0 and len(res.token_ids) == 24
+    assert draft_runner.n_forwards == 0
+
+
+def test_the_round_that_drafts_pays_the_draft_s_catch_up():
+    """A draft that pays when in step (behind = 0) but not with 200 ids to catch up at 0.5 ms each:
+    the catch-up (100 ms) is charged to the drafting round, not spread as if the draft then stayed
+    in step (spread over 32 tokens it would cost ~3 ms a token and still look cheaper than none)."""
+    memory = {"draft": {"reached": [0.0] + [50.0] * 9, "taken": [0.0] + [45.0] * 9}, "rounds": 5}
+    cal = calibration(v1=20.0, slope=0.1, d=1.0, c=0.5)
+    in_step = AutoPolicy(cal, 8, True, True, memory=memory).choose(200, 0, 0)
+    behind = AutoPolicy(cal, 8, True, True, memory=memory).choose(200, 0, 200)
+    assert in_step.method == "draft" and in_step.k >= 2
+    assert behind.method == "none", behind.info
 
 
 # --- failure rules under auto -----------------------------------------------------------------

@@ -6,20 +6,23 @@ import { Engine } from "./orchestrator/engine.mjs";
 let engine = null;
 const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });
 
-/** One request with its event log; never throws: a refusal comes back as {refused: {code, message}}.
+/** One request with its event log and page_ms (the page clock, request start to result: what
+ *  `exactspec bench` times; the driver's own clock adds the events' transfer); never throws: a
+ *  refusal comes back as {refused: {code, message}}.
  *  cancelAfterTokens: engine.cancel() once that many "tokens" events have arrived;
  *  cancelOnStall: engine.cancel() when the worker reports a "stalled" fault point;
  *  ifBusy and silenceTimeoutMs: the engine's per-request options. */
 async function run(payload, { cancelAfterTokens = 0, cancelOnStall = false, ifBusy, silenceTimeoutMs } = {}) {
   const events = [];
   let nTokenEvents = 0;
+  const t0 = performance.now();
   try {
     const result = await engine.generate(payload, (env) => {
       events.push({ kind: env.kind, payload: env.payload });
       if (env.kind === "tokens" && ++nTokenEvents === cancelAfterTokens) engine.cancel();
       if (cancelOnStall && env.kind === "progress" && env.payload.stage === "stalled") engine.cancel();
     }, { ...(ifBusy ? { ifBusy } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
-    return { result, events, staleDropped: engine.staleDropped };
+    return { result, events, staleDropped: engine.staleDropped, page_ms: performance.now() - t0 };
   } catch (err) {
     return { refused: coded(err), events, staleDropped: engine.staleDropped };
   }

@@ -181,8 +181,9 @@ export function createSession(env, request) {
 
   return {
     /** Prefill: the champion (in blocks of maxBlock) and, for mode "draft", the draft consume all
-     *  but the last context token. -> {draft_failure: null | {code, message}} (the champion's
-     *  failure throws). */
+     *  but the last context token (mode "auto": the draft catches up in its first draft round, so
+     *  a request that never drafts never runs it). -> {draft_failure: null | {code, message}} (the
+     *  champion's failure throws). */
     async begin() {
       const upto = mirror.length - 1;
       await env.hit("championForward", 0);

@@ -2,9 +2,11 @@
 
 Pure (no clock, no I/O, no NumPy): the orchestrator times rounds and tells `observe`; `choose`
 runs every round in Pyodide, O(k_max). docs/core.md ("The auto policy") states the model:
-  cost of a round    none: V(1) + o;  draft k: k*d + V(k+1) + o;  lookup j: V(j+1) + o
+  cost of a round    none: V(1) + o;  draft k: c*behind + k*d + V(k+1) + o;  lookup j: V(j+1) + o
                      (+ l, lookup's search, on every round that searched: all methods pay it;
-                     the draft's catch-up c*behind is spread over min(remaining, catchup_horizon))
+                     c*behind, the draft's catch-up of the committed ids it has not consumed, is
+                     paid by the round that drafts: the request's prompt too, since the draft is
+                     not prefilled, so a request that never drafts never runs it)
   tokens of a round  E[G(k)] = 1 + S_1 + ... + S_k, S_i = a_1 ... a_i (per-position acceptance,
                      decayed counters with a prior, as scheduler.AdaptiveK)
 V(n), d, c, l come from the calibration (measured at load, common.md §1), scaled by a drift
@@ -16,7 +18,9 @@ allowance (`start_fraction` of min(the request's tokens, `start_horizon`) steps)
 charged what it really cost.
 Version 2: each V(n) and each method's overhead get their own estimates once measured; the engine
 keeps the draft's acceptance across requests (`memory`, export_memory); a none that wins clearly is
-held a few rounds without weighing the options again.
+held a few rounds without weighing the options again. Version 3: the draft starts unprefilled and
+its catch-up is charged in full to the round that drafts (version 2 spread it over 32 tokens, as if
+the draft then stayed in step; auto returns to none, and every return made it catch up again).
 Lookup's acceptance is learnt from every round where it had a match (observe_lookup): the
 committed tokens are champion-distributed whatever method ran, so comparing lookup's proposals
 with them is an unbiased observation of its acceptance, for free.
@@ -34,7 +38,6 @@ DEFAULT_PARAMS = {
     "probe_fraction": 0.02,            # probes' budget: this fraction of the request's time so far,
     "start_fraction": 0.03, "start_horizon": 64,   # plus this fraction of min(tokens, horizon) steps
     "probe_k": 1, "probes_first": 5, "probe_gap": 8, "probe_min_remaining": 8,
-    "catchup_horizon": 32,             # the draft's catch-up is spread over min(remaining, this) tokens
     "lookup_evidence": 2.0,            # lookup is trusted after this many (decayed) observations
     "window": 9,                       # robust running estimates: median of the last `window` rounds
     "lookup_search_fraction": 0.1, "lookup_search_every": 8,
@@ -136,7 +139,7 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 2
+    name, version = "auto", 3
 
     def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
@@ -274,17 +277,16 @@ class AutoPolicy:
             g, a1[method] = self.acc[method].gains(max(top, 1))
             if top < 1 or none_cost is None:
                 continue
-            # the draft's catch-up is paid once, then the draft is in step: spread over a horizon
+            # the draft's catch-up (the ids it has not consumed) is paid by the round that drafts
             catchup = (self._draft_cost(0, draft_behind) if method == "draft" else 0.0)
             if catchup is None or (method == "draft" and per_proposal is None):
                 continue
-            spread = catchup / max(1, min(remaining, p["catchup_horizon"]))
             for k in range(1, top + 1):
                 v = verify[k + 1]
                 if v is None:
                     continue
                 extra = per_proposal * k if method == "draft" else 0.0
-                per = (v + extra + self._overhead(method) + sunk) / g[k] + spread
+                per = (v + extra + catchup + self._overhead(method) + sunk) / g[k]
                 if cpt[method] is None or per < cpt[method]:
                     cpt[method], gain[method], best_k[method] = per, g[k], k
         info = {"cost_per_token_ms": {m: _r(v) for m, v in cpt.items()},

@@ -130,7 +130,7 @@ class ReferenceSession:
         self.champion_cache = LogicalCache(champion.identity, request.context_ids)
         champion.prefill(self.champion_cache)
         self.draft_cache = LogicalCache(draft.identity, request.context_ids) if draft is not None else None
-        if draft is not None:
+        if draft is not None and request.mode != "auto":    # auto: the draft catches up on its first round
             try:
                 draft.prefill(self.draft_cache)
             except Exception as exc:    # draft backend failure of any kind: the request falls back

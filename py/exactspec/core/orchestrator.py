@@ -138,8 +138,9 @@ class SessionRequest:
     stop_token_ids: tuple
     seed: int
     max_new_tokens: int
-    mode: str                      # none | draft | lookup (lookup's proposals come with each round); an
-                                   # auto request begins as draft (a draft fits) or lookup
+    mode: str                      # none | draft | lookup (lookup's proposals come with each round) |
+                                   # auto (the draft, when given, is not prefilled: it catches up in its
+                                   # first round, so a request auto never drafts pays nothing for it)
     decider: object                # RngDecider(seed), or a test's decider (CPython reference only)
 
     @property
@@ -291,12 +292,13 @@ class Orchestrator:
         t0 = time.perf_counter()
         run.cache = LogicalCache(self.champion.identity, prompt_ids)
         session_mode = run.mode
-        if run.mode == "auto":       # the draft's prompt is prefilled at begin when auto may use it
-            session_mode = "draft" if run.auto.has_draft else "lookup"
+        if run.mode == "auto":       # the draft (when auto may use it) catches up on its first round
+            session_mode = "auto" if run.auto.has_draft else "lookup"
+            run.draft_behind = len(prompt_ids) - 1 if run.auto.has_draft else 0
         request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
                                  config.seed, config.max_new_tokens, session_mode, decider)
         try:
-            run.session = await resolve(self.champion.begin(request, self.draft if session_mode == "draft" else None))
+            run.session = await resolve(self.champion.begin(request, self.draft if session_mode in ("draft", "auto") else None))
         except Exception as exc:     # the champion's prefill (device or backend) failed
             return self._champion_failed(run, exc)
         if run.session.draft_failure is not None and not run.cancelled:
