@@ -183,6 +183,22 @@ def test_memory_spares_a_weak_draft_the_start_probes_of_later_requests():
     assert costs[-1] < alone * (1 + DEFAULT_PARAMS["probe_fraction"]) and costs[-1] < first
 
 
+def test_memory_does_not_stop_probes_when_the_calibration_left_the_slope_unknown():
+    """A calibration that timed V(1) alone (SwiftShader's WebGPU in test-split run #3) and a memory
+    of a good draft: the memory says nothing of what a draft round costs, so the start allowance
+    still funds a probe after probe_gap rounds (without it auto ran champion alone throughout)."""
+    cal = dict(calibration(v1=50.0, slope=0.05, d=0.4), measured_n=[1])
+    memory = {"draft": {"reached": [0.0] + [4.0] * 9, "taken": [0.0] + [3.0] * 9}, "rounds": 5}
+    policy = AutoPolicy(cal, 8, True, False, memory=memory)
+    methods = []
+    for i in range(16):
+        c = policy.choose(64 - i, 0, 0)
+        methods.append(c.method)
+        k = c.k if c.method == "draft" else 0
+        policy.observe(c.method, k, k, 0, 52.0 + k, 0.4 * k, 50.0 + k, draft_behind=0, emitted=1)
+    assert "draft" in methods[:12], methods
+
+
 def test_memory_of_a_strong_draft_uses_it_from_the_first_round():
     """Acceptance 0.9: the next request drafts at once (k > 1) instead of ramping probes up from k = 1."""
     world = dict(REAL_LIKE, accept=0.9)

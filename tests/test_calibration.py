@@ -80,8 +80,10 @@ console.log(JSON.stringify({ c, log: p.log }));
 
 
 def test_a_slow_device_stops_at_the_budget_and_says_what_it_skipped():
-    """~50 ms a step (SwiftShader's WebGPU): the prefill and V(1) twice fit, and the rest is
-    interpolated / skipped within 300 ms; no draft: its fields are null."""
+    """~50 ms a step (SwiftShader's WebGPU): the prefill, V(1) and, V(9) not fitting, the largest
+    n that fits (V's slope: test-split run #3's WebGPU calibration timed V(1) alone, and auto then
+    kept the draft off), and the rest is interpolated / skipped within 300 ms; no draft: its fields
+    are null."""
     out = node(PROBE + """
 const p = probe({ base: 50, perRow: 5 });
 const c = await cal.measureCalibration(p, { backend: "webgpu", key: "k", vocabSize: 100 });
@@ -91,6 +93,7 @@ console.log(JSON.stringify({ c, log: p.log }));
     assert c["ms"] <= 300 + 5, c                                       # the hard stop (predicted costs)
     assert 1 in c["measured_n"] and len(c["measured_n"]) < 9 and c["skipped"], c
     assert log[:2] == ["prefill", "V1"]
+    assert any(n >= 2 for n in c["measured_n"]) and log[2].startswith("V") and log[2] != "V9", log
     assert c["draft_ms_per_proposal"] is None and c["draft_catchup_ms_per_token"] is None
     assert all(x is not None for x in c["verify_ms"][1:])
 

@@ -114,7 +114,8 @@ export function monotone(timed) {
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill and the
- * first V(1) (without them there is no calibration). Order: V(1), V(9), the draft (a
+ * first V(1) (without them there is no calibration). Order: V(1), V(9) (when it does not fit, the
+ * largest n that does: two points give V's slope), the draft (a
  * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
  * twice), V(1), V(9) again, one sampled round at the largest n timed,
  * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
@@ -155,7 +156,11 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
       return true;
     };
     await timeV(1, 1);                           // both ends once before any second timing: a large
-    if (maxN > 1) await timeV(maxN, 1);          // model's budget may hold only a few rounds
+    if (maxN > 1 && !(await timeV(maxN, 1))) {   // model's budget may hold only a few rounds
+      // V(maxN) does not fit (SwiftShader: ~50 ms a row): the largest n that does, so that V's
+      // slope is measured and not left to the rounds (an auto request may end before it learns it)
+      for (let n = maxN - 1; n >= 2; n--) if (await timeV(n, 1)) break;
+    }
     if (probe.hasDraft) {                        // the draft next: its calls are a fraction of a champion round
       // the marginal cost of a caught-up token: a forward of 1 + CATCHUP_IDS ids against one of 1 id
       // (each call's fixed cost cancels), from the minimum of each over two pairs (the minimum of

@@ -345,9 +345,11 @@ class AutoPolicy:
         if not self._could_pay(method, cap, none_cost, o, sunk):
             return None                         # not even with every proposal accepted
         # the start allowance funds the first probes; once the engine's memory has them, only
-        # probe_fraction of the time so far funds re-probes
+        # probe_fraction of the time so far funds re-probes, unless the calibration left V's slope
+        # unknown (one timed n): the memory holds acceptance, not costs, and a request that never
+        # probes never learns what a draft round costs (test-split run #3, SwiftShader's WebGPU)
         start = p["start_fraction"] * min(self.start_remaining, p["start_horizon"]) * none_cost
-        if self.memory_rounds >= p["probes_first"]:
+        if self.memory_rounds >= p["probes_first"] and self._slope_calibrated():
             start = 0.0
         budget = p["probe_fraction"] * self.elapsed_ms - self.probe_spent_ms + start
         for k in range(top, 0, -1):
@@ -356,6 +358,10 @@ class AutoPolicy:
                 self._probe_worst = worst
                 return method, k
         return None
+
+    def _slope_calibrated(self) -> bool:
+        """Whether the calibration timed V at two n or more (its slope is measured)."""
+        return self.v_cal is not None and sum(v is not None for v in self.v_cal[1:]) >= 2
 
     def _draft_rounds(self) -> int:
         """Draft rounds behind the draft's acceptance estimate: this request's and the memory's."""
