@@ -115,6 +115,15 @@ def tiny_llama(seed: int = 0) -> Path:
     return cached(f"tiny_llama_s{seed}_v1", "model.q8.safetensors", build)
 
 
+def long_llama(seed: int = 0) -> Path:
+    """tiny_llama with room for 2048 positions: the WASM champion's K/V caches start at 512 and
+    must grow (twice, past 1024) to hold a long sequence."""
+    def build(d):
+        _random_hf(d, "llama", dict(TINY_LLAMA, max_position_embeddings=2048), seed, norm_jitter=0.2)
+        write_q8(d)
+    return cached(f"long_llama_s{seed}_v1", "model.q8.safetensors", build)
+
+
 FAMILIES = {
     # Qwen2: q/k/v biases, untied float32 head, GQA 6/2
     "qwen2_bias_untied": dict(kind="qwen2", embed_q8=False, head_q8=False, cfg=dict(

@@ -180,7 +180,7 @@ def test_the_auto_panel_renders_objects_as_text(app):
 
 def test_two_turns_the_second_carries_the_first_answer(app):
     """Chat on: the second turn's prompt is the whole conversation in the chat template, the
-    first answer included, with transformers' ids."""
+    first answer included, with transformers' ids; the engine reuses the first turn's K/V for it."""
     app.select_option("#speculate", "draft")
     app.click("#new_conversation")
     first, second = "In the beginning", "And then what did he say?"
@@ -193,6 +193,11 @@ def test_two_turns_the_second_carries_the_first_answer(app):
     assert send(app, second, 8) == "done"
     prompt_ids = app.evaluate("() => window.appState.lastPromptIds")
     assert prompt_ids == chat_ids(messages + [{"role": "user", "content": second}])
+    # prefix reuse: the first turn's ids were not prefilled again (the stats table says how many)
+    rows = app.eval_on_selector_all("#stats tr", "els => els.map(e => [...e.cells].map(c => c.textContent))")
+    reused = next(v for k, v in rows if k == "prompt reused")
+    assert int(reused.split(" of ")[0]) >= len(chat_ids([{"role": "user", "content": first}])) - 1, reused
+    assert reused.split(" of ")[1].startswith(f"{len(prompt_ids)} tokens")
     turns = app.eval_on_selector_all("#conversation .turn", "els => els.map(e => e.className)")
     assert turns == ["turn user", "turn assistant"] * 2
     app.screenshot(path=str(SHOTS / "page-conversation.png"), full_page=True)

@@ -171,6 +171,29 @@ def test_block_logits_bitwise_equal_single(which):
     assert not np.array_equal(again[2].view(np.uint32), singles[20:29])     # the other continuation really differed
 
 
+def test_kv_caches_grow_on_demand_and_keep_every_position():
+    """A model with room for 2048 positions: the caches start at 512 positions and grow (twice) while
+    1200 positions go through in blocks; the rows match the reference past each growth, and the same
+    sequence run again once the caches have grown (no growth during it) gives the same bits: the
+    growth copied every cached position exactly."""
+    model_dir = synthetic_models.long_llama(seed=5)
+    ref = reference(model_dir, "q8act")
+    V = ref.vocab_size
+    ids = np.random.default_rng(13).integers(0, V, 1200)
+    blocks = split(ids, [9] * 133 + [3])
+    out = run_node(model_dir, {"forward": [as_blocks(blocks), as_blocks(blocks)]})
+    assert out["info"]["maxContext"] == 2048 and out["info"]["kvCapacity"] == 512
+    assert out["kvCapacityAfter"] >= 1200
+    first, again = (forward_rows(rows, blocks, V) for rows in out["forward"])
+    for a, b in zip(first, again):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    ref.reset()
+    for got, (block_ids, start) in zip(first, blocks):
+        want = ref.forward(block_ids, start)
+        if start in (0, 504, 513, 1017, 1026, 1197):        # around each growth (512, 1024) and the end
+            assert within(got, want, "wasm_champion_logits_q8act"), (start, np.abs(got - want).max())
+
+
 @pytest.mark.parametrize("which", model_dirs())
 def test_threads_bitwise_equal_one_thread(which):
     """cpu_mt.wasm with 1, 2 and 3 threads (Node worker_threads over shared memory): every

@@ -73,14 +73,18 @@ typedef struct {
     float *scores;               /* (MAX_THREADS, T_max) attention scores of one (row, head), per thread */
     float *logits;               /* (B, V) logits of the last forward's rows */
     QAct qact;                   /* (B, max(D, F, H*hd)) the quantised input of the current matmul */
-    float *key_cache;            /* (L, T_max, KV*hd) keys after RoPE */
-    float *value_cache;          /* (L, T_max, KV*hd) */
+    float *key_cache;            /* (L, kv_cap, KV*hd) keys after RoPE */
+    float *value_cache;          /* (L, kv_cap, KV*hd) */
+    int kv_cap;                  /* positions the K/V caches hold room for: grows on demand (grow_kv)
+                                    up to cfg.max_context, so a short chat does not pay for 8192 */
     float *rope_cos;             /* (T_max, hd/2) */
     float *rope_sin;             /* (T_max, hd/2) */
     double *residual;            /* (V,) residual weights of a rejected proposal */
     int n_cached;                /* positions [0, n_cached) hold valid K/V */
     int n_rows;                  /* logits rows of the last forward */
 } RunState;
+
+enum { KV_INITIAL = 512 };        /* K/V positions allocated at build; grow_kv doubles, in steps of this */
 
 #ifdef CHAMPION_THREADS
 enum { MAX_THREADS = 16 };       /* the calling thread + up to 15 helpers */
@@ -173,7 +177,8 @@ static int build_run_state(void) {
     uint32_t B = (uint32_t)max_block, D = (uint32_t)cfg.hidden_size, F = (uint32_t)cfg.intermediate_size;
     uint32_t kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim);
     uint32_t q_dim = (uint32_t)(cfg.num_heads * cfg.head_dim);
-    uint32_t cache_n = (uint32_t)cfg.num_layers * (uint32_t)cfg.max_context * kv_dim;
+    st.kv_cap = cfg.max_context < KV_INITIAL ? cfg.max_context : KV_INITIAL;
+    uint32_t cache_n = (uint32_t)cfg.num_layers * (uint32_t)st.kv_cap * kv_dim;
     uint32_t rope_n = (uint32_t)cfg.max_context * (uint32_t)(cfg.head_dim / 2);
     st.x = alloc_floats(B * D);
     st.xb = alloc_floats(B * D);
@@ -408,8 +413,8 @@ static void attend_pairs(const Step *s, int p0, int p1, float *scores) {
     const int hd = cfg.head_dim, kv_dim = cfg.num_kv_heads * hd, q_dim = cfg.num_heads * hd, QKV = qkv_rows();
     const int group = cfg.num_heads / cfg.num_kv_heads;
     const float scale = (float)(1.0 / __builtin_sqrt((double)hd));
-    const float *k_layer = st.key_cache + (uint32_t)s->layer * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
-    const float *v_layer = st.value_cache + (uint32_t)s->layer * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+    const float *k_layer = st.key_cache + (uint32_t)s->layer * (uint32_t)st.kv_cap * (uint32_t)kv_dim;
+    const float *v_layer = st.value_cache + (uint32_t)s->layer * (uint32_t)st.kv_cap * (uint32_t)kv_dim;
     for (int p = p0; p < p1; p++) {                          /* pair p = (row t, query head h) */
         int t = p / cfg.num_heads, h = p % cfg.num_heads;    /* query head h uses kv head h // group */
         attend_head(st.att + t * q_dim + h * hd, st.qkv + t * QKV + h * hd, k_layer, v_layer, kv_dim, hd,
@@ -542,8 +547,8 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
     }
     for (int l = 0; l < cfg.num_layers; l++) {
         const LayerWeights *w = &weights.layers[l];
-        float *k_layer = st.key_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
-        float *v_layer = st.value_cache + (uint32_t)l * (uint32_t)cfg.max_context * (uint32_t)kv_dim;
+        float *k_layer = st.key_cache + (uint32_t)l * (uint32_t)st.kv_cap * (uint32_t)kv_dim;
+        float *v_layer = st.value_cache + (uint32_t)l * (uint32_t)st.kv_cap * (uint32_t)kv_dim;
         for (int t = 0; t < n; t++) rmsnorm(st.xb + t * D, st.x + t * D, w->attn_norm, D, cfg.rms_norm_eps);
         matmul_lins(st.qkv, QKV, &w->lin[LIN_Q], 3, st.xb, D, n, 0, &st.qact);
         if (w->b_qkv)                                        /* Qwen2: q|k|v biases, before RoPE */
@@ -575,10 +580,40 @@ static void forward_block(const int32_t *tokens, int n, int start_pos) {
     matmul(st.logits, cfg.vocab_size, tied_head ? &weights.embed : &weights.lm_head, st.xb, D, n, 0);
 }
 
+/* Room for `need` positions in the K/V caches: new caches of max(need, twice the room) positions
+ * (in steps of KV_INITIAL, at most cfg.max_context), the cached positions copied layer by layer
+ * (the layer stride changes), the old ones left to the arena (it never frees: doubling keeps what
+ * the caches ever held under twice the final ones, where growing by each chat turn's need would
+ * pile up a copy a turn). Runs before a forward, on the calling thread, with no helper working.
+ * ERR_OUT_OF_MEMORY when memory cannot grow (nothing changed then). */
+static int grow_kv(int need) {
+    if (need <= st.kv_cap) return OK;
+    int cap = st.kv_cap * 2 > need ? st.kv_cap * 2 : need;
+    cap = (cap + KV_INITIAL - 1) / KV_INITIAL * KV_INITIAL;
+    if (cap > cfg.max_context) cap = cfg.max_context;
+    uint32_t kv_dim = (uint32_t)(cfg.num_kv_heads * cfg.head_dim), L = (uint32_t)cfg.num_layers;
+    if ((uint64_t)L * (uint64_t)cap * kv_dim * 8u > 0xFFFF0000ull) return ERR_OUT_OF_MEMORY;
+    float *k = alloc_floats(L * (uint32_t)cap * kv_dim);
+    float *v = k ? alloc_floats(L * (uint32_t)cap * kv_dim) : 0;
+    if (!k || !v) return ERR_OUT_OF_MEMORY;
+    uint32_t keep = (uint32_t)st.n_cached * kv_dim;
+    for (uint32_t l = 0; l < L; l++) {              /* no libc here: a plain copy */
+        const float *ks = st.key_cache + l * (uint32_t)st.kv_cap * kv_dim, *vs = st.value_cache + l * (uint32_t)st.kv_cap * kv_dim;
+        float *kd = k + l * (uint32_t)cap * kv_dim, *vd = v + l * (uint32_t)cap * kv_dim;
+        for (uint32_t i = 0; i < keep; i++) { kd[i] = ks[i]; vd[i] = vs[i]; }
+    }
+    st.key_cache = k;
+    st.value_cache = v;
+    st.kv_cap = cap;
+    return OK;
+}
+
 static int forward(const int32_t *tokens, int n, int start_pos) {
     if (!built) return ERR_MODEL_LOAD;
     if (n <= 0 || n > max_block || start_pos < 0 || start_pos > st.n_cached) return ERR_BAD_ARGUMENT;
     if (start_pos + n > cfg.max_context) return ERR_CONTEXT_OVERFLOW;
+    int grown = grow_kv(start_pos + n);
+    if (grown != OK) return grown;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= cfg.vocab_size) return ERR_BAD_ARGUMENT;
     st.n_rows = 0;
@@ -884,6 +919,15 @@ EXPORT("champion_forward") int champion_forward(const int32_t *tokens, int n, in
 
 EXPORT("champion_logits") float *champion_logits(void) { return st.logits; }
 EXPORT("champion_n_cached") int champion_n_cached(void) { return st.n_cached; }
+/* positions the K/V caches have room for now (they grow on demand up to max_context) */
+EXPORT("champion_kv_capacity") int champion_kv_capacity(void) { return st.kv_cap; }
+/* room for n positions now (grow_kv): a request reserves its prompt and its length before its
+ * prefill, so a long prompt grows the caches once, not by a doubling every 512 positions */
+EXPORT("champion_reserve_kv") int champion_reserve_kv(int n) {
+    if (!built) return ERR_MODEL_LOAD;
+    if (n < 1 || n > cfg.max_context) return ERR_CONTEXT_OVERFLOW;
+    return grow_kv(n);
+}
 EXPORT("champion_n_rows") int champion_n_rows(void) { return st.n_rows; }
 
 /* test hook: the next decide() reads these n rows (already written at champion_logits()) */

@@ -303,6 +303,8 @@ function showStats(r) {
     ["accepted / proposed", `${st.accepted} / ${st.proposed}`],
     ["tokens per round", st.tokens_per_round ?? "–"],
     ["time to first token", `${(t.first_token ?? 0).toFixed(0)} ms`],
+    // prefix reuse: the conversation's earlier turns are not recomputed (docs/core.md "Prefix reuse")
+    ["prompt reused", `${st.prompt_reused?.champion ?? 0} of ${r.prompt_ids.length} tokens (prefill ${t.prefill.toFixed(0)} ms)`],
     ["decode", `${t.decode.toFixed(0)} ms (${(1000 * r.token_ids.length / Math.max(t.decode, 1)).toFixed(1)} tokens/s)`],
     ["draft / verify per round", t.per_round ? `${t.per_round.draft.toFixed(1)} / ${t.per_round.verify.toFixed(1)} ms` : "–"],
   ];

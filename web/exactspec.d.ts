@@ -69,6 +69,10 @@ export interface GenerateOptions {
   repetition_penalty?: number;
   seed?: number;
   max_new_tokens?: number;
+  /** Default true: each model starts from the K/V it holds for the longest common prefix of the
+   *  previous request's ids and this prompt (a chat's history is not recomputed); exact, the
+   *  tokens equal a fresh request's (docs/core.md "Prefix reuse"). stats.prompt_reused says how many. */
+  prefix_reuse?: boolean;
   stop_strings?: string[];
   stop_token_ids?: number[];
   suppress_token_ids?: number[];
@@ -107,6 +111,9 @@ export interface GenerateResult {
     /** how the rounds ran: one call into the CPU module (WASM champion, draft in its instance), or
      *  composed of separate draft, forward and decide calls */
     session: { one_call_rounds: number; separate_call_rounds: number };
+    /** prompt ids each model started from the K/V of the engine's previous request (prefix_reuse);
+     *  draft null when the request's session had no draft */
+    prompt_reused: { champion: number; draft: number | null };
   };
   timing_ms: Record<string, number | null | Record<string, number>>;
   error: { code: ErrorCode; message: string } | null;

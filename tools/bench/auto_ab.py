@@ -8,6 +8,7 @@ differ. Prints a table and writes JSON (default build/bench/auto_ab-<pair>.json)
 
     .venv/bin/python tools/bench/auto_ab.py --pair toy [--passes 2] [--threads auto]
     .venv/bin/python tools/bench/auto_ab.py --pair real --same 8
+    .venv/bin/python tools/bench/auto_ab.py --pair toy --backend webgpu   (the WebGPU champion: SwiftShader here)
 Run it under the browser lock (README), on a quiet machine.
 """
 from __future__ import annotations
@@ -19,18 +20,13 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "py"))
+from pairs import PAIRS, ROOT, pair_paths  # noqa: E402  (sets up py/ on sys.path)
 
 from exactspec.evaluation.corpus import load_corpus  # noqa: E402
 from exactspec.evaluation.metrics import geo_mean  # noqa: E402
 from exactspec.host.browser_run import BrowserRuntime  # noqa: E402
 from exactspec.host.safe_files import write_file  # noqa: E402
 
-PAIRS = {   # pair -> (champion, draft), relative to the repository
-    "toy": ("web/models/champion", "web/models/draft"),
-    "real": ("build/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "web/models/smollm2-draft"),
-}
 
 
 def dev_prompts():
@@ -42,7 +38,7 @@ def dev_prompts():
 
 def payload(prompt: dict, mode: str, temperature: float) -> dict:
     config = {"speculate": mode, "temperature": temperature, "max_new_tokens": prompt["max_new_tokens"],
-              "seed": prompt["seed"]}
+              "seed": prompt["seed"], "prefix_reuse": False}   # both modes prefill the whole prompt
     if prompt.get("chat"):
         return {"messages": [{"role": "user", "content": prompt["prompt"]}], "config": config}
     return {"prompt": prompt["prompt"], "config": config}
@@ -96,15 +92,18 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--threads", default="auto")
+    ap.add_argument("--backend", choices=["wasm", "webgpu"], default="wasm", help="the champion backend")
     ap.add_argument("--same", type=int, default=0, help="noise floor: one dev prompt this many times, champion alone")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    champion, draft = (os.path.join(ROOT, p) for p in PAIRS[args.pair])
+    champion, draft = pair_paths(args.pair)
     prompts = dev_prompts()
     threads = args.threads if args.threads == "auto" else int(args.threads)
-    rt = BrowserRuntime(champion, draft, champion_backend="wasm", threads=threads)
+    rt = BrowserRuntime(champion, draft, champion_backend=args.backend, threads=threads)
     info = rt.ready["info"]["champion"]
-    print(f"auto_ab {args.pair}: threads {info.get('threads')} ({info.get('threads_why')})", flush=True)
+    cal = rt.ready["info"].get("calibration") or {}
+    print(f"auto_ab {args.pair} on {info.get('backend')}: threads {info.get('threads')} ({info.get('threads_why')}); "
+          f"calibration timed n = {cal.get('measured_n')}", flush=True)
     try:
         if args.same:
             chat = next(p for p in prompts if p.get("chat") and p["max_new_tokens"] >= 32)
@@ -121,9 +120,11 @@ def main(argv=None) -> int:
                       f"auto {s['overhead_ms_median']['auto']:.3f} ms")
     finally:
         rt.close()
-    out.update({"pair": args.pair, "threads": info.get("threads"), "argv": sys.argv[1:],
+    out.update({"pair": args.pair, "backend": info.get("backend"), "threads": info.get("threads"),
+                "calibration_measured_n": cal.get("measured_n"), "argv": sys.argv[1:],
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-    path = args.out or os.path.join(ROOT, "build", "bench", f"auto_ab-{args.pair}{'-same' if args.same else ''}.json")
+    suffix = ("-same" if args.same else "") + ("-webgpu" if args.backend == "webgpu" else "")
+    path = args.out or os.path.join(ROOT, "build", "bench", f"auto_ab-{args.pair}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_file(path, (json.dumps(out, indent=1) + "\n").encode("utf-8"))
     print(f"wrote {os.path.relpath(path, ROOT)}")

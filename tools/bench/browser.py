@@ -36,7 +36,8 @@ def main():
                 ms_per_token, tpr = [], []
                 for i, prompt in enumerate(PROMPTS[:args.prompts]):
                     r = rt.generate({"prompt": prompt, "config": {"max_new_tokens": args.max_new_tokens,
-                                     "temperature": temperature, "speculate": mode, "k": args.k, "seed": i}})["result"]
+                                     "temperature": temperature, "speculate": mode, "k": args.k, "seed": i,
+                                     "prefix_reuse": False}})["result"]
                     n = max(len(r["token_ids"]), 1)
                     ms_per_token.append(r["timing_ms"]["decode"] / n)
                     if r["stats"]["tokens_per_round"]:

@@ -30,7 +30,8 @@ def one_load(args, mode):
         per = []
         for _ in range(args.requests):
             r = rt.generate({"prompt": PROMPT, "config": {"max_new_tokens": args.max_new_tokens, "temperature": 0.0,
-                                                          "speculate": mode, "k": args.k, "seed": 0}})["result"]
+                                                          "speculate": mode, "k": args.k, "seed": 0,
+                                                          "prefix_reuse": False}})["result"]
             n = max(len(r["token_ids"]), 1)
             per.append({"decode_ms_per_token": r["timing_ms"]["decode"] / n, "prefill_ms": r["timing_ms"]["prefill"],
                         "total_ms": r["timing_ms"]["total"], "tokens": n})

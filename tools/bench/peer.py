@@ -77,7 +77,8 @@ def mode_config(mode: str, k: int) -> dict:
     name = name.removesuffix("-adaptive")
     if name not in MODES:
         raise SystemExit(f"peer.py: unknown mode {mode!r}")
-    cfg = {"speculate": name, "k": int(at) if at else (ADAPTIVE_K_MAX if adaptive else k)}
+    cfg = {"speculate": name, "k": int(at) if at else (ADAPTIVE_K_MAX if adaptive else k),
+           "prefix_reuse": False}   # every mode prefills the whole prompt, as the peer's fresh request does
     if adaptive:
         cfg["scheduler"] = "adaptive"
     return cfg

@@ -275,6 +275,18 @@ export class WasmChampion {
   get memoryBytes() { return this.wasm ? this.memory.buffer.byteLength : 0; }
   /** Positions [0, nCached) hold valid K/V. */
   get nCached() { return this.wasm.champion_n_cached(); }
+  /** Positions the K/V caches have room for now: they grow on demand (doubling) up to maxContext. */
+  get kvCapacity() { return this.wasm.champion_kv_capacity(); }
+  /** Room for n positions (at most maxContext) now, grown at once (to max(n, twice the room)): a
+   *  request's prompt and length, before its prefill. E_OUT_OF_MEMORY (coded) when memory cannot grow. */
+  reserveKv(n) {
+    const positions = Math.min(n, this.maxContext);
+    const status = this.wasm.champion_reserve_kv(positions);
+    if (status !== 0) {
+      const err = statusError(status, "K/V reservation");
+      throw codedError(err.code, `the K/V caches could not grow to ${positions} positions (${this.kvCapacity} now): ${err.message}`);
+    }
+  }
 
   _alloc(nbytes) {
     const ptr = this.wasm.champion_alloc(nbytes);

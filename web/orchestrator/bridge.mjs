@@ -133,6 +133,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   function hit(point, roundId) {
     const due = armed.filter((f) => f.at === point && roundId >= (f.min_round ?? 0));
     if (!due.length) return null;
+    forgetHeld();                      // a fault may leave either model's K/V in any state
     for (const f of due) armed.splice(armed.indexOf(f), 1);
     return (async () => {
       for (const f of due) {
@@ -168,6 +169,23 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   };
   let session = null;
   let calibration = null;              // the calibration served to Python (setCalibration), or null
+  // Prefix reuse: the ids whose K/V the champion and the draft hold at positions 0.. after the
+  // last request (session.mjs keep()), tied to the objects that hold them (a rebuilt champion or a
+  // respawned draft holds nothing). Anything else that runs them (calibration, spot checks, a
+  // fault) forgets them.
+  const held = { champion: null, championOf: null, draft: null, draftOf: null };
+  let poisoned = false;                // something else ran the models since the running session began
+  const forgetHeld = () => { held.champion = held.draft = null; poisoned = true; };
+  sessionEnv.held = () => ({      // never beyond what the champion says it holds (a guard, not the source)
+    champion: held.championOf === champ && held.champion ? held.champion.subarray(0, champ.cachedLength?.() ?? 0) : null,
+    draft: held.draftOf === draft && draft && !draft.dead ? held.draft : null });
+  sessionEnv.keep = (championIds, draftIds) => {
+    if (championIds === null) poisoned = false;      // a session begins: unknown until it ends
+    else if (poisoned) { championIds = null; if (draftIds !== undefined) draftIds = null; }
+    held.champion = championIds;
+    held.championOf = champ;
+    if (draftIds !== undefined) { held.draft = draftIds; held.draftOf = draft; }
+  };
   const liveSession = () => {
     if (!session) throw codedError("E_CACHE_STATE", "no request session: begin() first");
     return session;
@@ -266,7 +284,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
      *  writes KV positions from 0 as every request does (each begins its prefill at 0), so nothing
      *  needs releasing. Only between requests. */
     calibrationProbe() {
-      const probeEnv = { ...sessionEnv, hit: () => null, takeNaN: () => false,
+      forgetHeld();                    // its sessions and the draft's forwards write both models' K/V
+      const probeEnv = { ...sessionEnv, hit: () => null, takeNaN: () => false, held: () => ({}), keep: () => {},
         canRunNow: () => typeof champ.forwardNow === "function" && !champ.lost,
         cpuRound: (useDraft) => !useDraft && !champ.lost && typeof champ.roundNow === "function" };
       const room = maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings;

@@ -165,6 +165,7 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
     maxContext: champion.maxContext, config: champion.config, lost: false,
     matmul: champion.matmulFunction ?? "f32",                              // "q8act-v1" | "f32" 
     forward: (ids, startPos) => champion.forward(ids, startPos),
+    cachedLength: () => champion.length,                                  // positions [0, n) hold K/V
     decide: (args) => acceptor.decide({ ...args, logitsBuffer: champion.logitsBuffer }),
     readLogits: (n) => champion.readLogits(n),
     setBatchVariantFault: () => champion.setBatchVariantFault(),
@@ -204,6 +205,8 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     matmul: champion.matmulFunction, weightBytes: champion.weightBytes,   // "q8act-v1" | "f32"; bytes of weights held
     simd: champion.simd,                                                  // "relaxed" | "simd128": the module build
     forward: (ids, startPos) => champion.forward(ids, startPos),
+    cachedLength: () => champion.nCached,                                 // positions [0, n) hold K/V
+    reserve: (n) => champion.reserveKv(n),                                // K/V room for a request, grown once
     async decide(args) { return backend.decideNow(args); },
     readLogits: (n) => champion.readLogits(n),
     setBatchVariantFault: () => champion.setBatchVariantFault(),

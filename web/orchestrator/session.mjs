@@ -12,6 +12,15 @@ import { codedError, errorPayload } from "../protocol.mjs";
 
 const EMPTY = new Int32Array(0);
 
+/** Length of the common prefix of `held` (ids, or null) and ids[:upto]. */
+function commonPrefix(held, ids, upto) {
+  if (!held) return 0;
+  const n = Math.min(held.length, upto);
+  let i = 0;
+  while (i < n && held[i] === ids[i]) i++;
+  return i;
+}
+
 /** f(x), or x.then(f) when x is a promise: one code path for synchronous and asynchronous steps. */
 const then = (x, f) => (x instanceof Promise ? x.then(f) : f(x));
 
@@ -66,8 +75,11 @@ class Mirror {
  *   cpuRound(useDraft): whether this round can be the CPU module's one call (the champion has
  *   roundNow and, for a draft round, the live draft lives in its instance), canRunNow(): whether synchronous calls are
  *   allowed now, hit(point, roundId): null or a promise (test faults), takeNaN(): whether a
- *   nan_champion fault is armed for this round, maxBlock, layout: roundRecordLayout(schema) }.
- * `request`: {policy, draft_policy, stop_token_ids, seed: [lo, hi], context_ids, greedy, mode}.
+ *   nan_champion fault is armed for this round, maxBlock, layout: roundRecordLayout(schema),
+ *   held(): {champion, draft}: the ids whose K/V each model holds from the last request (null:
+ *   unknown), keep(championIds, draftIds | undefined): what they hold when this session ends }.
+ * `request`: {policy, draft_policy, stop_token_ids, seed: [lo, hi], context_ids, greedy, mode,
+ *   prefix_reuse (default true), max_new_tokens (the K/V room reserved at begin)}.
  */
 export function createSession(env, request) {
   const { layout } = env;
@@ -75,7 +87,7 @@ export function createSession(env, request) {
   const mirror = new Mirror(Int32Array.from(request.context_ids));
   const base = { policy: request.policy, seed: request.seed, stopTokenIds: request.stop_token_ids, greedy: !!request.greedy };
   const draftPolicy = request.draft_policy ?? request.policy;
-  let lastFailure = null, ended = false;
+  let lastFailure = null, ended = false, usesDraft = false;
   const counts = { one_call_rounds: 0, separate_call_rounds: 0 };   // how each round ran (receipts' stats)
 
   const championFailed = (err) => {
@@ -182,25 +194,38 @@ export function createSession(env, request) {
   return {
     /** Prefill: the champion (in blocks of maxBlock) and, for mode "draft", the draft consume all
      *  but the last context token (mode "auto": the draft catches up in its first draft round, so
-     *  a request that never drafts never runs it). -> {draft_failure: null | {code, message}} (the
-     *  champion's failure throws). */
+     *  a request that never drafts never runs it), each after the ids it holds from the last
+     *  request (prefix reuse). -> {draft_failure: null | {code, message}, reused: {champion,
+     *  draft (null: no draft in this session)}} (the champion's failure throws). */
     async begin() {
       const upto = mirror.length - 1;
+      // prefix reuse: each model starts after the ids it already holds (the longest common prefix
+      // with the last request's, never the pending token); exact where positions' K/V do not
+      // depend on their grouping, which the load's batch-invariance check established
+      usesDraft = request.mode === "draft" || request.mode === "auto";
+      const held = request.prefix_reuse === false ? {} : env.held?.() ?? {};
+      mirror.championAt = Math.min(commonPrefix(held.champion, mirror.ids, upto), upto);
+      if (usesDraft) mirror.draftAt = Math.min(commonPrefix(held.draft, mirror.ids, upto), upto);
+      const reused = { champion: mirror.championAt, draft: usesDraft ? mirror.draftAt : null };
+      env.keep?.(null, usesDraft ? null : undefined);   // unknown until end(): a failure may leave it half-written
+      // the WASM champion's K/V caches grow on demand: room for the whole request at once
+      const room = mirror.length + (request.max_new_tokens ?? 0) + env.maxBlock;
+      await attempt(() => env.champion().reserve?.(room), championFailed);
       await env.hit("championForward", 0);
       while (mirror.championAt < upto) {
         const end = Math.min(upto, mirror.championAt + env.maxBlock);
         await attempt(() => env.champion().forward(mirror.ids.slice(mirror.championAt, end), mirror.championAt), championFailed);
         mirror.championAt = end;
       }
-      if (request.mode !== "draft" || upto <= 0) return { draft_failure: null };
+      if (request.mode !== "draft" || mirror.draftAt >= upto) return { draft_failure: null, reused };
       try {
         await env.hit("draftForward", 0);
-        await env.draft().forward(mirror.ids.slice(0, upto), 0);
+        await env.draft().forward(mirror.ids.slice(mirror.draftAt, upto), mirror.draftAt);
         mirror.draftAt = upto;
       } catch (err) {
-        return { draft_failure: errorPayload(err, "E_DRAFT_LOST") };
+        return { draft_failure: errorPayload(err, "E_DRAFT_LOST"), reused };
       }
-      return { draft_failure: null };
+      return { draft_failure: null, reused };
     },
 
     /** One round -> the record (Int32Array), or a promise of it. k = 0: a baseline step;
@@ -241,6 +266,7 @@ export function createSession(env, request) {
     /** -> {one_call_rounds, separate_call_rounds}: rounds that were one call into the CPU module,
      *  and rounds composed of separate draft, forward and decide calls. */
     end() {
+      if (!ended) env.keep?.(mirror.ids.slice(0, mirror.championAt), usesDraft ? mirror.ids.slice(0, mirror.draftAt) : undefined);
       ended = true;
       return { ...counts };
     },

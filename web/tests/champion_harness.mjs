@@ -173,8 +173,9 @@ if (isNodeMain) {
       matmul: cases.matmul });
   out.info = { identity: champion.identity, weightStorage: champion.weightStorage, vocabSize: champion.vocabSize, maxBlock: champion.maxBlock,
     maxContext: champion.maxContext, memoryBytes: champion.memoryBytes, artifactBytes: champion.artifactBytes,
-    matmulFunction: champion.matmulFunction, weightBytes: champion.weightBytes };
+    matmulFunction: champion.matmulFunction, weightBytes: champion.weightBytes, kvCapacity: champion.kvCapacity };
   if (cases.forward) out.forward = await runForward(champion, cases.forward);
+  out.kvCapacityAfter = champion.kvCapacity;
   if (cases.decide) out.decide = await runDecide(champion, cases.decide);
   if (cases.errors) out.errors = await runErrors(champion, cases.errors);
   if (cases.timing) {

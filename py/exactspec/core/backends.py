@@ -33,14 +33,35 @@ class Proposal:
 
 
 def _materialize(runner, cache, upto: int):
-    """Run the model over tokens[n_materialized:upto]; returns their logits (n, V)."""
+    """Run the model over tokens[n_materialized:upto]; returns their logits (n, V). The runner
+    then holds the K/V of tokens[:upto] (`_held`: what prefix reuse may start from)."""
     start = cache.n_materialized
     feed = cache.tokens[start:upto]
     if not feed:
         raise ExactSpecError(E_CACHE_STATE, "nothing to feed: no pending token")
+    held = _held(runner)
+    # known after it only if the runner held this cache's tokens[:start] (nothing else ran it since)
+    known = start == 0 or (held is not None and held[:start] == cache.tokens[:start])
+    runner._exactspec_held = None            # unknown while the forward runs (it may fail half-way)
     logits = runner.forward(feed, start)
+    runner._exactspec_held = list(cache.tokens[:upto]) if known else None
     cache.mark_materialized(upto)
     return logits
+
+
+def _held(runner):
+    """The ids whose K/V the runner holds at positions 0.. (as far as the backends know), or None."""
+    return getattr(runner, "_exactspec_held", None)
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _process(row, context_ids, policy):
@@ -67,6 +88,20 @@ class _RunnerBackend:
         upto = cache.n_committed - 1
         if upto > cache.n_materialized:
             _materialize(self.runner, cache, upto)
+
+    def reuse(self, cache) -> int:
+        """Prefix reuse: start a fresh `cache` from the K/V the runner holds, the longest common
+        prefix of its ids and the context's all but the pending token (marked materialized) ->
+        how many ids. Only for a runner that declares `batch_invariant` (a position's K/V does not
+        depend on how the positions were grouped into forwards): the reuse is then bitwise a
+        fresh prefill. 0 for any other."""
+        held = _held(self.runner)
+        if not getattr(self.runner, "batch_invariant", False) or not held or cache.n_materialized:
+            return 0
+        n = common_prefix(held, cache.tokens[:cache.n_committed - 1])
+        if n:
+            cache.mark_materialized(n)
+        return n
 
 
 class ReferenceChampion:
@@ -128,8 +163,13 @@ class ReferenceSession:
         self.draft_failure: Optional[ExactSpecError] = None
         self._last_failure: Optional[ExactSpecError] = None
         self.champion_cache = LogicalCache(champion.identity, request.context_ids)
+        reuse = lambda backend, cache: (backend.reuse(cache) if request.prefix_reuse and hasattr(backend, "reuse")
+                                        else 0)
+        self.reused = {"champion": reuse(champion, self.champion_cache), "draft": None}
         champion.prefill(self.champion_cache)
         self.draft_cache = LogicalCache(draft.identity, request.context_ids) if draft is not None else None
+        if draft is not None:
+            self.reused["draft"] = reuse(draft, self.draft_cache)
         if draft is not None and request.mode != "auto":    # auto: the draft catches up on its first round
             try:
                 draft.prefill(self.draft_cache)

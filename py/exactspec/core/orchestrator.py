@@ -47,6 +47,8 @@ class GenerationConfig:
     stop_token_ids: tuple = ()
     stop_strings: tuple = ()
     scheduler: str = "static"   # scheduler.SCHEDULERS: static k, or adaptive (k <= config.k per round)
+    prefix_reuse: bool = True   # start from the K/V the models hold for the previous request's ids
+                                # (the longest common prefix; exact: docs/core.md "Prefix reuse")
 
     def validate(self, vocab_size: int) -> None:
         def bad(name, why):
@@ -59,6 +61,8 @@ class GenerationConfig:
             bad("k", f"must be an integer in [0, {MAX_K}], got {self.k!r}")
         if self.scheduler not in SCHEDULERS:
             bad("scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
+        if not isinstance(self.prefix_reuse, bool):
+            bad("prefix_reuse", f"must be true or false, got {self.prefix_reuse!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
             bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
         for t in self.stop_token_ids:
@@ -142,6 +146,7 @@ class SessionRequest:
                                    # auto (the draft, when given, is not prefilled: it catches up in its
                                    # first round, so a request auto never drafts pays nothing for it)
     decider: object                # RngDecider(seed), or a test's decider (CPython reference only)
+    prefix_reuse: bool = True      # the session may start each model from the K/V it holds for these ids
 
     @property
     def greedy(self) -> bool:
@@ -151,6 +156,7 @@ class SessionRequest:
 def _new_stats(k: int) -> dict:
     return {"rounds": 0, "proposed": 0, "accepted": 0, "baseline_steps": 0, "draft_invalid": 0,
             "target_calls": 0, "draft_calls": 0, "numeric_errors": 0,
+            "prompt_reused": {"champion": 0, "draft": None},   # prompt ids whose K/V came from the last request
             "accepted_count_histogram": [0] * (k + 1), "rejection_position_histogram": [0] * k}
 
 
@@ -296,11 +302,16 @@ class Orchestrator:
             session_mode = "auto" if run.auto.has_draft else "lookup"
             run.draft_behind = len(prompt_ids) - 1 if run.auto.has_draft else 0
         request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
-                                 config.seed, config.max_new_tokens, session_mode, decider)
+                                 config.seed, config.max_new_tokens, session_mode, decider, config.prefix_reuse)
         try:
             run.session = await resolve(self.champion.begin(request, self.draft if session_mode in ("draft", "auto") else None))
         except Exception as exc:     # the champion's prefill (device or backend) failed
             return self._champion_failed(run, exc)
+        reused = getattr(run.session, "reused", None) or {}
+        run.stats["prompt_reused"] = {"champion": int(reused.get("champion") or 0),
+                                      "draft": None if reused.get("draft") is None else int(reused["draft"])}
+        if run.mode == "auto" and reused.get("draft") is not None:
+            run.draft_behind = len(prompt_ids) - 1 - int(reused["draft"])   # what the draft lacks of the prompt
         if run.session.draft_failure is not None and not run.cancelled:
             self._speculation_failed(run, run.session.draft_failure)
         run.timing["prefill"] += _ms(t0)

@@ -24,7 +24,7 @@ ALLOWED_FIELDS = (
     "browser_version", "runtime_version", "champion_backend", "seed_commitment", "target_call_count", "draft_call_count",
     "proposal_count", "accepted_count_histogram", "rejection_position_histogram",
     "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "numerics", "failure_code", "fallback_code",
-    "champion_fallback_code",
+    "champion_fallback_code", "prompt_reused",
 )
 
 
@@ -99,6 +99,9 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         # the engine's, not the request's: E_BATCH_VARIANT when the load's batch check moved the champion
         # off WebGPU (docs/browser.md "Batch invariance at load"); the browser environment says it
         "champion_fallback_code": env.get("champion_fallback_code") or "none",
+        # prompt ids each model started from the K/V of the engine's previous request (prefix reuse;
+        # "draft" only when the request's session had the draft)
+        "prompt_reused": {m: n for m, n in (stats.get("prompt_reused") or {"champion": 0}).items() if n is not None},
     }
     assert tuple(receipt) == ALLOWED_FIELDS
     return receipt, salt

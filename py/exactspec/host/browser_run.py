@@ -42,13 +42,13 @@ class BrowserRuntime:
 
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
                  champion_backend: str = "webgpu", on_progress=None, threads="auto", warm_up: bool = True,
-                 matmul: str = "auto", calibrate: str = "auto"):
+                 matmul: str = "auto", calibrate: str = "auto", faults: bool = False):
         """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs).
         threads: the WASM champion's threads, "auto" (the engine's choice) or a count; warm_up: the
         engine's load-time warm-up (web/orchestrator/warmup.mjs), on by default; matmul: the WASM
         champion's quantised matmul, "auto" | "q8act" | "f32" (docs/champion_wasm.md, Weight formats);
         calibrate: the load's calibration, "auto" (cached per device) | "force" | "off" (docs/browser.md,
-        Calibration at load)."""
+        Calibration at load); faults: the engine's fault injection (tests: window.exactspecRunner.fault)."""
         is_gguf = lambda d: str(d).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
         for d in filter(None, (champion_dir, draft_dir)):
             if not is_gguf(d) and not os.path.isfile(os.path.join(d, "config.json")):
@@ -84,7 +84,8 @@ class BrowserRuntime:
         try:
             self.ready = self.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)",
                                             [models, {"championBackend": champion_backend, "threads": threads,
-                                             "warmUp": warm_up, "matmul": matmul, "calibrate": calibrate}])
+                                             "warmUp": warm_up, "matmul": matmul, "calibrate": calibrate,
+                                             "faults": faults}])
         except Exception as exc:
             self.close()
             err = _coded_from(exc)

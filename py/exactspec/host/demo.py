@@ -152,7 +152,7 @@ def chat_demo(gguf: str, as_json: bool, max_new_tokens: int = 32, reference: boo
         ids = encode_chat_prompt(pair.tokenizer, pair.tokenizer_config, messages)
         return pair.orchestrator.generate(ids, GenerationConfig(
             max_new_tokens=config["max_new_tokens"], policy=SamplingPolicy(temperature=0), speculate=config["speculate"],
-            k=config["k"], stop_token_ids=pair.stop_token_ids)).to_dict()
+            k=config["k"], stop_token_ids=pair.stop_token_ids, prefix_reuse=config["prefix_reuse"])).to_dict()
     return _chat("the CPython reference", gguf, draft, modes, as_json, max_new_tokens, generate)
 
 
@@ -170,7 +170,8 @@ def _chat(engine: str, gguf: str, draft, modes, as_json: bool, max_new_tokens: i
         turn, answer = {"user": question, "modes": {}}, None
         say(f"\nyou: {question}")
         for mode in modes:
-            r = generate(messages, {"speculate": mode, "k": 4, "temperature": 0, "max_new_tokens": max_new_tokens})
+            r = generate(messages, {"speculate": mode, "k": 4, "temperature": 0, "max_new_tokens": max_new_tokens,
+                                    "prefix_reuse": False})   # the modes are compared cold
             same = answer is None or r["token_ids"] == answer["token_ids"]
             answer = answer or r
             out["all_greedy_identical"] &= same

@@ -92,7 +92,7 @@ def run_browser_demo(runtime_factory, prompts, as_json: bool, max_new_tokens: in
             say(f"\nprompt: {text!r}")
             for mode, name in MODES:
                 payload = {"prompt": text, "config": {"speculate": mode, "k": 4, "temperature": 0,
-                                                      "max_new_tokens": max_new_tokens}}
+                                                      "max_new_tokens": max_new_tokens, "prefix_reuse": False}}
                 r = rt.generate(payload)["result"]
                 same = reference is None or r["token_ids"] == reference
                 reference = reference if reference is not None else r["token_ids"]

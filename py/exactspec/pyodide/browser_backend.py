@@ -51,10 +51,11 @@ class BrowserChampion:
         state = {"policy": _policy_dict(request.policy), "draft_policy": _policy_dict(request.draft_policy),
                  "stop_token_ids": list(request.stop_token_ids), "seed": [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF],
                  "context_ids": list(request.context_ids), "greedy": request.greedy,
-                 "mode": request.mode}
+                 "mode": request.mode, "prefix_reuse": request.prefix_reuse, "max_new_tokens": request.max_new_tokens}
         began = json.loads(await self.bridge.begin(json.dumps(state)))
         failure = began["draft_failure"]
-        return BrowserSession(self.bridge, _coded(failure["code"], failure["message"], "E_DRAFT_LOST") if failure else None)
+        return BrowserSession(self.bridge, _coded(failure["code"], failure["message"], "E_DRAFT_LOST") if failure else None,
+                              began.get("reused"))
 
     def calibration(self, draft=None):
         """speculate="auto"'s calibration (docs/core.md; measured at load on the JS side, cached per
@@ -88,8 +89,9 @@ class BrowserSession:
     """One request's rounds over the bridge: round() is ONE bridge call that returns the round
     record (an Int32Array, or a JS promise of one when something under it is asynchronous)."""
 
-    def __init__(self, bridge, draft_failure):
+    def __init__(self, bridge, draft_failure, reused=None):
         self.bridge, self.draft_failure = bridge, draft_failure
+        self.reused = reused or {"champion": 0, "draft": None}   # prefix reuse at begin (session.mjs)
         self.round_bytes = 0
 
     def pause(self):
@@ -219,7 +221,7 @@ def _generation_config(config: dict, stop_token_ids) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=config["max_new_tokens"], policy=policy, speculate=config["speculate"],
                             scheduler=config["scheduler"], k=config["k"], seed=config["seed"],
                             stop_token_ids=tuple(stop_token_ids) + tuple(config["stop_token_ids"]),
-                            stop_strings=config["stop_strings"])
+                            stop_strings=config["stop_strings"], prefix_reuse=config["prefix_reuse"])
 
 
 def prompt_ids(session: Session, request: dict) -> list:

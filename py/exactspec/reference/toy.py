@@ -18,6 +18,8 @@ from ..core.rng import DRAFT_SAMPLE
 
 
 class ToyRunner:
+    batch_invariant = True   # a position's state is computed alone (the recurrence below): prefix reuse is exact
+
     def __init__(self, vocab_size: int = 32, seed: int = 0, hidden: int = 16, scale: float = 3.0,
                  max_context: int = 4096):
         rs = np.random.default_rng(seed)
