@@ -476,8 +476,25 @@ def _auto_with_failing_draft(fail_on):
                         calibration=calibration(v1=1.0, slope=0.05, d=0.05))
 
 
+class _AlwaysDraft(AutoPolicy):
+    """auto that drafts (k = 2) every round it can: the failure rules below must not depend on
+    whether this machine's timings make the real policy draft in the rounds they need (in a loaded
+    run after browser tests it did not, and the after-output case ended by length instead)."""
+
+    def choose(self, remaining, lookup_len, draft_behind, searched=True):
+        k = min(2, self.k_max, remaining - 1)
+        return self._pick("draft", k, "cheapest", {}) if k > 0 else self._pick("none", 0, "last_token", {})
+
+
+def _always_draft(monkeypatch):
+    from exactspec.core import orchestrator as orch_module
+    monkeypatch.setattr(orch_module, "make_auto_policy",
+                        lambda cal, k_max, has_draft, greedy, memory=None: _AlwaysDraft(cal, k_max, has_draft, greedy))
+
+
 @pytest.mark.parametrize("policy", [GREEDY, SamplingPolicy(temperature=1.0)])
-def test_auto_draft_failure_before_output_falls_back_to_champion_alone(policy):
+def test_auto_draft_failure_before_output_falls_back_to_champion_alone(policy, monkeypatch):
+    _always_draft(monkeypatch)
     alone = make_orchestrator(40, 2).generate([4, 5, 6], GenerationConfig(max_new_tokens=16, policy=policy,
                                                                           speculate="none", seed=9))
     events = []
@@ -488,7 +505,8 @@ def test_auto_draft_failure_before_output_falls_back_to_champion_alone(policy):
     assert not any(e["kind"] == "error" for e in events)
 
 
-def test_auto_draft_failure_after_output_ends_visibly():
+def test_auto_draft_failure_after_output_ends_visibly(monkeypatch):
+    _always_draft(monkeypatch)
     events = []
     res = _auto_with_failing_draft(3).generate([4, 5, 6], GenerationConfig(max_new_tokens=40, policy=GREEDY),
                                                on_event=events.append)
