@@ -300,7 +300,6 @@ class Orchestrator:
         session_mode = run.mode
         if run.mode == "auto":       # the draft (when auto may use it) catches up on its first round
             session_mode = "auto" if run.auto.has_draft else "lookup"
-            run.draft_behind = len(prompt_ids) - 1 if run.auto.has_draft else 0
         request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
                                  config.seed, config.max_new_tokens, session_mode, decider, config.prefix_reuse)
         try:
@@ -310,8 +309,8 @@ class Orchestrator:
         reused = getattr(run.session, "reused", None) or {}
         run.stats["prompt_reused"] = {"champion": int(reused.get("champion") or 0),
                                       "draft": None if reused.get("draft") is None else int(reused["draft"])}
-        if run.mode == "auto" and reused.get("draft") is not None:
-            run.draft_behind = len(prompt_ids) - 1 - int(reused["draft"])   # what the draft lacks of the prompt
+        if session_mode == "auto":   # what the draft lacks of the prompt: all but what it reused
+            run.draft_behind = len(prompt_ids) - 1 - (run.stats["prompt_reused"]["draft"] or 0)
         if run.session.draft_failure is not None and not run.cancelled:
             self._speculation_failed(run, run.session.draft_failure)
         run.timing["prefill"] += _ms(t0)
