@@ -204,8 +204,8 @@ export function createSession(env, request) {
       // depend on their grouping, which the load's batch-invariance check established
       usesDraft = request.mode === "draft" || request.mode === "auto";
       const held = request.prefix_reuse === false ? {} : env.held?.() ?? {};
-      mirror.championAt = Math.min(commonPrefix(held.champion, mirror.ids, upto), upto);
-      if (usesDraft) mirror.draftAt = Math.min(commonPrefix(held.draft, mirror.ids, upto), upto);
+      mirror.championAt = commonPrefix(held.champion, mirror.ids, upto);    // <= upto
+      if (usesDraft) mirror.draftAt = commonPrefix(held.draft, mirror.ids, upto);
       const reused = { champion: mirror.championAt, draft: usesDraft ? mirror.draftAt : null };
       env.keep?.(null, usesDraft ? null : undefined);   // unknown until end(): a failure may leave it half-written
       // the WASM champion's K/V caches grow on demand: room for the whole request at once
