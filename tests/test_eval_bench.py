@@ -65,6 +65,10 @@ def test_every_load_is_recorded_with_its_breakdown_calibration_and_batch_check(s
     assert run["loads"]["toy-wasm-spec"]["calibration"]["draft_ms_per_proposal"] > 0
     assert run["loads"]["toy-wasm-alone"]["calibration"]["draft_ms_per_proposal"] is None
     assert set(run["cold"]) == {"toy-wasm-alone", "toy-wasm-spec"} and run["cold"]["toy-wasm-spec"]["arm"] == "auto"
+    # both timed engines run the thread count the throwaway load chose (asked for, not chosen again)
+    threads = {name: load["info"]["champion"] for name, load in run["loads"].items()}
+    assert threads["toy-wasm-alone"]["threads"] == threads["toy-wasm-spec"]["threads"] == threads["toy-wasm-warmup"]["threads"]
+    assert threads["toy-wasm-alone"]["threads_why"] == threads["toy-wasm-spec"]["threads_why"] == "requested"
 
 
 def test_auto_requests_record_their_choices_and_samples_their_first_tokens(smoke):
