@@ -153,6 +153,35 @@ def family(name: str) -> Path:
     return cached(f"{name}_v1", "model.q8.safetensors", build)
 
 
+QWEN_IDS, QWEN_ROWS = 151665, 151936    # Qwen2.5's tokenizer ids and embedding rows: 271 rows of padding
+
+
+def padded_qwen2(role: str) -> Path:
+    """A transformers-made Qwen2 of Qwen2.5's vocabulary shape: an embedding of 151,936 rows (tied
+    head) under a tokenizer of 151,665 ids (tokenizer_families.qwen2: 151,643 model tokens + 22
+    added), tiny otherwise (H = 32). The padding rows are scaled x30, so without suppression they
+    win nearly every argmax and draw: a test that they never appear has power. role "champion"
+    (2 layers) or "draft" (1 layer, another seed); a published folder (model.safetensors and the
+    five small files): the browser's q8 file is `exactspec convert`'s (model_cache.browser_ready)."""
+    def build(d):
+        from safetensors.numpy import load_file, save_file
+        cfg = dict(vocab_size=QWEN_ROWS, hidden_size=32, intermediate_size=64, num_hidden_layers=2 if role == "champion" else 1,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_theta=1e6,
+                   rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.1,
+                   bos_token_id=None, eos_token_id=151645, pad_token_id=151643)
+        _random_hf(d, "qwen2", cfg, 7 if role == "champion" else 8, norm_jitter=0.2, bias_std=0.3)
+        weights = load_file(str(d / "model.safetensors"))
+        weights["model.embed_tokens.weight"][QWEN_IDS:] *= np.float32(30.0)
+        save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+        spec = families.qwen2(families.byte_level_base())
+        (d / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+        (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                             "bos_token": None, "add_bos_token": False}))
+        (d / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645, "pad_token_id": 151643}))
+    return cached(f"padded_qwen2_{role}_v2", "tokenizer.json", build)
+
+
 def draft_tiny_llama() -> Path:
     """A random Llama draft with awkward sizes (V = 301, GQA 4:2, rope_theta 5e5, non-unit norms)."""
     cfg = dict(vocab_size=301, hidden_size=64, intermediate_size=176, num_hidden_layers=2,

@@ -203,14 +203,19 @@ def test_mismatch_is_refused_naming_the_field(pair_dirs, field):
         assert err.value.detail["fields"] == ["tokenizer_sha256"]   # nothing semantic moved
 
 
-def test_config_vocab_size_must_equal_tokenizer_size_on_both_sides(pair_dirs):
-    # Both configs agree with each other, but not with the tokenizer: still refused.
+def test_config_vocab_size_may_pad_past_the_tokenizer_on_both_sides_alike(pair_dirs):
+    # Both configs agree with each other and have rows past the tokenizer's ids (vocabulary
+    # padding, suppressed by every request): accepted. Fewer rows than ids: refused on each side.
     for d in pair_dirs:
         _edit(os.path.join(d, "config.json"), lambda c: c.update(vocab_size=c["vocab_size"] + 64))
+    shared = check_pair(*pair_dirs)["shared"]
+    assert shared["config_vocab_size"] == shared["tokenizer_vocab_size"] + 64
+    for d in pair_dirs:
+        _edit(os.path.join(d, "config.json"), lambda c: c.update(vocab_size=c["vocab_size"] - 65))
     with pytest.raises(ExactSpecError) as err:
         check_pair(*pair_dirs)
     assert err.value.code == E_MANIFEST_MISMATCH
-    assert "field 'config_vocab_size' of champion" in err.value.message
+    assert "field 'config_vocab_size' of champion" in err.value.message and "is smaller than" in err.value.message
     assert "field 'config_vocab_size' of draft" in err.value.message
 
 

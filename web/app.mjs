@@ -3,7 +3,8 @@
 // source, plots live statistics (with what speculate "auto" chose and why, in words), and offers
 // each answer's privacy-safe receipt as JSON.
 // It drives the engine only through the public module (exactspec.mjs), like an embedding site.
-import { createEngine, optionNames } from "./exactspec.mjs";
+import { createEngine, forgetCachedModel, listCachedModels, optionNames } from "./exactspec.mjs";
+import { renderCachePanel } from "./ui/cache_panel.mjs";
 import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_progress.mjs";
 import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
 import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
@@ -32,6 +33,15 @@ function setStatus(text, isError = false) {
 const coded = (err) => (err?.code ? `${err.code}: ${err.detail ?? err.message}` : `E_INTERNAL: ${err?.message ?? err}`);
 
 // ---------------------------------------------------------------- loading
+/** The cached-models list, read again (after each load and each Forget). */
+async function refreshCachePanel() {
+  const models = await listCachedModels().catch(() => []);
+  renderCachePanel($("cached_models"), $("cache_total"), models, {
+    onForget: (sha256) => forgetCachedModel(sha256).then(refreshCachePanel, (err) => setStatus(coded(err), true)),
+  });
+  page.cachedModels = models;   // tests read it
+}
+
 function renderProgress(rows) {
   $("progress").replaceChildren(...displayRows(rows).map((r) => {
     const li = document.createElement("li");
@@ -114,7 +124,7 @@ async function loadModels(source, label) {
     applyProgress(rows, p);
     renderProgress(rows);
   };
-  const options = { championBackend: $("champion_backend").value, onProgress, draftInBackground: true };
+  const options = { championBackend: $("champion_backend").value, onProgress, draftInBackground: true, cache: $("use_cache").checked };
   const t0 = performance.now();
   setStatus("loading…");
   try {
@@ -149,6 +159,7 @@ async function loadModels(source, label) {
   page.stage = "ready";
   page.loads++;
   setLoadButtons(true);
+  refreshCachePanel();   // files read from the network are filed while the page is ready: opening the list reads it again
   window.appReady = true;
   return null;
 }
@@ -403,6 +414,9 @@ function main() {
   $("speculate").onchange = setKControls;
   setKControls();
   $("download_receipt").onclick = downloadReceipt;
+  $("forget_all").onclick = () => forgetCachedModel(null).then(refreshCachePanel, (err) => setStatus(coded(err), true));
+  $("cache_panel").ontoggle = () => { if ($("cache_panel").open) refreshCachePanel(); };
+  refreshCachePanel();
   const idle = () => !page.running && page.stage !== "loading" && page.stage !== "probing";
   $("load_models").onclick = () => {
     const picked = idle() ? pickedModels() : null;

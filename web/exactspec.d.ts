@@ -13,7 +13,13 @@ export type LoadProgress =
   | { stage: "python" | "check" | "models" | "warmup" | "calibrate" }
   /** The device was calibrated again after ready (drift, a late draft): ready.info.calibration is replaced. */
   | { stage: "calibration"; calibration: Calibration | { error: string; key: string | null } }
-  | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean }
+  /** cache (weight files): "hit" (from the weight cache, the server's validators unchanged), "hit-offline"
+   *  (the server could not be reached), "miss" (from the network, stored as it was read), "not-stored"
+   *  (no length, or not enough storage quota); absent for other files, and with cache: false. */
+  | { stage: "fetch" | "convert"; url: string; name: string; loaded: number; total: number; done: boolean;
+      cache?: "hit" | "hit-offline" | "miss" | "not-stored" }
+  /** A cached weight file failed its sha256 check: it was removed, and the load runs once more from the network. */
+  | { stage: "cache"; evicted: string }
   /** draftInBackground: the draft arrived after ready (draft null and draft_error set if it failed). */
   | { stage: "draft_ready"; draft: Record<string, unknown> | null; draft_error: { code: ErrorCode; message: string } | null;
       draft_load_ms: number };
@@ -40,6 +46,10 @@ export interface EngineOptions {
    *  load"): "auto" (default) from the IndexedDB cache or measured within 300 ms; "force" measured
    *  anew; "off" none (auto then starts from its conservative default). */
   calibrate?: "auto" | "force" | "off";
+  /** The verified weight cache (docs/browser.md, "Weight cache"): weight files read from Cache Storage
+   *  when their server still serves the same file (or cannot be reached), keyed by sha256 and checked on
+   *  read; kept there when read from the network. Default true; false: neither read nor written. */
+  cache?: boolean;
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
   assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
@@ -193,3 +203,16 @@ export function optionNames(schema: object): { config: string[]; fields: string[
 /** generate()'s arguments as a generate request, sorted by protocol.json (`schema`). */
 export function requestPayload(prompt: string | number[] | ChatMessage[], options: GenerateOptions | undefined, schema: object): object;
 export function codedError(code: ErrorCode, message: string): CodedError;
+
+/** One file in the verified weight cache. */
+export interface CachedModel {
+  sha256: string;                       // its key: the sha256 of its bytes
+  bytes: number;
+  name: string | null;                  // the last two segments of the newest URL it was stored from
+  urls: string[];                       // every URL it is served for
+  stored_at: string | null;             // ISO time
+}
+/** The weight files this origin has cached, largest first. */
+export function listCachedModels(): Promise<CachedModel[]>;
+/** Forget one cached file and its URLs (by sha256), or all of them (null). A malformed sha256 is E_BAD_ARGUMENT. */
+export function forgetCachedModel(sha256: string | null): Promise<void>;

@@ -12,6 +12,9 @@ import { localModelUrl } from "./fetch_progress.mjs";
 import { RESTRICTED_TENSORS, readBlobSafetensorsHeader } from "./formats/model_checks.mjs";
 
 export { codedError };
+/** The verified weight cache of this origin (web/weight_cache.mjs): listCachedModels() ->
+ *  [{sha256, bytes, name, urls, stored_at}]; forgetCachedModel(sha256), or null for all. */
+export { forgetCachedModel, listCachedModels } from "./weight_cache.mjs";
 
 const modelFileTables = new Map();   // URL -> promise of the table
 
@@ -209,7 +212,9 @@ class ExactSpecEngine {
 
 /** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
  *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads, matmul,
- *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp, calibrate}.
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp, calibrate, cache}.
+ *  cache (default true): weight files come from and go to the verified weight cache (Cache Storage,
+ *  keyed by sha256; listCachedModels / forgetCachedModel; docs/browser.md, "Weight cache"); false: neither.
  *  warmUp (default true; false, or {minCalls, budgetMs}): the load's warm-up requests (docs/browser.md).
  *  calibrate ("auto" default | "force" | "off"): this device's costs for speculate "auto" (the
  *  default mode), cached per device and model; ready.info.calibration (docs/browser.md, "Calibration at load").
@@ -217,12 +222,13 @@ class ExactSpecEngine {
  *  {stage: "draft_ready", draft, draft_error} when speculation can start. */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
-    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true, calibrate = "auto" } = options;
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true, calibrate = "auto",
+    cache = true } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
   const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress, await loadModelFiles(urls.py));
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, matmul, draftPlacement, whenBusy,
-    onProgress, draftInBackground, warmUp, calibrate, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
+    onProgress, draftInBackground, warmUp, calibrate, cache, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
   wrapped.urls = urls;

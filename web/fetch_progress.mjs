@@ -5,6 +5,10 @@
 // artifact a load fetches (Pyodide, Python sources, model files, WASM builds, shaders) reports its
 // bytes without the loaders knowing, and URLs under LOCAL_SCHEME are answered from File objects
 // the page handed over (a model folder picked with <input webkitdirectory>: nothing is uploaded).
+// Between the two sits the weight cache (web/weight_cache.mjs): a weight file's progress says
+// where its bytes came from (p.cache: "hit" | "hit-offline" | "miss" | "not-stored").
+import { CACHE_HEADER, weightCacheFetch } from "./weight_cache.mjs";
+
 
 export const LOCAL_SCHEME = "exactspec-local:";
 const REPORT_EVERY_MS = 100;
@@ -16,15 +20,17 @@ export function artifactName(url) {
   return parts.slice(-2).join("/") || path;
 }
 
-/** A Response whose body reports {url, name, loaded, total, done} while it is read (at most every
- *  100 ms, and once at the end). total is Content-Length, or 0 when unknown. */
+/** A Response whose body reports {url, name, loaded, total, done[, cache]} while it is read (at most
+ *  every 100 ms, and once at the end). total is Content-Length, or 0 when unknown; cache: what the
+ *  weight cache did with it (its header), absent for files it does not cache. */
 export function countedResponse(response, url, onProgress, now = () => performance.now()) {
   if (!response.body || !onProgress) return response;
   const total = Number(response.headers.get("content-length") ?? 0) || 0;
   const name = artifactName(url);
+  const cache = response.headers.get(CACHE_HEADER);
   let loaded = 0, last = -Infinity;
   const report = (done) => {
-    try { onProgress({ url: String(url), name, loaded, total, done }); } catch { /* a listener never breaks a load */ }
+    try { onProgress({ url: String(url), name, loaded, total, done, ...(cache ? { cache } : {}) }); } catch { /* a listener never breaks a load */ }
   };
   const counter = new TransformStream({
     transform(chunk, controller) {
@@ -64,13 +70,16 @@ export function localFilesFetch(baseFetch, files) {
 }
 
 /** For the orchestrator worker: replace globalThis.fetch once; returns {setListener(fn|null),
- *  setLocalFiles(map)}. Local files stay until the next load replaces them. */
+ *  setLocalFiles(map), setCache(on)}. Local files stay until the next load replaces them; the
+ *  weight cache is off until a load turns it on (its option cache, default true). */
 export function installWorkerFetch(scope = globalThis) {
   const native = scope.fetch.bind(scope);
   let listener = null;
   const files = new Map();
-  scope.fetch = progressFetch(localFilesFetch(native, files), () => listener);
+  const cache = weightCacheFetch(localFilesFetch(native, files));
+  scope.fetch = progressFetch(cache.fetch, () => listener);
   return {
+    setCache: cache.setEnabled,
     setListener(fn) { listener = fn; },
     setLocalFiles(entries) {
       files.clear();

@@ -22,7 +22,7 @@ import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.m
 import { checkedPolicy } from "../sampling_policy.mjs";
 import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
-import { sha256Hex } from "../sha256.mjs";
+import { artifactIdentity } from "../weight_cache.mjs";
 import { BLOCK_TYPE_IDS, fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
@@ -171,7 +171,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   } else {
     const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
     artifactBytes = bytes.byteLength;
-    identity = await sha256Hex(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
+    identity = await artifactIdentity(bytes);   // = LlamaReference.from_dir(dir, weights="q8").identity
     tensors = safetensorsMap(bytes);
   }
   maxContext = maxContext || c.max_context;

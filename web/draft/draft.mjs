@@ -6,7 +6,7 @@ import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.m
 import { checkedPolicy } from "../sampling_policy.mjs";
 import { fetchSafetensors } from "../formats/safetensors.mjs";
 import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../formats/model_checks.mjs";
-import { sha256Hex } from "../sha256.mjs";
+import { artifactIdentity } from "../weight_cache.mjs";
 import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
 import { isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule } from "../champion_wasm/cpu_module.mjs";
@@ -85,9 +85,12 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
     configJson ?? readValidatedConfig(base + "config.json", fetchFn),
     weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
   ]);
+  // = LlamaReference.identity (sha256 of model.safetensors); before anything is built: a cached copy
+  // that fails it (web/weight_cache.mjs) leaves nothing in a shared instance's arena
+  const identity = await artifactIdentity(file);
   const { exports, memory } = shared ?? await instantiateAlone(wasm);
   const draft = new Draft(exports, typeof config === "string" ? JSON.parse(config) : config, file, memory ?? exports.memory);
-  draft.identity = await sha256Hex(file);   // = LlamaReference.identity (sha256 of model.safetensors)
+  draft.identity = identity;
   draft.artifactBytes = file.byteLength;
   return draft;
 }

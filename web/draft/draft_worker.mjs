@@ -22,6 +22,7 @@
 // and the client (which moved to the newer epoch first) has already settled its call.
 // p_draft (Float32Array m*V) is transferred, not copied.
 import { createDraft } from "./draft.mjs";
+import { weightCacheFetch } from "../weight_cache.mjs";
 
 /** The protocol handler as a plain function of (draft, post): tests can drive it directly. */
 export function createHandler(draftPromise, post) {
@@ -132,10 +133,11 @@ export function createHandler(draftPromise, post) {
 export class DraftWorkerClient {
   static async create({ wasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
     modelUrl = new URL("../models/draft/", import.meta.url).href, configJson = null, workerUrl,
-    callTimeoutMs = 60000 } = {}) {
+    callTimeoutMs = 60000, cache = false } = {}) {
     const url = new URL(workerUrl ?? import.meta.url);
     url.searchParams.set("wasm", wasmUrl);
     url.searchParams.set("model", modelUrl);
+    if (cache) url.searchParams.set("cache", "1");   // its weights through the weight cache (web/weight_cache.mjs)
     // the validated config from the engine's model check (a few hundred bytes): no second fetch of config.json
     if (configJson) url.searchParams.set("config", JSON.stringify(configJson));
     const worker = new Worker(url, { type: "module" });
@@ -144,7 +146,7 @@ export class DraftWorkerClient {
       ready = await new Promise((resolve, reject) => {
         worker.onmessage = (ev) => (ev.data.kind === "progress" ? resolve(ev.data.payload)
           : reject(Object.assign(new Error(`${ev.data.payload?.code ?? "E_DRAFT_LOST"}: ${ev.data.payload?.message ?? "draft worker failed"}`),
-            { code: ev.data.payload?.code ?? "E_DRAFT_LOST" })));
+            { code: ev.data.payload?.code ?? "E_DRAFT_LOST", cacheEvicted: ev.data.payload?.cache_evicted === true })));
         worker.onerror = (ev) => reject(Object.assign(new Error(`E_DRAFT_LOST: ${ev.message || "draft worker failed to start"}`),
           { code: "E_DRAFT_LOST" }));
       });
@@ -270,6 +272,11 @@ const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof Wor
 if (inWorker) {
   const params = new URL(self.location.href).searchParams;
   const post = (msg, transfer) => self.postMessage(msg, transfer);
+  if (params.get("cache") === "1") {
+    const layer = weightCacheFetch(self.fetch.bind(self));
+    layer.setEnabled(true);
+    self.fetch = layer.fetch;
+  }
   const draftPromise = createDraft({
     wasmUrl: new URL(params.get("wasm") ?? "../build/cpu.wasm", self.location.href).href,
     modelUrl: new URL(params.get("model") ?? "../models/draft/", self.location.href).href,
@@ -282,5 +289,5 @@ if (inWorker) {
       payload: { stage: "ready", vocab_size: d.vocabSize, max_context: d.maxContext,
         identity: d.identity, artifact_bytes: d.artifactBytes, memory_bytes: d.memoryBytes } }, []),
     (err) => post({ kind: "error", request_id: "", seq: handler.state.seqOut++, epoch: 0,
-      payload: { code: err.code ?? "E_MODEL_LOAD", message: String(err.message ?? err) } }, []));
+      payload: { code: err.code ?? "E_MODEL_LOAD", message: String(err.message ?? err), cache_evicted: err.cacheEvicted === true } }, []));
 }

@@ -2,6 +2,7 @@
 // no copies) and a fetched one read header first (readSafetensorsResponse). The header rules are
 // the CLI's, in one place: web/formats/model_checks.mjs (safetensors.header_length, parse_header_json).
 import { checkSafetensorsHeader, DTYPE_BYTES, headerLength, modelLoadError } from "./model_checks.mjs";
+import { noteArtifact } from "../weight_cache.mjs";
 
 const fail = (label, problem) => { throw modelLoadError(`safetensors file ${label}: ${problem}`); };
 
@@ -57,7 +58,7 @@ export async function readSafetensorsResponse(response, label) {
     await fill(whole, 8 + n, dataLen);
     while (at === chunk.byteLength) {                       // the end must come now: no trailing bytes
       const { done, value } = await reader.read();
-      if (done) return whole.buffer;
+      if (done) return noteArtifact(response, whole.buffer);   // the weight cache's ticket, settled by its hash
       chunk = value; at = 0;
     }
     fail(label, `trailing bytes after the ${8 + n + dataLen} bytes its header covers`);

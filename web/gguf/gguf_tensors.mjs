@@ -17,7 +17,7 @@
 import { dequantize } from "./gguf_dequant.mjs";
 import { parseGgufHeader, refuse, pyRepr, TENSOR_TYPES } from "./gguf_reader.mjs";
 import { fetchModelFile } from "../formats/safetensors.mjs";
-import { sha256Hex } from "../sha256.mjs";
+import { artifactIdentity, noteArtifact } from "../weight_cache.mjs";
 
 const GLOBAL_NAMES = { "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
   "output.weight": "lm_head.weight" };
@@ -57,9 +57,9 @@ export function unpermuteRopeRows(w, nHeads, cols) {
  *  sha256: the champion's identity. */
 export async function fetchGgufFile(fetchFn, url, label = String(url)) {
   const response = await fetchModelFile(fetchFn, url);
-  const bytes = new Uint8Array(await response.arrayBuffer());
+  const bytes = new Uint8Array(noteArtifact(response, await response.arrayBuffer()));
   if (bytes.byteLength === 0) throw refuse(label, "magic", "the file does not start with 'GGUF' (not a GGUF file)");
-  return { bytes, identity: await sha256Hex(bytes) };
+  return { bytes, identity: await artifactIdentity(bytes) };   // checked against the weight cache's key when it came from there
 }
 
 /** See the header comment. config: the validated HF config dict (num_attention_heads, num_key_value_heads,

@@ -6,7 +6,7 @@ import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/saf
 import { gpuHyperParameters, readValidatedConfig, resolveMaxContext, ropeTable } from "../formats/model_config.mjs";
 import { bindingLimit, formRowBytes, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
 import { compileQmatmulPipelines, QMATMUL_FORMATS, QOPS } from "./qmatmul.mjs";
-import { sha256Hex } from "../sha256.mjs";
+import { artifactIdentity } from "../weight_cache.mjs";
 import { modelLoadError } from "../formats/model_checks.mjs";
 
 export const KERNELS = [
@@ -244,7 +244,7 @@ export async function createChampion({ device, modelUrl, config = null, maxBlock
   const t1 = performance.now();
   const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
   // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
-  const identity = await sha256Hex(fileBytes);
+  const identity = await artifactIdentity(fileBytes);
   return buildChampion(device, {
     config, setup, tensors, identity, artifactBytes: fileBytes.byteLength, where: `safetensors file ${weightsUrl.pathname}`,
     pipelinesReady, times: { t0, t1, t2: performance.now() }, shaderUrl, dot4,

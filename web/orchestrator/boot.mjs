@@ -1,7 +1,7 @@
 // Boot Pyodide offline from the engine's own origin and install the exactspec Python sources
 // into it. Every URL comes from `assets` (resolved by the page from the engine module's URL or
 // its baseUrl option): nothing here is root-absolute, so the engine runs from any path or origin.
-import { sha256Hex } from "../sha256.mjs";
+import { artifactIdentity, noteArtifact } from "../weight_cache.mjs";
 import { FORGET, IMPORTS, sourcesKey, writeSources } from "./py_sources.mjs";
 import { installWheels } from "./wheels.mjs";
 
@@ -9,6 +9,21 @@ async function fetchOk(url, as = "text") {
   const r = await fetch(url);
   if (!r.ok) throw new Error(`E_MODEL_LOAD: ${url}: HTTP ${r.status}`);
   return as === "bytes" ? new Uint8Array(await r.arrayBuffer()) : as === "json" ? r.json() : r.text();
+}
+
+/** The snapshot's bytes and their sha256, through the weight cache (web/weight_cache.mjs keeps it
+ *  beside the weights): a cached copy that fails its sha256 is removed there and fetched again. */
+async function fetchSnapshotBytes(url) {
+  for (let attempt = 0; ; attempt++) {
+    const r = await fetch(url);
+    if (!r.ok) throw new Error(`E_MODEL_LOAD: ${url}: HTTP ${r.status}`);
+    const bytes = new Uint8Array(noteArtifact(r, await r.arrayBuffer()));
+    try {
+      return { bytes, got: await artifactIdentity(bytes) };
+    } catch (err) {
+      if (!err.cacheEvicted || attempt) throw err;
+    }
+  }
 }
 
 /** Where the worker finds Pyodide, the Python sources and its file list (py_files.json: paths under
@@ -37,8 +52,7 @@ async function fetchSnapshot(base, version) {
     return { bytes: null, status: `absent (${err.message ?? err})` };
   }
   if (index.pyodide_version !== version) return { bytes: null, status: `made for pyodide ${index.pyodide_version}, not ${version}` };
-  const bytes = await fetchOk(new URL("snapshot.bin", base).href, "bytes");
-  const got = await sha256Hex(bytes);
+  const { bytes, got } = await fetchSnapshotBytes(new URL("snapshot.bin", base).href);
   if (got !== null && got !== index.sha256) return { bytes: null, status: "sha256 differs from its index.json" };
   return { bytes, status: "used", pySources: index.py_sources ?? null };
 }

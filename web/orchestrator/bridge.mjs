@@ -4,6 +4,7 @@
 // champion_backends.mjs) and the draft: a client of the draft worker, or the WASM draft in this
 // thread (draft_inline.mjs); recovers both between requests (a lost device is rebuilt, a dead draft
 // worker respawned), arms test faults, and reports counters and memory for receipts.
+import { threadCacheFor } from "./thread_cache.mjs";
 import { InlineDraft } from "../draft/draft_inline.mjs";
 import { DraftWorkerClient } from "../draft/draft_worker.mjs";
 import { codedError, errorPayload, loadSchema, roundRecordLayout } from "../protocol.mjs";
@@ -36,7 +37,8 @@ export function chooseDraftPlacement(placement, championKind) {
 export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
-  draftInBackground = false, draftDelayMs = 0, batchVariantFault = false }) {
+  draftInBackground = false, draftDelayMs = 0, batchVariantFault = false, cache = false,
+  calibrateMode = "off" }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
@@ -44,13 +46,16 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
   if (faults && batchVariantFault) champ.setBatchVariantFault();   // tests: the first champion opened
   let warmMs = 0;
-  const warm = (c) => {                // WASM: every forward path warmed, threads calibrated
+  // WASM: every forward path warmed, threads calibrated (or a cached choice spot-checked: thread_cache.mjs)
+  const warm = async (c) => {
+    const threadCache = await threadCacheFor(c, calibrateMode).catch(() => null);
     const s = performance.now();
-    const w = c.warmUp?.() ?? null;
+    const w = c.warmUp?.({ cachedThreads: threadCache?.entry ?? null }) ?? null;
     warmMs += performance.now() - s;
-    return w;
+    if (w?.threads_measured) await threadCache?.store(w.threads_measured);
+    return w && { forwards_ms: w.forwards_ms, calibrate_ms: w.calibrate_ms, ...(w.threads_cache ? { threads_cache: w.threads_cache } : {}) };
   };
-  let championWarmup = warm(champ);
+  let championWarmup = await warm(champ);
   // the batch-invariance check (batch_check.mjs), before any request uses the champion (after the WASM
   // warm-up, whose forwards are discarded: warm, the check costs half): a variant WebGPU champion is
   // closed and the WASM one opened instead (E_BATCH_VARIANT in ready.info and every receipt), unless
@@ -73,7 +78,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     championFallback = { code: err.code, message: err.detail, from: champ.kind, batch_check: err.check };
     choice = { kind: "wasm", why: `${choice.why}, but its kernels are batch-variant (E_BATCH_VARIANT): the WASM champion instead` };
     champ = await openChampion("wasm", openOpts);
-    championWarmup = warm(champ);
+    championWarmup = await warm(champ);
     batchCheck = await checked(champ);
   }
   const checkMs = batchCheck.ms + (championFallback ? championFallback.batch_check.ms : 0);
@@ -84,10 +89,12 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // draftConfig: the validated config from the model check (web/formats/model_config.mjs). Inline
   // next to the WASM champion, the draft loads into the champion's own instance (one CPU module), so
   // a round is one call into it (session.mjs cpuRound).
-  const spawnDraft = () => (placement === "inline" && champ.loadDraft
+  const spawnOnce = () => (placement === "inline" && champ.loadDraft
     ? champ.loadDraft({ modelUrl: draftUrl, configJson: draftConfig }).then((d) => Object.assign(new InlineDraft(d), { inChampionMemory: true }))
     : (placement === "inline" ? InlineDraft : DraftWorkerClient).create({ wasmUrl: draftWasmUrl, modelUrl: draftUrl,
-      configJson: draftConfig }));
+      configJson: draftConfig, cache }));
+  // a cached copy of the draft's weights that fails its sha256 is removed (web/weight_cache.mjs): once more, from the network
+  const spawnDraft = () => spawnOnce().catch((err) => (err?.cacheEvicted ? spawnOnce() : Promise.reject(err)));
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
   // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
   // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.

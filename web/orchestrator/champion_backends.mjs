@@ -115,6 +115,26 @@ export function calibrateThreads(champion, { reps = 9, budgetMs = 1500 } = {}) {
   return { threads, ms: { 1: +med1.toFixed(3), [pool]: +medN.toFixed(3) }, reps: r };
 }
 
+/** A cached thread choice against this moment: one step at its count (the better of two), against
+ *  the step's median when it was measured -> {kept, ms, ratio}; kept within THREADS_DRIFT (a machine
+ *  busier or quieter than then measures again). The champion is left at the cached count. */
+export function spotCheckThreads(champion, cached) {
+  const ids = warmIds(champion), B = Math.min(5, champion.maxBlock);
+  champion.setThreads(Math.min(cached.threads, champion.poolThreads ?? 1));
+  champion.forwardNow(ids.subarray(0, B), 0);        // positions [0, B) hold K/V, as calibrateThreads starts
+  let best = Infinity;
+  for (let r = 0; r < 2; r++) {
+    const s = performance.now();
+    champion.forwardNow(ids.subarray(B - 1, B), B);
+    champion.forwardNow(ids.subarray(0, B), 0);
+    best = Math.min(best, performance.now() - s);
+  }
+  const ratio = best / cached.ms[cached.threads];
+  return { kept: champion.threads === cached.threads && ratio >= THREADS_DRIFT[0] && ratio <= THREADS_DRIFT[1],
+    ms: +best.toFixed(3), ratio: +ratio.toFixed(3) };
+}
+export const THREADS_DRIFT = [0.75, 1.33];
+
 const cpuBucket = () => {
   const n = globalThis.navigator?.hardwareConcurrency ?? 0;
   return n <= 2 ? "1-2" : n <= 4 ? "3-4" : n <= 8 ? "5-8" : "9+";
@@ -238,17 +258,26 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     /** Threads in use and why (the plan, and a calibration's medians when there was one). */
     threads: () => ({ count: champion.threads, why: backend.threadsWhy }),
     threadsWhy: plan.why,
+    threadsPlan: plan,                                                    // {count, calibrate, why}: thread_cache.mjs
     /** At load: every forward path warmed, then (threads "auto" with a pool) the thread count
      *  calibrated. -> {forwards_ms, calibrate_ms} */
-    warmUp() {
+    warmUp({ cachedThreads = null } = {}) {
       if (plan.calibrate) champion.setThreads(1);   // warm on the calling thread alone; calibrate after
       const forwardsMs = warmForwards(champion);
       if (!plan.calibrate) return { forwards_ms: forwardsMs, calibrate_ms: 0 };
       const t0 = performance.now();
+      const spot = cachedThreads && spotCheckThreads(champion, cachedThreads);
+      const medians = (ms) => Object.entries(ms).map(([n, m]) => `${n} thread${n === "1" ? "" : "s"} ${m}`).join(", ");
+      if (spot?.kept) {
+        backend.threadsWhy = `${plan.why}; cached (measured ${cachedThreads.measured_at}, ms per step: ${medians(cachedThreads.ms)}), ` +
+          `a step now ${spot.ms} ms at ${cachedThreads.threads} (ratio ${spot.ratio}): ${cachedThreads.threads} kept`;
+        return { forwards_ms: forwardsMs, calibrate_ms: performance.now() - t0, threads_cache: "hit" };
+      }
       const c = calibrateThreads(champion);
-      backend.threadsWhy = `${plan.why}; ms per step (a block of 1 + a block of 5), median of ${c.reps}: ` +
-        Object.entries(c.ms).map(([n, ms]) => `${n} thread${n === "1" ? "" : "s"} ${ms}`).join(", ") + `: ${c.threads} kept`;
-      return { forwards_ms: forwardsMs, calibrate_ms: performance.now() - t0 };
+      backend.threadsWhy = `${plan.why}; ms per step (a block of 1 + a block of 5), median of ${c.reps}: ${medians(c.ms)}: ${c.threads} kept` +
+        (spot ? ` (the cached choice's spot check was off: ratio ${spot.ratio})` : "");
+      return { forwards_ms: forwardsMs, calibrate_ms: performance.now() - t0, threads_measured: c,
+        threads_cache: spot ? "stale" : "miss" };
     },
     close() { champion.destroy(); },
   };

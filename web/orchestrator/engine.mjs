@@ -118,10 +118,12 @@ export class Engine {
    *  calibrate ("auto" | "force" | "off"): after the warm-up, this device's costs for speculate
    *  "auto", from the IndexedDB cache or measured ("force": measured anew; "off": none), as
    *  ready.info.calibration; one measured again later (drift, a late draft) arrives as
-   *  {stage: "calibration", calibration} and replaces it (web/orchestrator/calibrate.mjs). */
+   *  {stage: "calibration", calibration} and replaces it (web/orchestrator/calibrate.mjs).
+   *  cache (default true): weight files are read from and kept in the verified weight cache
+   *  (web/weight_cache.mjs; each fetch progress says p.cache); false: neither read nor written. */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true,
-    faultBatchVariant = false, faultAdapterIsHardware = false, calibrate = "auto" } = {}) {
+    faultBatchVariant = false, faultAdapterIsHardware = false, calibrate = "auto", cache = true } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
@@ -131,7 +133,7 @@ export class Engine {
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
       champion_backend: championBackend, threads, matmul, draft_placement: draftPlacement, assets,
       draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp,
-      fault_batch_variant: faultBatchVariant, fault_adapter_is_hardware: faultAdapterIsHardware, calibrate } }, timeoutMs, onProgress);
+      fault_batch_variant: faultBatchVariant, fault_adapter_is_hardware: faultAdapterIsHardware, calibrate, cache } }, timeoutMs, onProgress);
     return this.ready;
   }
 

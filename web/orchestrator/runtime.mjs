@@ -9,6 +9,8 @@
 // Python by the bridge, cached in IndexedDB, measured again between requests when two requests in a
 // row report drift; a new one is announced as {stage: "calibration", calibration} on the load's
 // request (ready.info.calibration follows it).
+// Weight files go through the weight cache (web/weight_cache.mjs) unless options.cache is false; a
+// load whose cached copy fails its sha256 ({stage: "cache", evicted}) runs once more from the network.
 import { bootPython, defaultAssets } from "./boot.mjs";
 import { createBridge } from "./bridge.mjs";
 import { chooseChampionBackend, prepareChampion } from "./champion_backends.mjs";
@@ -125,6 +127,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
       draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
+      cache: options.cache !== false, calibrateMode: mode,
     });
     let session;
     try {
@@ -269,8 +272,15 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     async load({ models, options = {} }, notify) {
       fetchHooks?.setListener((p) => notify({ stage: "fetch", ...p }));
       fetchHooks?.setLocalFiles(models.files);
+      fetchHooks?.setCache(options.cache !== false);
       try {
-        return await loadPair(models, options, notify);
+        try {
+          return await loadPair(models, options, notify);
+        } catch (err) {   // a cached copy failed its sha256 and was removed: once more, from the network
+          if (!err?.cacheEvicted) throw err;
+          notify({ stage: "cache", evicted: err.detail ?? err.message });
+          return await loadPair(models, options, notify);
+        }
       } finally {   // a draft still loading in the background keeps reporting its bytes until it is in
         const late = lateDraft;
         if (late) late.finally(() => { if (lateDraft === late) fetchHooks?.setListener(null); });

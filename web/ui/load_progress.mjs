@@ -10,11 +10,24 @@ const STAGES = {
   calibrate: "Measuring this device for auto: champion steps, blocks of rows, the draft (or read from the cache)",
 };
 
+/** What the weight cache did with a file (p.cache, web/weight_cache.mjs), as the row says it. */
+export const CACHE_WORDS = {
+  hit: "from cache",
+  "hit-offline": "from cache (the server could not be reached)",
+  miss: "downloaded, kept in the cache",
+  "not-stored": "downloaded, not kept (no length, or not enough storage)",
+};
+
 /** rows: Map key -> {label, loaded, total, done}. Returns the same map. */
 export function applyProgress(rows, p) {
   if (p.stage === "fetch" || p.stage === "convert") {   // bytes fetched, or converted in the page
     const key = `fetch:${p.url}`;
-    rows.set(key, { label: p.name, loaded: p.loaded, total: p.total, done: p.done, bytes: true });
+    const label = CACHE_WORDS[p.cache] ? `${p.name} — ${CACHE_WORDS[p.cache]}` : p.name;
+    rows.set(key, { label, loaded: p.loaded, total: p.total, done: p.done, bytes: true, cache: p.cache ?? null });
+    return rows;
+  }
+  if (p.stage === "cache") {   // a cached copy failed its sha256: removed, and the load starts over
+    rows.set(`cache:${rows.size}`, { label: `A cached copy failed its check and was removed; loading again from the network (${p.evicted})`, done: true });
     return rows;
   }
   if (p.stage === "prepare") {

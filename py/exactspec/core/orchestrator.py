@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from .auto_policy import K_LIMIT, AutoPolicy
@@ -206,16 +206,26 @@ class Orchestrator:
 
     def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
                  draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None,
-                 calibration: Optional[dict] = None):
+                 calibration: Optional[dict] = None, n_token_ids: Optional[int] = None):
         """`decode(ids)` -> text; `stream_decoder()` (optional) -> a fresh streaming decoder for one
         answer (push(id) -> final text, flush()), which makes text O(1) per token. `calibration`
         (common.md §1) fixes what speculate="auto" reads; by default the champion backend's
-        `calibration(draft)` gives it (the browser's load-time one; the reference's measured once)."""
+        `calibration(draft)` gives it (the browser's load-time one; the reference's measured once).
+        `n_token_ids`: the tokenizer's ids [0, n) (default: every row of the model's vocabulary);
+        rows at or past it are vocabulary padding (Qwen2.5's embedding has 151,936 rows for 151,665
+        ids): every request's policies suppress them, declared (in the policy hash and the
+        receipt), the champion's and the draft's alike, and a prompt may not hold them."""
         self.champion = champion
         self.stream_decoder = stream_decoder
         self.draft = draft
         self.draft_error = draft_error      # why there is no draft (it failed to load), or None
         self.vocab_size = champion.vocab_size
+        n_token_ids = self.vocab_size if n_token_ids is None else n_token_ids
+        if not isinstance(n_token_ids, int) or not 1 <= n_token_ids <= self.vocab_size:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"the tokenizer's {n_token_ids!r} ids do not fit the model's "
+                                 f"{self.vocab_size} vocabulary rows (it may have more rows than ids, not fewer)")
+        self.n_token_ids = n_token_ids
+        self.padding_ids = tuple(range(n_token_ids, self.vocab_size))   # (V - n,) suppressed in every policy
         self.decode = decode or (lambda ids: "")
         self.identities = dict(identities or {})
         self.identities["champion"] = champion.identity
@@ -231,6 +241,15 @@ class Orchestrator:
             return self.calibration
         source = getattr(self.champion, "calibration", None)
         return source(self.draft) if source is not None else None
+
+    def with_padding_suppressed(self, config: GenerationConfig) -> GenerationConfig:
+        """config with the vocabulary padding rows added to its policies' suppress_token_ids (the
+        draft's own policy too, when it has one): the same mask on both sides keeps acceptance exact."""
+        if not self.padding_ids:
+            return config
+        pad = lambda p: replace(p, suppress_token_ids=tuple(sorted(set(p.suppress_token_ids) | set(self.padding_ids))))
+        return replace(config, policy=pad(config.policy),
+                       draft_policy=pad(config.draft_policy) if config.draft_policy is not None else None)
 
     def _draft_fits(self, prompt_ids, config) -> bool:
         return self.draft is not None and len(prompt_ids) + config.max_new_tokens <= self.draft.max_context
@@ -255,9 +274,11 @@ class Orchestrator:
         the request ends "cancelled" at the first round boundary after the token moves off it."""
         prompt_ids = list(prompt_ids)
         config.validate(self.vocab_size)
+        config = self.with_padding_suppressed(config)
         config.check_limits(self.champion.limits)
-        if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be 1+ token ids in [0, {self.vocab_size})")
+        if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < self.n_token_ids for t in prompt_ids):
+            padding = f" (rows {self.n_token_ids}..{self.vocab_size - 1} are vocabulary padding)" if self.padding_ids else ""
+            raise ExactSpecError(E_BAD_ARGUMENT, f"prompt must be 1+ token ids in [0, {self.n_token_ids}){padding}")
         limit = self.champion.max_context
         if len(prompt_ids) + config.max_new_tokens > limit:
             raise ExactSpecError(E_CONTEXT_OVERFLOW, f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "

@@ -282,8 +282,10 @@ def _show(value) -> str:
 
 def check_pair_identities(champion: dict, draft: dict, fields: tuple = MUST_MATCH) -> dict:
     """The pair's manifest, or E_MANIFEST_MISMATCH naming every field that must match and
-    does not (the draft's output vocabulary must equal the champion's, so both configs'
-    vocab_size must also equal the champion tokenizer's size). Arguments: identities from
+    does not (the draft's output vocabulary must equal the champion's: both configs' vocab_size
+    are equal, and at least the champion tokenizer's size; rows past the tokenizer's ids are
+    vocabulary padding, which every request suppresses on both sides, Orchestrator n_token_ids).
+    Arguments: identities from
     model_identity_from_files or load_model_identity; fields: those compared (a GGUF side has
     no tokenizer.json bytes of its own: GGUF_PAIR_FIELDS)."""
     problems = []
@@ -291,10 +293,11 @@ def check_pair_identities(champion: dict, draft: dict, fields: tuple = MUST_MATC
         if champion[field] != draft[field]:
             problems.append((field, f"field {field!r} differs: champion {_show(champion[field])} draft {_show(draft[field])}"))
     for side, ident in (("champion", champion), ("draft", draft)):
-        if ident["config_vocab_size"] != champion["tokenizer_vocab_size"]:
+        if ident["config_vocab_size"] < champion["tokenizer_vocab_size"]:
             problems.append(("config_vocab_size",
-                             f"field 'config_vocab_size' of {side} ({ident['config_vocab_size']}) differs from "
+                             f"field 'config_vocab_size' of {side} ({ident['config_vocab_size']}) is smaller than "
                              f"the tokenizer vocab size {champion['tokenizer_vocab_size']}"))
+
     if problems:
         fields = list(dict.fromkeys(f for f, _ in problems))
         raise ExactSpecError(E_MANIFEST_MISMATCH, "; ".join(m for _, m in problems), fields=fields)

@@ -42,13 +42,18 @@ class BrowserRuntime:
 
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
                  champion_backend: str = "webgpu", on_progress=None, threads="auto", warm_up: bool = True,
-                 matmul: str = "auto", calibrate: str = "auto", faults: bool = False):
+                 matmul: str = "auto", calibrate: str = "auto", faults: bool = False, context=None,
+                 cache: bool = True, rate_bytes_per_s: int = 0, port: int = 0):
         """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs).
         threads: the WASM champion's threads, "auto" (the engine's choice) or a count; warm_up: the
         engine's load-time warm-up (web/orchestrator/warmup.mjs), on by default; matmul: the WASM
         champion's quantised matmul, "auto" | "q8act" | "f32" (docs/champion_wasm.md, Weight formats);
         calibrate: the load's calibration, "auto" (cached per device) | "force" | "off" (docs/browser.md,
-        Calibration at load); faults: the engine's fault injection (tests: window.exactspecRunner.fault)."""
+        Calibration at load); faults: the engine's fault injection (tests: window.exactspecRunner.fault);
+        context: a browser context to open the page in (kept open at close: a persistent profile whose
+        weight cache a second runtime reuses), else a new one; cache: the engine's weight cache
+        (docs/browser.md, Weight cache); rate_bytes_per_s: the server paces its bodies (benches); port: the
+        server's (0: a free one; a fixed one keeps the origin, and with it the cache, across runtimes)."""
         is_gguf = lambda d: str(d).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
         for d in filter(None, (champion_dir, draft_dir)):
             if not is_gguf(d) and not os.path.isfile(os.path.join(d, "config.json")):
@@ -61,17 +66,18 @@ class BrowserRuntime:
         mounts: dict = {}
         models = {"champion": _url_for(champion_dir, "champion", mounts),
                   "draft": _url_for(draft_dir, "draft", mounts) if draft_dir else None}
-        self.server = StaticServer(mounts=mounts)
+        self.server = StaticServer(mounts=mounts, rate_bytes_per_s=rate_bytes_per_s, port=port)
         self._pw = None
         self.log: list = []
-        if browser is None:
+        if browser is None and context is None:
             try:
                 self._pw, browser = launch_chromium()
             except Exception:
                 self.server.close()
                 raise
         self.browser = browser
-        self.context = browser.new_context()
+        self._own_context = context is None
+        self.context = browser.new_context() if context is None else context
         self.page = self.context.new_page()
         self.page.set_default_timeout(timeout_s * 1000)
         self.page.on("console", lambda m: self.log.append(f"console.{m.type}: {m.text}"))
@@ -85,7 +91,7 @@ class BrowserRuntime:
             self.ready = self.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)",
                                             [models, {"championBackend": champion_backend, "threads": threads,
                                              "warmUp": warm_up, "matmul": matmul, "calibrate": calibrate,
-                                             "faults": faults}])
+                                             "faults": faults, "cache": cache}])
         except Exception as exc:
             self.close()
             err = _coded_from(exc)
@@ -105,7 +111,8 @@ class BrowserRuntime:
         return out
 
     def close(self):
-        for fn in (self.context.close, self._pw and self.browser.close, self._pw and self._pw.stop, self.server.close):
+        for fn in (self.context.close if self._own_context else self.page.close, self._pw and self.browser.close,
+                   self._pw and self._pw.stop, self.server.close):
             if fn:
                 try:
                     fn()

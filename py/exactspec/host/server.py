@@ -11,6 +11,7 @@ origins may load the engine from here: CORS for that origin and CORP cross-origi
 """
 from __future__ import annotations
 
+import email.utils
 import http.server
 import io
 import os
@@ -55,8 +56,9 @@ SECURITY_HEADERS = (
     ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
-    ("Cache-Control", "no-store"),
+    ("Cache-Control", "no-cache"),   # kept, but revalidated on every use (ETag: a changed file is never stale)
 )
+WEIGHT_SUFFIXES = (".gguf", ".safetensors", "/snapshot.bin")   # what web/weight_cache.mjs keeps
 REDIRECTS = {"/": "/web/index.html", "/index.html": "/web/index.html"}
 ORIGIN = re.compile(r"https?://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:]+\])(:[0-9]{1,5})?\Z")
 
@@ -137,6 +139,29 @@ def response_headers(allow_origins=(), request_origin: str | None = None) -> lis
     return headers
 
 
+def not_modified(if_none_match: str | None, if_modified_since: str | None, etag: str, mtime: float) -> bool:
+    """Whether the requester's copy is current (answer 304): its If-None-Match names `etag` (a
+    list, weak or strong, or *); without one, its If-Modified-Since is no earlier than the file's
+    modification time to the second (Chromium sends only that one for a fetch it revalidates)."""
+    if if_none_match:
+        tags = [t.strip() for t in if_none_match.split(",")]
+        return "*" in tags or any(t.removeprefix("W/") == etag for t in tags)
+    if not if_modified_since:
+        return False
+    try:
+        since = email.utils.parsedate_to_datetime(if_modified_since).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return False
+    return int(mtime) <= since
+
+
+def validators(st) -> list:
+    """ETag and Last-Modified of a file from its size and modification time: what the page's weight
+    cache (web/weight_cache.mjs) compares before it serves a cached copy of the URL."""
+    modified = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(st.st_mtime))
+    return [("ETag", f'"{st.st_size:x}-{st.st_mtime_ns:x}"'), ("Last-Modified", modified)]
+
+
 def content_type_for(path: str) -> str:
     return MIME_TYPES.get(os.path.splitext(path)[1].lower(), "application/octet-stream")
 
@@ -189,12 +214,29 @@ class _HeadDeadlineReader(io.RawIOBase):
             self.sock.settimeout(self.timeout_s)
 
 
+class _Link:
+    """One simulated network link shared by every connection: a chunk is due once the bytes sent
+    before it (by any connection) have had their time at the rate. reserve(n, rate) -> seconds
+    the caller sleeps."""
+
+    def __init__(self):
+        self.lock, self.free_at = threading.Lock(), 0.0
+
+    def reserve(self, n_bytes: int, rate_bytes_per_s: int) -> float:
+        with self.lock:
+            now = time.monotonic()
+            self.free_at = max(now, self.free_at) + n_bytes / rate_bytes_per_s
+            return self.free_at - now
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     """GET and HEAD of allowlisted regular files; everything else is a short plain-text refusal."""
 
     root: str = str(REPO_ROOT)
     mounts: dict = {}   # URL prefix ("/models/x/") -> real directory, for models outside web/
     allow_origins: tuple = ()   # origins that may load the engine from here (CORS + CORP cross-origin)
+    rate_bytes_per_s: int = 0   # benches: bodies paced to this rate (0: as fast as the socket takes them)
+    link = None                 # with a rate: the _Link every connection of this server shares
     timeout = READ_TIMEOUT_S   # socket timeout of every read and write of this connection
     head_deadline_s = HEAD_DEADLINE_S   # total time for the request line and headers
     server_version = "exactspec"
@@ -223,8 +265,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def end_headers(self):
         origin = self.headers.get("Origin") if getattr(self, "headers", None) is not None else None
+        weights = getattr(self, "path", "").split("?", 1)[0].endswith(WEIGHT_SUFFIXES)
         for name, value in response_headers(self.allow_origins, origin):
-            self.send_header(name, value)
+            # weight files: the page's own verified cache keeps them (web/weight_cache.mjs), not the HTTP cache too
+            self.send_header(name, "no-store" if weights and name == "Cache-Control" else value)
         super().end_headers()
 
     def send_error(self, code, message=None, explain=None):
@@ -270,13 +314,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not stat.S_ISREG(st.st_mode):
                 self.send_error(404, "not served")
                 return
+            tags = validators(st)
+            if not_modified(self.headers.get("If-None-Match"), self.headers.get("If-Modified-Since"), tags[0][1], st.st_mtime):
+                self.send_response(304)
+                for name, value in tags:
+                    self.send_header(name, value)
+                self.end_headers()
+                return
             self.send_response(200)
             self.send_header("Content-Type", content_type_for(real))
             self.send_header("Content-Length", str(st.st_size))
+            for name, value in tags:
+                self.send_header(name, value)
             self.end_headers()
             if send_body:
                 while chunk := f.read(1 << 16):
                     self.wfile.write(chunk)
+                    if self.rate_bytes_per_s:
+                        time.sleep(self.link.reserve(len(chunk), self.rate_bytes_per_s))
 
     def log_message(self, format, *args):
         if os.environ.get("EXACTSPEC_SERVER_LOG"):
@@ -334,14 +389,16 @@ class StaticServer:
 
     def __init__(self, root: Path | str = REPO_ROOT, host: str = "127.0.0.1", port: int = 0, mounts=None,
                  read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS, allow_origins=(),
-                 head_deadline_s: float = HEAD_DEADLINE_S):
+                 head_deadline_s: float = HEAD_DEADLINE_S, rate_bytes_per_s: int = 0):
+        """rate_bytes_per_s: pace every body to that rate (benches that model a network link)."""
         if host != "127.0.0.1":
             raise ExactSpecError(E_BAD_ARGUMENT, f"host {host!r}: the server listens on 127.0.0.1 only")
         check_port(port)
         self.root = Path(root)
         handler_class = type("MountedHandler", (Handler,), {
             "root": str(self.root), "mounts": check_mounts(dict(mounts or {})), "timeout": read_timeout_s,
-            "head_deadline_s": head_deadline_s, "allow_origins": check_origins(allow_origins)})
+            "head_deadline_s": head_deadline_s, "allow_origins": check_origins(allow_origins),
+            "rate_bytes_per_s": int(rate_bytes_per_s), "link": _Link()})
         try:
             self.httpd = _BoundedServer((host, port), handler_class, max_connections)
         except OSError as exc:

@@ -202,7 +202,7 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}
     orch = Orchestrator(champion, draft, decode=decode, identities=identities, draft_error=draft_error or None,
-                        stream_decoder=lambda: tok.streaming_decoder(skip_special_tokens=True))
+                        stream_decoder=lambda: tok.streaming_decoder(skip_special_tokens=True), n_token_ids=tok.vocab_size)
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 

@@ -128,5 +128,5 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
     orch = Orchestrator(RunnerChampion(champion), RunnerDraft(draft) if draft else None, decode=decode,
-                        identities=identities)
+                        identities=identities, n_token_ids=tokenizer.vocab_size)
     return LoadedPair(orch, tokenizer, tok_config, stop_ids_from(champion_dir), manifest)
