@@ -44,6 +44,8 @@ BROWSER_TESTS = {
 # Tests over ~3 s here that start no browser (training, big NumPy models, Node runs of big
 # models, many Monte Carlo samples), same keys as BROWSER_TESTS.
 SLOW_TESTS = {
+    # a Qwen2 of Qwen2.5's vocabulary shape, its 151,665-id tokenizer trained (5.6 s to build)
+    "test_vocab_padding.py",
     # the real SmolLM2-135M model and the trained pair, on the reference or in Node
     "test_gguf_smollm2.py",
     "test_smollm2_distribution.py",

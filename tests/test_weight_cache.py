@@ -229,6 +229,9 @@ def test_the_server_sends_validators_that_change_with_the_file_and_answers_304(t
     f = tmp_path / "m" / "model.safetensors"
     f.write_bytes(b"x" * 100)
     (tmp_path / "m" / "config.json").write_text("{}")
+    old = time.time() - 60
+    for p in (f, tmp_path / "m" / "config.json"):
+        os.utime(p, (old, old))
     server = StaticServer(mounts={"/models/m/": str(tmp_path / "m")})
     try:
         def head(name="model.safetensors"):
@@ -251,9 +254,12 @@ def test_the_server_sends_validators_that_change_with_the_file_and_answers_304(t
         assert get('"other"') == (200, b"x" * 100)
         assert get(modified, "If-Modified-Since")[0] == 304 and get("not a date", "If-Modified-Since")[0] == 200
         assert get("Thu, 01 Jan 1970 00:00:00 GMT", "If-Modified-Since")[0] == 200
+        assert get("Thu, 01 Jan 2099 00:00:00 GMT", "If-Modified-Since")[0] == 200   # only its own date
         st = os.stat(f)
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
         assert head()[0] != etag and get(etag)[0] == 200
+        f.write_bytes(b"y" * 100)                     # just changed: no Last-Modified, and a date is no validator
+        assert head()[1] is None and get(modified, "If-Modified-Since")[0] == 200
     finally:
         server.close()
 
@@ -263,3 +269,81 @@ def test_the_paced_link_is_shared_by_every_connection():
     waits = [link.reserve(1000, 10_000) for _ in range(3)]   # 0.1 s each, queued behind each other
     assert waits[0] == pytest.approx(0.1, abs=0.02)
     assert waits[2] == pytest.approx(0.3, abs=0.03)
+
+
+# ---- the layer itself in a page (real Cache Storage), its base fetch shaped by the test ----
+
+LAYER = """async () => {
+    const m = await import('/web/weight_cache.mjs');
+    await m.forgetCachedModel(null);
+    const log = [];
+    // the base fetch the layer sits on: the page's, with a HEAD that the test can make fail (offline)
+    let offline = false;
+    const base = (url, init) => (offline && init?.method === 'HEAD') ? Promise.reject(new TypeError('Failed to fetch')) : fetch(url, init);
+    const layer = m.weightCacheFetch(base);
+    layer.setEnabled(true);
+    const read = async (url, { upTo = Infinity } = {}) => {   // a loader: reads (part of) the body, hashes what it read
+        const res = await layer.fetch(url);
+        const state = res.headers.get(m.CACHE_HEADER);
+        if (upTo !== Infinity) {                             // a header probe: a few bytes, then cancel
+            const reader = res.body.getReader();
+            await reader.read();
+            await reader.cancel();
+            return { state };
+        }
+        const bytes = new Uint8Array(m.noteArtifact(res, await res.arrayBuffer()));
+        return { state, sha: await m.artifactIdentity(bytes) };
+    };
+    const ctx = { m, read, setOffline: (v) => { offline = v; }, log };
+    return await (SCRIPT)(ctx);
+}"""
+
+
+@pytest.fixture
+def served_weights(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.safetensors").write_bytes(bytes(range(256)) * 4000)   # ~1 MB
+    server = StaticServer(mounts={"/models/w/": str(tmp_path / "w")})
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _in_page(browser, server, script):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(server.url + "/web/runner.html")
+        return page.evaluate(LAYER.replace("SCRIPT", script))   # the page's CSP has no eval: the test's code is in the source
+    finally:
+        context.close()
+
+
+def test_offline_a_cached_copy_is_served_and_says_so(chromium_browser, served_weights):  # noqa: F811
+    out = _in_page(chromium_browser, served_weights, """async ({ m, read, setOffline }) => {
+        const first = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        setOffline(true);
+        const second = await read('/models/w/a.safetensors');
+        const listed = await m.listCachedModels();
+        return { first, second, listed };
+    }""")
+    assert out["first"]["state"] == "miss" and out["second"]["state"] == "hit-offline"
+    assert out["second"]["sha"] == out["first"]["sha"]
+    assert [(m["sha256"], m["bytes"]) for m in out["listed"]] == [(out["first"]["sha"], 1024000)]
+
+
+def test_a_reader_that_stops_early_stores_nothing(chromium_browser, served_weights):  # noqa: F811
+    out = _in_page(chromium_browser, served_weights, """async ({ m, read }) => {
+        const probe = await read('/models/w/a.safetensors', { upTo: 16 });
+        await m.weightCacheIdle();
+        await new Promise((r) => setTimeout(r, 300));
+        const afterProbe = await m.listCachedModels();
+        const whole = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        return { probe, afterProbe, whole, listed: await m.listCachedModels(), keys: (await (await caches.open(m.CACHE_NAME)).keys()).map((r) => r.url) };
+    }""")
+    assert out["probe"]["state"] == "miss" and out["afterProbe"] == []
+    assert [m["sha256"] for m in out["listed"]] == [out["whole"]["sha"]]
+    assert not any("/pending/" in k for k in out["keys"])        # the filed copy's pending entry is gone

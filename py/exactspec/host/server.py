@@ -139,27 +139,36 @@ def response_headers(allow_origins=(), request_origin: str | None = None) -> lis
     return headers
 
 
+LAST_MODIFIED_MIN_AGE_S = 2.0   # a file changed more recently has no Last-Modified: a second's resolution could hide a change
+
+
 def not_modified(if_none_match: str | None, if_modified_since: str | None, etag: str, mtime: float) -> bool:
     """Whether the requester's copy is current (answer 304): its If-None-Match names `etag` (a
-    list, weak or strong, or *); without one, its If-Modified-Since is no earlier than the file's
-    modification time to the second (Chromium sends only that one for a fetch it revalidates)."""
+    list, weak or strong, or *); without one, its If-Modified-Since is the file's Last-Modified
+    exactly (Chromium ignores an HTTP/1.0 response's ETag and revalidates with the date alone; an
+    older file put in its place has another date), for a file not changed in the last
+    LAST_MODIFIED_MIN_AGE_S (a date has a second's resolution: a file rewritten within the second
+    it was served would look unchanged)."""
     if if_none_match:
         tags = [t.strip() for t in if_none_match.split(",")]
         return "*" in tags or any(t.removeprefix("W/") == etag for t in tags)
-    if not if_modified_since:
+    if not if_modified_since or time.time() - mtime < LAST_MODIFIED_MIN_AGE_S:
         return False
     try:
         since = email.utils.parsedate_to_datetime(if_modified_since).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return False
-    return int(mtime) <= since
+    return int(mtime) == int(since)
 
 
 def validators(st) -> list:
-    """ETag and Last-Modified of a file from its size and modification time: what the page's weight
-    cache (web/weight_cache.mjs) compares before it serves a cached copy of the URL."""
-    modified = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(st.st_mtime))
-    return [("ETag", f'"{st.st_size:x}-{st.st_mtime_ns:x}"'), ("Last-Modified", modified)]
+    """ETag (size and modification time to the nanosecond) and, for a file not changed in the last
+    LAST_MODIFIED_MIN_AGE_S, Last-Modified: what a browser revalidates with, and what the page's
+    weight cache (web/weight_cache.mjs) compares before it serves a cached copy of the URL."""
+    tags = [("ETag", f'"{st.st_size:x}-{st.st_mtime_ns:x}"')]
+    if time.time() - st.st_mtime >= LAST_MODIFIED_MIN_AGE_S:
+        tags.append(("Last-Modified", time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(st.st_mtime))))
+    return tags
 
 
 def content_type_for(path: str) -> str:
