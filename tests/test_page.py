@@ -98,6 +98,30 @@ def test_load_shows_progress(app):
     assert re.fullmatch(r"Kernels checked batch-invariant \(WASM, [\d.]+ ms\)", check), check
 
 
+def test_the_cached_models_panel_lists_sizes_and_forgets(app):
+    """The first load read the weights from the server and kept them: the rows say so; the panel
+    lists each file with its size once filed, Forget drops one, Forget all the rest."""
+    rows = app.inner_text("#progress")
+    assert "champion/model.q8.safetensors — downloaded, kept in the cache" in rows, rows
+    app.click("#cache_panel summary")
+    listed = "() => [...document.querySelectorAll('#cached_models li span')].map((e) => e.textContent)"
+    for _ in range(100):   # the worker files its copies after ready; opening the panel reads the list again
+        names = app.evaluate(listed)
+        if any(n.startswith("champion/model.q8.safetensors: ") for n in names) and any(n.startswith("draft/model.safetensors: ") for n in names):
+            break
+        app.click("#cache_panel summary")
+        app.click("#cache_panel summary")
+        app.wait_for_timeout(200)
+    assert any(re.fullmatch(r"champion/model\.q8\.safetensors: \d+\.\d MB, stored .* UTC", n) for n in names), names
+    total = app.text_content("#cache_total")
+    assert re.fullmatch(r"\d+ files?, \d+\.\d MB", total), total
+    app.click("#cached_models li:has-text('draft/model.safetensors') button")
+    app.wait_for_function("() => ![...document.querySelectorAll('#cached_models li span')].some((e) => e.textContent.startsWith('draft/'))")
+    app.click("#forget_all")
+    app.wait_for_function("() => document.getElementById('cache_total').textContent === 'none'")
+    assert app.evaluate(listed) == []
+
+
 AUTO_SENTENCE = re.compile(r"(Using the draft, \d+ tokens? ahead: it costs|Prompt lookup found a match, \d+ tokens? ahead:"
                            r"|Trying (the draft|prompt lookup), \d+ tokens? ahead|Speculation off: ).*\d ms a token")
 COLLECT_AUTO_LINES = """() => { window.autoLines = [];

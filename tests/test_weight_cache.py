@@ -40,12 +40,12 @@ def origin(chromium_browser):  # noqa: F811
         context.close()
 
 
-def _load(origin, champion=None, draft=None, **kw):
+def _load(origin, champion=None, draft=None, backend="wasm", **kw):
     """A runtime on the shared origin -> (runtime, the fetch progress of weight files by name)."""
     base = default_models_dir()
     progress = []
     rt = BrowserRuntime(champion or os.path.join(base, "champion"), draft or os.path.join(base, "draft"),
-                        context=origin["context"], port=origin["port"], champion_backend="wasm",
+                        context=origin["context"], port=origin["port"], champion_backend=backend,
                         on_progress=lambda p: progress.append(p), **kw)
     weights = {p["name"]: p.get("cache") for p in progress
                if p.get("stage") == "fetch" and p.get("done") and p["name"].endswith((".safetensors", ".gguf"))}
@@ -216,6 +216,64 @@ def test_forget_one_and_all_and_a_malformed_sha256_is_refused(origin):
         assert err.startswith("E_BAD_ARGUMENT") and "sha256" in err
         _forget_all(rt)
         assert _cached(rt) == []
+    finally:
+        rt.close()
+
+
+def test_on_webgpu_the_draft_worker_files_its_own_weights(origin):
+    """Beside a WebGPU champion the draft loads in its own worker, with its own cache layer: its
+    file is stored there (the orchestrator's progress does not see that worker's fetches)."""
+    rt, weights = _load(origin)
+    try:
+        _forget_all(rt)
+    finally:
+        rt.close()
+    rt, weights = _load(origin, backend="webgpu")
+    try:
+        assert rt.ready["info"]["draft"]["placement"] == "worker"
+        assert weights["champion/model.q8.safetensors"] == "miss" and "draft/model.safetensors" not in weights
+        ids = _identities(rt)
+        assert {ids["champion"], ids["draft"]} <= {m["sha256"] for m in _wait_cached(rt, ids.values())}
+    finally:
+        rt.close()
+
+
+def test_a_gguf_check_is_read_from_the_derived_cache_and_a_damaged_one_is_recomputed(origin):
+    """The real GGUF (champion alone): the model check's rebuilt files are kept under the header's
+    sha256 and the Python sources' identity; the next load reads them (the same tokenizer identity,
+    the same answer), a stored result whose bytes no longer match its sha256 is computed again, and
+    forgetting everything drops them with the weights."""
+    from gguf_builders import smollm2_path
+    real = smollm2_path()
+    prompt = {"prompt": "The capital of France is", "config": {"max_new_tokens": 4, "temperature": 0.0, "speculate": "none"}}
+
+    def load():
+        rt = BrowserRuntime(real, None, context=origin["context"], port=origin["port"], champion_backend="wasm")
+        return rt, rt.ready["info"]["manifest"]["gguf"]["check_cache"], rt.generate(prompt)["result"]
+    rt, state, first = load()
+    try:
+        _forget_all(rt)
+    finally:
+        rt.close()
+    rt, state, first = load()
+    rt.close()
+    rt, again, second = load()
+    try:
+        assert (state, again) == ("miss", "hit")
+        assert second["token_ids"] == first["token_ids"] and second["receipt"]["tokenizer_hash"] == first["receipt"]["tokenizer_hash"]
+        rt.page.evaluate("""async () => {
+            const c = await caches.open('exactspec-derived-v1');
+            for (const req of await c.keys()) {
+                const res = await c.match(req), text = await res.text();
+                await c.put(req, new Response(text.replace('"llama"', '"llamb"'), { headers: res.headers }));
+            } }""")
+    finally:
+        rt.close()
+    rt, damaged, third = load()
+    try:
+        assert damaged == "miss" and third["token_ids"] == first["token_ids"]
+        _forget_all(rt)
+        assert rt.page.evaluate("async () => (await caches.keys()).includes('exactspec-derived-v1')") is False
     finally:
         rt.close()
 

@@ -12,6 +12,7 @@
 // network is stored while it is read (a second stream, no whole copy in JS), under a pending key,
 // and filed under its sha256 once the loader's hash of the same bytes is known.
 import { codedError } from "./protocol.mjs";
+import { forgetDerived } from "./derived_cache.mjs";
 import { sha256Hex } from "./sha256.mjs";
 
 export const CACHE_NAME = "exactspec-weights-v1";
@@ -269,7 +270,8 @@ export async function listCachedModels() {
   }).sort((a, b) => b.bytes - a.bytes);
 }
 
-/** Forget one cached file (its sha256) with every URL that points at it, or everything (null). */
+/** Forget one cached file (its sha256) with every URL that points at it, or everything (null: the
+ *  results derived from them too, web/derived_cache.mjs). */
 export async function forgetCachedModel(sha256 = null) {
   if (sha256 !== null && !SHA256.test(String(sha256))) {
     throw codedError("E_BAD_ARGUMENT", `forget: ${JSON.stringify(sha256)} is not a sha256 (64 lowercase hex digits)`);
@@ -277,5 +279,6 @@ export async function forgetCachedModel(sha256 = null) {
   const cache = await openWeightCache();
   if (!cache) return;
   if (sha256 !== null) return forgetIn(cache, sha256);
+  await forgetDerived();
   for (const req of await cache.keys()) await cache.delete(req);   // the entries, not the cache a worker may hold open
 }

@@ -57,7 +57,8 @@ async function fetchSnapshot(base, version) {
   return { bytes, status: "used", pySources: index.py_sources ?? null };
 }
 
-// -> { pyodide, timing_ms: { pyodide, install }, snapshot: "used" | why it was not }
+// -> { pyodide, timing_ms: { pyodide, install }, snapshot: "used" | why it was not, codeKey (the
+//    exactspec sources' sha256, py_sources.mjs sourcesKey) }
 // With a snapshot Pyodide starts in ~0.3 s instead of ~3 s; one that fails to restore is
 // reported (snapshot: "failed: ...") and Pyodide boots the slow way: nothing has run yet.
 export async function bootPython(assets = defaultAssets()) {
@@ -78,10 +79,11 @@ export async function bootPython(assets = defaultAssets()) {
   const files = await fetchOk(assets.pyFiles, "json");
   const blobs = await Promise.all(files.map((f) => fetchOk(new URL(f, assets.py).href, "bytes")));
   writeSources(pyodide, files, blobs);
-  if (status === "used" && pySources !== await sourcesKey(files, blobs)) {   // made from other sources
+  const codeKey = await sourcesKey(files, blobs);   // what the derived cache keys results of this code by
+  if (status === "used" && pySources !== codeKey) {   // made from other sources
     pyodide.runPython(FORGET);
     status = "used (exactspec sources changed since: re-imported)";
   }
   pyodide.runPython(IMPORTS);
-  return { pyodide, timing_ms: { pyodide: t1 - t0, install: performance.now() - t1 }, snapshot: status };
+  return { pyodide, timing_ms: { pyodide: t1 - t0, install: performance.now() - t1 }, snapshot: status, codeKey };
 }

@@ -6,6 +6,7 @@
 // loaded, with the sha256 of the very bytes they run.
 import { codedError } from "../protocol.mjs";
 import { sha256Hex } from "../sha256.mjs";
+import { derivedKey, readDerived, writeDerived } from "../derived_cache.mjs";
 import { declaredSize, ggufLabel, isGgufUrl, readGgufHeader } from "../gguf/gguf_reader.mjs";
 
 export { isGgufUrl };
@@ -67,8 +68,11 @@ function runPy(pyodide, specJson, blobs) {
 /** A GGUF model (champion or draft): only the bytes before its data section are read here (the
  *  body is cancelled there), and exactspec.pyodide.model_check.check_gguf turns them into the config and the four model
  *  files the file implies, in Pyodide (gguf.py, gguf_model, gguf_tokenizer: the CLI's code).
+ *  With `codeKey` (the Python sources' identity, boot.mjs) its result is kept in the derived cache
+ *  (web/derived_cache.mjs) under the header bytes' sha256, the size, the label and codeKey, and a
+ *  later load of the same file by the same code reads it there (summary.gguf.check_cache "hit").
  *  -> {name (the run artifact's name), files: name -> text (config.json among them), summary} */
-async function readGguf(pyodide, url) {
+async function readGguf(pyodide, url, codeKey = null) {
   const label = ggufLabel(url);
   let res;
   try {
@@ -80,28 +84,36 @@ async function readGguf(pyodide, url) {
   const size = declaredSize(res);
   if (size === null) throw codedError("E_MODEL_LOAD", `${label}: the server did not declare the file's size (Content-Length)`);
   const { prefix } = await readGgufHeader(res, size, label);
-  const check = pyodide.pyimport("exactspec.pyodide.model_check").check_gguf;
-  let out;
-  try {
-    out = JSON.parse(check(prefix, size, label));
-  } finally {
-    check.destroy();
+  const key = codeKey ? await derivedKey({ kind: "gguf-check", header_sha256: await sha256Hex(prefix), size, label, code: codeKey }) : null;
+  let text = key ? await readDerived(key) : null;
+  const state = !key ? "off" : text ? "hit" : "miss";
+  if (!text) {
+    const check = pyodide.pyimport("exactspec.pyodide.model_check").check_gguf;
+    try {
+      text = check(prefix, size, label);
+    } finally {
+      check.destroy();
+    }
   }
+  const out = JSON.parse(text);
   if (out.error) throw codedError(out.error.code, out.error.message);
+  if (state === "miss") await writeDerived(key, text);
+  out.ok.summary.gguf = { ...out.ok.summary.gguf, check_cache: state };
   return { name: label.split("/").pop(), ...out.ok };
 }
 
 /** -> {tokenizer_json, tokenizer_config_json, generation_config_json, chat_template_jinja (text or
  *  null), champion_config, draft_config (validate_config's result for each role, a folder's or
- *  the one a GGUF file's metadata implies; null without a draft), summary, ms, verifyRunArtifacts(info)} */
-export async function checkModels(pyodide, models) {
+ *  the one a GGUF file's metadata implies; null without a draft), summary, ms, verifyRunArtifacts(info)}
+ *  codeKey: the Python sources' identity, for the derived cache of a GGUF's check (null: not used). */
+export async function checkModels(pyodide, models, { codeKey = null } = {}) {
   const t0 = performance.now();
   const table = modelFiles(pyodide);
   const [chatTemplateFile] = table.optional;   // transformers' own file, wins over tokenizer_config's
   const roles = models.draft ? ["champion", "draft"] : ["champion"];
   // a GGUF side: its implied files stand for a folder's; no manifest lists it
   const gguf = {};                      // role -> readGguf's
-  for (const role of roles) if (isGgufUrl(models[role])) gguf[role] = await readGguf(pyodide, models[role]);
+  for (const role of roles) if (isGgufUrl(models[role])) gguf[role] = await readGguf(pyodide, models[role], codeKey);
   const folderRoles = roles.filter((r) => !gguf[r]);
   const mUrl = manifestUrl(models, folderRoles);
   const entries = Object.fromEntries(roles.map((r) => [r, mUrl && folderRoles.includes(r) ? folderName(models[r]) : null]));

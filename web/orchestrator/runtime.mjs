@@ -83,11 +83,11 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
   async function boot(assets) {
     if (py) return { pyodide: 0, install: 0 };
-    const { pyodide, timing_ms, snapshot } = await bootPython({ ...defaultAssets(), ...assets });
+    const { pyodide, timing_ms, snapshot, codeKey } = await bootPython({ ...defaultAssets(), ...assets });
     const backend = pyodide.pyimport("exactspec.pyodide.browser_backend");
     const sys = pyodide.pyimport("sys");
     const vi = sys.version_info;
-    py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}`, snapshot };
+    py = { pyodide, backend, pythonVersion: `${vi.major}.${vi.minor}`, snapshot, codeKey };
     vi.destroy();
     sys.destroy();
     return timing_ms;
@@ -113,7 +113,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       notify({ stage: "python" });
       pyTiming = await boot(assets);
       notify({ stage: "check" });
-      checked = await checkModels(py.pyodide, models);   // configs through the shared validator, before any weights
+      // configs through the shared validator, before any weights (a GGUF's check from the derived cache when allowed)
+      checked = await checkModels(py.pyodide, models, { codeKey: options.cache !== false ? py.codeKey : null });
     } catch (err) {
       prepared.close();
       throw err;
