@@ -301,7 +301,7 @@ async function renderMemory() {
   try {
     const m = await page.engine.memory();
     $("memory_chart").innerHTML = memoryChart({ "GPU buffers": m.gpu_bytes_live, "WASM champion": m.wasm_champion_bytes,
-      "WASM draft": m.wasm_draft_bytes, "Pyodide heap": m.pyodide_heap_bytes });
+      "WASM draft": m.wasm_draft_bytes, "Pyodide heap": m.pyodide_heap_bytes, "Load transient (peak)": m.load_transient_bytes });
   } catch { /* the engine went away; the last chart stays */ }
 }
 

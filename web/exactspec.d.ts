@@ -50,6 +50,11 @@ export interface EngineOptions {
    *  when their server still serves the same file (or cannot be reached), keyed by sha256 and checked on
    *  read; kept there when read from the network. Default true; false: neither read nor written. */
   cache?: boolean;
+  /** The WebGPU champion's memory budget in bytes (0: none; "auto", the default: half of
+   *  navigator.deviceMemory, none where the browser does not say): a plan over it is refused before
+   *  the weights are fetched, E_OUT_OF_MEMORY naming the maxContext that would fit; under
+   *  championBackend "auto" the WASM champion runs instead (ready.info.champion_fallback). */
+  gpuMemoryBudget?: "auto" | number;
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
   assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
@@ -142,12 +147,19 @@ export interface Calibration {
   spot_check?: { v1_ms: number; ratio: number };    // a cached entry's check (V(1) timed at this load)
 }
 
+/** Bytes of the champion's weights file the load held in JS memory at most: a streamed load (the
+ *  WASM champion) holds one tensor's staging buffer and a network chunk (ratio: peak / largest
+ *  tensor); a whole-file load (WebGPU today) the file (streamed false). */
+export interface LoadTransient { peak: number; largest_tensor: number | null; ratio: number | null; streamed: boolean }
+
 export interface ReadyInfo {
   timing_ms: Record<string, number>;
   info: {
     champion: { backend: "webgpu" | "wasm"; backend_why: string; identity: string; vocab_size: number; max_context: number;
                 matmul: "q8act-v1" | "f32" | null; weight_bytes: number | null;   // the matmul function; WASM: weight bytes held
                 simd: "relaxed" | "simd128" | null;                                // WASM: the module build (relaxed SIMD where it is right)
+                load_transient: LoadTransient | null;                              // what the load held of the weights' file in JS
+                gpu_memory_budget?: { bytes: number; source: "option" | "deviceMemory" | "none" };   // WebGPU (and a fallback from it)
                 threads?: number; threads_why?: string;                            // WASM: threads in use, and the plan / calibration
                 warmup_ms?: { forwards_ms: number; calibrate_ms: number } };       // WASM: the champion's warm forwards, calibration
     draft: { identity: string; placement: "inline" | "worker" } | null;
@@ -160,8 +172,10 @@ export interface ReadyInfo {
     calibration: Calibration | { error: string; key: string | null } | null;
     /** The load-time batch-invariance check of the champion that runs (docs/browser.md, "Batch invariance at load"). */
     batch_check: BatchCheck;
-    /** null, or: auto's WebGPU champion was batch-variant here, so the WASM champion runs (receipts: champion_fallback_code). */
-    champion_fallback: { code: "E_BATCH_VARIANT"; message: string; from: "webgpu"; batch_check: BatchCheck } | null;
+    /** null, or: auto's WebGPU champion was batch-variant here, or its plan exceeded gpuMemoryBudget
+     *  (refused before its weights were fetched), so the WASM champion runs (receipts: champion_fallback_code). */
+    champion_fallback: { code: "E_BATCH_VARIANT"; message: string; from: "webgpu"; batch_check: BatchCheck }
+      | { code: "E_OUT_OF_MEMORY"; message: string; from: "webgpu"; gpu_memory_budget: { bytes: number; source: string } } | null;
   };
 }
 
@@ -180,7 +194,7 @@ export interface ExactSpecEngine {
   generate(prompt: string | number[] | ChatMessage[], options?: GenerateOptions, onEvent?: (event: GenerateEvent) => void): Promise<GenerateResult>;
   cancel(): boolean;
   memory(): Promise<Record<string, number | string | boolean>>;
-  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "matmul" | "draftPlacement" | "onProgress" | "warmUp" | "calibrate">): Promise<ReadyInfo>;
+  load(models: Pick<EngineOptions, "champion" | "draft" | "manifest">, options?: Pick<EngineOptions, "championBackend" | "threads" | "matmul" | "draftPlacement" | "onProgress" | "warmUp" | "calibrate" | "cache" | "gpuMemoryBudget">): Promise<ReadyInfo>;
   terminate(): Promise<void>;
 }
 

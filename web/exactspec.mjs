@@ -212,7 +212,10 @@ class ExactSpecEngine {
 
 /** Create an engine and load a pair. options: {champion, draft (URL, picked folder, or null for
  *  none; default the shipped pair), manifest, championBackend: "auto"|"webgpu"|"wasm", threads, matmul,
- *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp, calibrate, cache}.
+ *  draftPlacement, whenBusy, baseUrl, assets, timeoutMs, silenceTimeoutMs, onProgress, draftInBackground, warmUp, calibrate, cache, gpuMemoryBudget}.
+ *  gpuMemoryBudget ("auto" default: half of navigator.deviceMemory | bytes | 0: none): a WebGPU
+ *  champion whose plan exceeds it is refused before its weights are fetched (under championBackend
+ *  "auto" the WASM champion runs instead: ready.info.champion_fallback, E_OUT_OF_MEMORY).
  *  cache (default true): weight files come from and go to the verified weight cache (Cache Storage,
  *  keyed by sha256; listCachedModels / forgetCachedModel; docs/browser.md, "Weight cache"); false: neither.
  *  warmUp (default true; false, or {minCalls, budgetMs}): the load's warm-up requests (docs/browser.md).
@@ -223,12 +226,12 @@ class ExactSpecEngine {
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true, calibrate = "auto",
-    cache = true } = options;
+    cache = true, gpuMemoryBudget = "auto" } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };
   const models = await resolveModels({ champion, draft, manifest }, defaults, onProgress, await loadModelFiles(urls.py));
   const engine = await Engine.create(models, { baseUrl, assets, championBackend, threads, matmul, draftPlacement, whenBusy,
-    onProgress, draftInBackground, warmUp, calibrate, cache, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
+    onProgress, draftInBackground, warmUp, calibrate, cache, gpuMemoryBudget, ...(timeoutMs ? { timeoutMs } : {}), ...(silenceTimeoutMs ? { silenceTimeoutMs } : {}) });
   const wrapped = new ExactSpecEngine(engine);
   wrapped.defaults = defaults;
   wrapped.urls = urls;

@@ -8,6 +8,7 @@
 // Between the two sits the weight cache (web/weight_cache.mjs): a weight file's progress says
 // where its bytes came from (p.cache: "hit" | "hit-offline" | "miss" | "not-stored").
 import { CACHE_HEADER, weightCacheFetch } from "./weight_cache.mjs";
+import { passThrough } from "./byte_stream.mjs";
 
 
 export const LOCAL_SCHEME = "exactspec-local:";
@@ -32,17 +33,16 @@ export function countedResponse(response, url, onProgress, now = () => performan
   const report = (done) => {
     try { onProgress({ url: String(url), name, loaded, total, done, ...(cache ? { cache } : {}) }); } catch { /* a listener never breaks a load */ }
   };
-  const counter = new TransformStream({
-    transform(chunk, controller) {
+  // a byte stream still (byte_stream.mjs): a streaming loader's small reads reach the network's
+  const counted = passThrough(response.body, {
+    onPiece(chunk) {
       loaded += chunk.byteLength;
       if (now() - last >= REPORT_EVERY_MS) { last = now(); report(false); }
-      controller.enqueue(chunk);
     },
-    flush() { report(true); },
+    onEnd() { report(true); },
   });
   report(false);
-  return new Response(response.body.pipeThrough(counter),
-    { status: response.status, statusText: response.statusText, headers: response.headers });
+  return new Response(counted, { status: response.status, statusText: response.statusText, headers: response.headers });
 }
 
 /** fetch(input, init) that counts every response body through onProgress() (read at call time,

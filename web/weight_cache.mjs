@@ -14,6 +14,7 @@
 import { codedError } from "./protocol.mjs";
 import { forgetDerived } from "./derived_cache.mjs";
 import { sha256Hex } from "./sha256.mjs";
+import { passThrough } from "./byte_stream.mjs";
 
 export const CACHE_NAME = "exactspec-weights-v1";
 /** On every response of a weight URL through the layer: "hit" | "hit-offline" | "miss" (stored as
@@ -123,31 +124,20 @@ async function storeWhileRead(cache, url, res) {
   if (!res.body || !Number.isSafeInteger(v.bytes) || v.bytes <= 0 || res.headers.get("content-encoding") || !roomy) {
     return reheader(res, { [CACHE_HEADER]: "not-stored" });
   }
-  const reader = res.body.getReader();
   let storeCtl, storing = true, got = 0;
   const toStore = new ReadableStream({ start(c) { storeCtl = c; } });
   const stopStoring = (why) => { if (storing) { storing = false; storeCtl.error(why); } };
-  const consumer = new ReadableStream({
-    async pull(c) {
-      let r;
-      try {
-        r = await reader.read();
-      } catch (err) {
-        stopStoring(err);
-        throw err;
-      }
-      if (r.done) {
-        if (storing && got === v.bytes) { storing = false; storeCtl.close(); } else stopStoring(new Error("short body"));
-        c.close();
-        return;
-      }
-      got += r.value.byteLength;
-      if (storing) storeCtl.enqueue(r.value.slice());   // its own copy: the consumer may keep or transfer its chunk
-      c.enqueue(r.value);
+  // a byte stream still (byte_stream.mjs): a streaming loader's small reads reach the network's
+  const consumer = passThrough(res.body, {
+    onPiece(bytes) {
+      got += bytes.byteLength;
+      if (storing) storeCtl.enqueue(bytes.slice());     // its own copy: the consumer may keep or transfer its piece
     },
-    cancel(reason) {                     // a reader that stops early (a header probe): nothing is stored
+    onEnd() {
+      if (storing && got === v.bytes) { storing = false; storeCtl.close(); } else stopStoring(new Error("short body"));
+    },
+    onCancel(reason) {                   // a reader that stops early (a header probe): nothing is stored
       stopStoring(reason ?? new Error("cancelled"));
-      return reader.cancel(reason);
     },
   });
   const pending = `${PENDING}${Date.now()}/${globalThis.crypto.randomUUID()}`;
@@ -194,6 +184,17 @@ export async function artifactIdentity(bytes) {
   const t = byBuffer.get(buffer);
   if (!t) return identity;
   byBuffer.delete(buffer);
+  return settle(t, identity);
+}
+
+/** The same for a loader that hashed `response`'s body as it streamed (StreamedFile): identity,
+ *  its sha256 hex, checked against the cache's key or filing the copy, as artifactIdentity does. */
+export async function streamedIdentity(response, identity) {
+  const t = tickets.get(response?.headers?.get(TICKET_HEADER));
+  return t ? settle(t, identity) : identity;
+}
+
+async function settle(t, identity) {
   for (const [id, entry] of tickets) if (entry === t) tickets.delete(id);
   if (t.kind === "hit" && identity !== t.sha256) {
     await forgetIn(t.cache, t.sha256).catch(() => {});

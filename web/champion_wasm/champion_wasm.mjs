@@ -20,10 +20,11 @@
 // (web/champion_wasm/cpu_session.mjs).
 import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
 import { checkedPolicy } from "../sampling_policy.mjs";
-import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
+import { expectTensor, openSafetensorsStream, parseSafetensors } from "../formats/safetensors.mjs";
 import { codedError, errorPayload } from "../protocol.mjs";
-import { artifactIdentity } from "../weight_cache.mjs";
-import { BLOCK_TYPE_IDS, fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { artifactIdentity, streamedIdentity } from "../weight_cache.mjs";
+import { BLOCK_TYPE_IDS, ggufHeaderTensorMap, openGgufStream } from "../gguf/gguf_tensors.mjs";
+import { LoadTransient, StreamedFile } from "../formats/streamed_file.mjs";
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
 import { CpuSession } from "./cpu_session.mjs";
@@ -143,6 +144,7 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
   if (threads > 1 && wasmUrl && !wasmBytes) wasmUrl = wasmThreadsUrl ?? moduleUrl(wasmUrl, { threads });
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
   if ((tensors || ggufUrl) && !configJson) throw badArgument("a tensor map or a GGUF file needs configJson");
+  const transient = new LoadTransient();
   const [wasm, configRaw, file] = await Promise.all([
     wasmBytes ?? (relaxed ? fetchBytes(fetchFn, moduleUrl(wasmUrl, { threads, relaxed }))
       .catch((err) => {                // "auto" does without a build it cannot fetch
@@ -151,23 +153,40 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
         return fetchBytes(fetchFn, wasmUrl);
       }) : fetchBytes(fetchFn, wasmUrl)),
     configJson ?? readValidatedConfig(base + "config.json", fetchFn),
-    tensors ?? (ggufUrl ? fetchGgufFile(fetchFn, ggufUrl) : null)
-      ?? weightsBytes ?? fetchSafetensors(fetchFn, base + "model.q8.safetensors").then((b) => new Uint8Array(b)),
-  ]);
+    tensors ?? weightsBytes ?? (ggufUrl ? openGgufStream(fetchFn, ggufUrl, ggufLabel(ggufUrl), transient)
+      : openSafetensorsStream(fetchFn, base + "model.q8.safetensors", base + "model.q8.safetensors", transient)),
+  ]).catch((err) => { throw asCoded(err, "E_MODEL_LOAD"); });
+  // a streamed file (the browser's way): placed tensor by tensor as its bytes arrive, hashed as
+  // they come; never whole in JS memory (streamed_file.mjs)
+  const stream = file?.file instanceof StreamedFile ? file : null;
+  try {
+    return await buildWasmChampion({ wasm, configRaw, file, stream, tensors, identity, ggufUrl, transient,
+      maxBlock, maxContext, weightStorage, matmul, threads, relaxed, simd, wasmBytes, draft, fetchFn });
+  } catch (err) {
+    stream?.file.cancel();
+    throw err;
+  }
+}
+
+async function buildWasmChampion({ wasm, configRaw, file, stream, tensors, identity, ggufUrl, transient,
+                                   maxBlock, maxContext, weightStorage, matmul, threads, relaxed, simd, wasmBytes, draft, fetchFn }) {
   const config = typeof configRaw === "string" ? JSON.parse(configRaw) : configRaw;
   const c = wasmKernelConfig(config);   // the validated config onto the C side's arguments
   let artifactBytes;
-  if (tensors) {
-    artifactBytes = [...tensors.values()].reduce((n, t) => n + t.bytes.byteLength, 0);
-  } else if (ggufUrl) {                 // {bytes, identity}: the file's sha256, hashed as it came
-    ({ identity } = file);
-    artifactBytes = file.bytes.byteLength;
+  if (stream && ggufUrl) {
+    artifactBytes = stream.size;
     try {
       // one tensor at a time: block tensors as their raw bytes (q8act), float32 ones dequantised
-      tensors = ggufTensorMap(file.bytes, config, ggufLabel(ggufUrl), { lazy: true, blocks: matmul !== "f32" });
+      tensors = ggufHeaderTensorMap(stream.header, (t) => stream.file.current(t), config, ggufLabel(ggufUrl),
+        { lazy: true, blocks: matmul !== "f32" });
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }
+  } else if (stream) {
+    artifactBytes = stream.size;
+    tensors = stream.tensors;
+  } else if (tensors) {
+    artifactBytes = [...tensors.values()].reduce((n, t) => n + t.bytes.byteLength, 0);
   } else {
     const bytes = file instanceof Uint8Array ? file : new Uint8Array(file);
     artifactBytes = bytes.byteLength;
@@ -189,7 +208,19 @@ export async function createWasmChampion({ wasmUrl, modelUrl, wasmBytes, weights
     throw err.code ? err : codedError("E_MODEL_LOAD", `champion wasm: ${err.message}`);
   }
   const champion = new WasmChampion(instance.exports, memory ?? instance.exports.memory, config, c, tensors,
-    { maxBlock, maxContext, weightStorage, matmul, artifactBytes });
+    { maxBlock, maxContext, weightStorage, matmul, artifactBytes, streamed: !!stream });
+  champion.transient = transient;
+  if (stream) {
+    try {
+      await champion._placeStreamed(tensors, stream.file);
+      const end = ggufUrl ? Math.max(stream.header.dataOffset, ...[...stream.header.tensors.values()].map((t) => t.offset + t.nbytes)) : stream.end;
+      identity = await streamedIdentity(stream.response, await stream.file.finish(end, { drain: !!ggufUrl, size: stream.size }));
+      champion.artifactBytes ??= stream.file.received;
+    } catch (err) {
+      throw asCoded(err, "E_MODEL_LOAD");
+    }
+    champion._checkPlaced();
+  }
   champion.identity = identity;
   champion.simd = instance.exports.cpu_relaxed_simd ? (instance.exports.cpu_relaxed_simd() ? "relaxed" : "simd128")
     : wasmBytes ? (simd === "auto" ? "simd128" : simd) : relaxed ? "relaxed" : "simd128";
@@ -222,7 +253,8 @@ function safetensorsMap(bytes) {
 }
 
 export class WasmChampion {
-  constructor(exports, memory, config, c, tensors, { maxBlock, maxContext, weightStorage = "auto", matmul = "auto", artifactBytes }) {
+  constructor(exports, memory, config, c, tensors, { maxBlock, maxContext, weightStorage = "auto", matmul = "auto", artifactBytes,
+                                                   streamed = false }) {
     this.wasm = exports;
     this.memory = memory;                 // exported (one thread) or imported shared (threads)
     this.threads = 1;
@@ -255,17 +287,25 @@ export class WasmChampion {
       this._view(Float64Array, ptr, c.rope_inv_freq.length).set(c.rope_inv_freq);
       check(this.wasm.champion_set_inv_freq(ptr), "rope");
     }
+    this.transient = null;                // the LoadTransient of a streamed load
+    if (streamed) return;                 // createWasmChampion places the tensors as they arrive, then _checkPlaced
     try {
-      this._placeAll(tensors, c);
+      for (const [name, place] of this._placementJobs(c)) place(tensors, name);
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }
+    this._checkPlaced();
+  }
+
+  /** Every tensor written: the module checks them, and the buffers a round needs come after. */
+  _checkPlaced() {
+    const c = this.hp, maxBlock = this.maxBlock;
     check(this.wasm.champion_check(), "check");
     /** Bytes of weights held in WASM memory (champion_weight_bytes), null for a module without it. */
     this.weightBytes = this.wasm.champion_weight_bytes ? this.wasm.champion_weight_bytes() >>> 0 : null;
     const V = c.vocab_size;
     this._idsCap = 0;
-    this._ensureIds(Math.max(maxContext, 1024));
+    this._ensureIds(Math.max(this.maxContext, 1024));
     this._proposals = this._alloc(4 * maxBlock);                 // (B,) int32
     this._pDraft = this._alloc(4 * maxBlock * V);                // (B, V) f32
     this._out = this._alloc(4 * DECISION_WORDS);                 // (8,) int32 decision words
@@ -398,11 +438,15 @@ export class WasmChampion {
     }
     const ptr = this.wasm.champion_tensor_ptr(kind, layer);
     if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind} (${name})`);
+    // a streamed load counts what it holds beside the staging buffer (a re-ordered or dequantised copy)
+    const copy = this.transient && this._staging && bytes.buffer !== this._staging ? bytes.byteLength : 0;
+    this.transient?.hold(copy);
     if (widen) {                    // int8 -> float32: exact
       this._view(Float32Array, ptr, bytes.byteLength).set(new Int8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength));
     } else {                        // int8 or blocks kept as they are, or float32 bytes (the file may leave them unaligned)
       this._view(Uint8Array, ptr, n).set(bytes);
     }
+    this.transient?.release(copy);
   }
 
   /** A float32 tensor: as given, or a block tensor's float32 entry (a norm or bias stored in blocks). */
@@ -417,10 +461,7 @@ export class WasmChampion {
    *  same arithmetic, exactly, as a float32 matmul). */
   _placeLinear(tensors, lin) {
     const { name, kind, scaleKind, shape, layer } = lin;
-    if (lin.form === "q8") {
-      this._place(kind, layer, expectTensor(tensors, `${name}.q8`, "I8", shape, this._label).bytes, lin.fmt === FMT.F32, `${name}.q8`);
-      this._place(scaleKind, layer, expectTensor(tensors, `${name}.scale`, "F32", [shape[0]], this._label).bytes, false, `${name}.scale`);
-    } else if (lin.form === "block") {
+    if (lin.form === "block") {
       const t = tensors.get(name);
       if (t.shape.length !== 2 || t.shape[0] !== shape[0] || t.shape[1] !== shape[1]) {
         throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(shape)}`);
@@ -441,22 +482,52 @@ export class WasmChampion {
     return this._onesBytes.subarray(0, 4 * n);
   }
 
-  _placeAll(tensors, c) {
-    const H = c.hidden_size;
-    for (const lin of this._linears) this._placeLinear(tensors, lin);
-    this._place(T.final_norm, 0, this._f32(tensors, "model.norm.weight", [H]), false, "model.norm.weight");
+  /** [[tensor name, place(tensors, name)]]: what is written where, one job per tensor read (a
+   *  linear's q8 rows and its scales are two; a float32 linear's scales of 1.0 go with it). */
+  _placementJobs(c) {
+    const H = c.hidden_size, jobs = [];
+    const f32 = (kind, layer, shape) => (tensors, name) => this._place(kind, layer, this._f32(tensors, name, shape), false, name);
+    for (const lin of this._linears) {
+      const { name, kind, scaleKind, shape, layer } = lin;
+      if (lin.form === "q8") {
+        jobs.push([`${name}.q8`, (tensors, n) => this._place(kind, layer, expectTensor(tensors, n, "I8", shape, this._label).bytes, lin.fmt === FMT.F32, n)]);
+        jobs.push([`${name}.scale`, (tensors, n) => this._place(scaleKind, layer, expectTensor(tensors, n, "F32", [shape[0]], this._label).bytes, false, n)]);
+      } else {
+        jobs.push([name, (tensors) => this._placeLinear(tensors, lin)]);
+      }
+    }
+    jobs.push(["model.norm.weight", f32(T.final_norm, 0, [H])]);
     for (let l = 0; l < c.num_layers; l++) {
       const p = `model.layers.${l}.`;
-      for (const [norm, kind] of [["input_layernorm", T.attn_norm], ["post_attention_layernorm", T.mlp_norm]]) {
-        this._place(kind, l, this._f32(tensors, `${p}${norm}.weight`, [H]), false, `${p}${norm}.weight`);
-      }
+      jobs.push([`${p}input_layernorm.weight`, f32(T.attn_norm, l, [H])]);
+      jobs.push([`${p}post_attention_layernorm.weight`, f32(T.mlp_norm, l, [H])]);
       if (c.qkv_bias) {                // Qwen2: q|k|v biases, float32
         for (const [proj, kind] of Object.entries(T.bias)) {
           const rows = (proj === "q_proj" ? c.num_heads : c.num_kv_heads) * c.head_dim;
-          this._place(kind, l, this._f32(tensors, `${p}self_attn.${proj}.bias`, [rows]), false, `${p}self_attn.${proj}.bias`);
+          jobs.push([`${p}self_attn.${proj}.bias`, f32(kind, l, [rows])]);
         }
       }
     }
+    return jobs;
+  }
+
+  /** The placement jobs in file order, each as its tensor's bytes arrive in `file`'s staging buffer
+   *  (a StreamedFile; every entry of `tensors` carries its source {offset, nbytes}). A tensor the
+   *  file lacks is refused before any data byte is read. */
+  async _placeStreamed(tensors, file) {
+    const byName = new Map();
+    for (const [name, place] of this._placementJobs(this.hp)) {
+      if (!tensors.has(name)) place(tensors, name);        // throws: the missing tensor, named
+      byName.set(name, [...(byName.get(name) ?? []), place]);
+    }
+    const order = [...byName.keys()].map((name) => [name, tensors.get(name).source]).sort((a, b) => a[1].offset - b[1].offset);
+    const largest = Math.max(...order.map(([, source]) => source.nbytes));
+    if (this.transient) this.transient.largestTensor = largest;
+    for (const [name, source] of order) {
+      this._staging = (await file.stage(source.offset, source.nbytes, largest)).buffer;
+      for (const place of byName.get(name)) place(tensors, name);
+    }
+    this._staging = null;
   }
 
   _ensureIds(n) {

@@ -3,6 +3,8 @@
 // the CLI's, in one place: web/formats/model_checks.mjs (safetensors.header_length, parse_header_json).
 import { checkSafetensorsHeader, DTYPE_BYTES, headerLength, modelLoadError } from "./model_checks.mjs";
 import { noteArtifact } from "../weight_cache.mjs";
+import { declaredSize } from "../gguf/gguf_reader.mjs";
+import { StreamedFile } from "./streamed_file.mjs";
 
 const fail = (label, problem) => { throw modelLoadError(`safetensors file ${label}: ${problem}`); };
 
@@ -77,6 +79,33 @@ export async function fetchModelFile(fetchFn, url) {
   }
   if (!response.ok) throw modelLoadError(`cannot fetch ${url}: HTTP ${response.status}`);
   return response;
+}
+
+/** A fetched safetensors file opened for streaming (streamed_file.mjs): {file: a StreamedFile past
+ *  its header, tensors: Map(name -> {dtype, shape, source: {offset, nbytes}, bytes: the staged
+ *  view, readable only while file.stage has that tensor's range}), end: the bytes the header
+ *  covers, size: the declared Content-Length or null, response}. The header is checked (against
+ *  the declared size) before a data byte is read, as readSafetensorsResponse does. */
+export async function openSafetensorsStream(fetchFn, url, label = String(url), transient = undefined) {
+  const response = await fetchModelFile(fetchFn, url);
+  const size = declaredSize(response);
+  const file = new StreamedFile(response, `safetensors file ${label}`, transient);
+  try {
+    const prefix = await file.read(8);
+    const n = headerLength(prefix, size, label);
+    const raw = await file.read(n);
+    const { entries, dataLen } = checkSafetensorsHeader(raw, size === null ? null : size - 8 - n, label);
+    file.forget(8 + n);
+    const tensors = new Map();
+    for (const [name, { dtype, shape, begin, end }] of entries) {
+      const source = { offset: 8 + n + begin, nbytes: end - begin };
+      tensors.set(name, { dtype, shape, source, get bytes() { return file.current(source); } });
+    }
+    return { file, tensors, end: 8 + n + dataLen, size, response };
+  } catch (err) {
+    file.cancel();
+    throw err;
+  }
 }
 
 /** fetchModelFile, then readSafetensorsResponse. */

@@ -14,8 +14,11 @@
 //   const { bytes, identity } = await fetchGgufFile(fetchFn, url);     // the whole file, and its sha256
 //   const tensors = ggufTensorMap(bytes, config, label);               // config: gguf_model's, validated
 //   const blocks = ggufTensorMap(bytes, config, label, { lazy: true, blocks: true });
+//   const { file, header } = await openGgufStream(fetchFn, url, label, transient);   // streamed (the WASM champion):
+//   const map = ggufHeaderTensorMap(header, (t) => file.current(t), config, label, { lazy: true, blocks: true });
 import { dequantize } from "./gguf_dequant.mjs";
-import { parseGgufHeader, refuse, pyRepr, TENSOR_TYPES } from "./gguf_reader.mjs";
+import { declaredSize, NeedMoreBytes, parseGgufHeader, refuse, pyRepr, TENSOR_TYPES } from "./gguf_reader.mjs";
+import { StreamedFile } from "../formats/streamed_file.mjs";
 import { fetchModelFile } from "../formats/safetensors.mjs";
 import { artifactIdentity, noteArtifact } from "../weight_cache.mjs";
 
@@ -62,6 +65,45 @@ export async function fetchGgufFile(fetchFn, url, label = String(url)) {
   return { bytes, identity: await artifactIdentity(bytes) };   // checked against the weight cache's key when it came from there
 }
 
+/** A fetched GGUF opened for streaming: {file: a StreamedFile past its header, header, size (the
+ *  declared Content-Length, or null), response}. The header is parsed from the body's first bytes
+ *  (read in doubling steps, at most LIMITS.MAX_HEADER_BYTES past what it needs); the bytes read
+ *  past it are given back to the file. Nothing of the data section is held. */
+export async function openGgufStream(fetchFn, url, label = String(url), transient = undefined) {
+  const response = await fetchModelFile(fetchFn, url);
+  const size = declaredSize(response);
+  const file = new StreamedFile(response, label, transient);
+  let buf = new Uint8Array(0), want = 1 << 16;
+  try {
+    for (;;) {
+      const more = (size === null ? want : Math.min(want, size)) - buf.byteLength;
+      if (more > 0) {
+        const got = await file.readUpTo(more);
+        const grown = new Uint8Array(buf.byteLength + got.byteLength);
+        grown.set(buf);
+        grown.set(got, buf.byteLength);
+        file.forget(more + buf.byteLength);
+        file.transient.hold(grown.byteLength);
+        buf = grown;
+      }
+      if (buf.byteLength === 0) throw refuse(label, "magic", "the file does not start with 'GGUF' (not a GGUF file)");
+      try {
+        const header = parseGgufHeader(buf, size ?? Number.MAX_SAFE_INTEGER, label);
+        file.unread(buf.slice(Math.min(header.dataOffset, buf.byteLength)));   // a copy: the header's buffer goes
+        file.forget(buf.byteLength);
+        return { file, header, size, response };
+      } catch (err) {
+        if (!(err instanceof NeedMoreBytes)) throw err;
+        if (buf.byteLength < want) throw refuse(label, "file", `ended after ${buf.byteLength} bytes, inside its header`);
+        want = Math.max(err.upTo, 2 * buf.byteLength);
+      }
+    }
+  } catch (err) {
+    file.cancel();
+    throw err;
+  }
+}
+
 /** See the header comment. config: the validated HF config dict (num_attention_heads, num_key_value_heads,
  *  model_type) from the model check. lazy: each tensor's bytes are dequantised when read, and only
  *  the last one read is kept (a loader that copies tensors one by one then holds the file and one
@@ -69,6 +111,12 @@ export async function fetchGgufFile(fetchFn, url, label = String(url)) {
  *  blocks: block-typed tensors come in their blocks (the header comment), checked when read. */
 export function ggufTensorMap(bytes, config, label, { lazy = false, blocks = false } = {}) {
   const header = parseGgufHeader(bytes, bytes.byteLength, label);
+  return ggufHeaderTensorMap(header, (t) => bytes.subarray(t.offset, t.offset + t.nbytes), config, label, { lazy, blocks });
+}
+
+/** ggufTensorMap over a parsed header, each tensor's raw bytes from rawOf(t) (t: the header's
+ *  tensor entry): a streamed file's staging buffer (openGgufStream) as well as a whole file. */
+export function ggufHeaderTensorMap(header, rawOf, config, label, { lazy = false, blocks = false } = {}) {
   const permuted = config.model_type === "llama";          // qwen2 files are stored unpermuted
   const tensors = new Map();
   let last = { name: null, bytes: null };
@@ -77,17 +125,17 @@ export function ggufTensorMap(bytes, config, label, { lazy = false, blocks = fal
     if (name === null) throw refuse(label, `tensor ${pyRepr(t.name)}`, "is not a tensor of this model");
     const heads = !permuted ? 0 : name.endsWith(".q_proj.weight") ? config.num_attention_heads
       : name.endsWith(".k_proj.weight") ? config.num_key_value_heads : 0;
-    const materialise = () => float32Tensor(bytes, t, heads, label);
+    const materialise = () => float32Tensor(rawOf(t), t, heads, label);
     const shape = [...t.dims].reverse();
-    const floatEntry = () => (lazy ? { dtype: "F32", shape, get bytes() {
+    const floatEntry = () => (lazy ? { dtype: "F32", shape, source: t, get bytes() {
       if (last.name !== name) last = { name, bytes: materialise() };
       return last.bytes;
     } } : { dtype: "F32", shape, bytes: materialise() });
     if (blocks && Object.hasOwn(BLOCK_TYPE_IDS, t.typeName)) {
-      const raw = () => blockTensor(bytes, t, heads, label);
+      const raw = () => blockTensor(rawOf(t), t, heads, label);
       const rowBytes = t.nbytes / (t.dims.slice(1).reduce((a, d) => a * d, 1) || 1);
       let held = lazy ? null : raw();
-      tensors.set(name, { dtype: t.typeName, ggmlType: BLOCK_TYPE_IDS[t.typeName], shape, rowBytes,
+      tensors.set(name, { dtype: t.typeName, ggmlType: BLOCK_TYPE_IDS[t.typeName], shape, rowBytes, source: t,
         get bytes() { return held ?? raw(); }, float32: floatEntry });
       continue;
     }
@@ -98,8 +146,7 @@ export function ggufTensorMap(bytes, config, label, { lazy = false, blocks = fal
 
 /** One block-typed tensor's raw bytes, straight from the file (a view) or, for q/k rows of a llama
  *  file, re-ordered as whole rows (a copy); every f16 scale / min finite. */
-function blockTensor(bytes, t, heads, label) {
-  const raw = bytes.subarray(t.offset, t.offset + t.nbytes);
+function blockTensor(raw, t, heads, label) {
   const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
   const rowBytes = t.nbytes / rows;
   const [, perBlock, blockBytes] = TENSOR_TYPES.get(BLOCK_TYPE_IDS[t.typeName]);
@@ -119,10 +166,10 @@ function blockTensor(bytes, t, heads, label) {
 const SCALE_HALVES = { Q8_0: [0], Q4_0: [0], Q4_1: [0, 2], Q4_K: [0, 2], Q6_K: [208] };
 
 /** One tensor's float32 bytes: dequantised, every row finite, q/k rows un-permuted over `heads` (0: none). */
-function float32Tensor(bytes, t, heads, label) {
+function float32Tensor(raw, t, heads, label) {
   const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
   let values = new Float32Array(cols * rows);
-  dequantize(bytes.subarray(t.offset, t.offset + t.nbytes), t.typeName, values);
+  dequantize(raw, t.typeName, values);
   for (let r = 0; r < rows; r++) {
     for (let i = r * cols, end = i + cols; i < end; i++) {
       if (!Number.isFinite(values[i])) throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${r} holds a value that is inf or NaN`);

@@ -216,6 +216,14 @@ function loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memo
   return { hp, maxContext, planOptions, matmul };
 }
 
+/** Refuse, before any weight is fetched, a champion whose plan cannot fit (E_OUT_OF_MEMORY saying
+ *  which maxContext would, or that the weights alone do not): `forms` the weights' forms as they
+ *  will be uploaded (planChampion's), or the smallest they could take. */
+export function refuseUnfit(device, config, { maxBlock = 9, maxContext = 0, memoryBudgetBytes = 0, matmul = "f32", forms }) {
+  const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes: 0, memoryBudgetBytes, matmul });
+  planChampion(setup.hp, forms(setup.hp), setup.planOptions);
+}
+
 /** The pipelines: `pipelinesPromise` (from compileChampionPipelines, started earlier, e.g. while
  *  Pyodide boots) or compiled now; they compile (slow on SwiftShader) while the weights arrive. */
 function pipelinesFor(device, shaderUrl, pipelinesPromise) {

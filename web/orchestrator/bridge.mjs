@@ -28,6 +28,19 @@ export function chooseDraftPlacement(placement, championKind) {
   throw codedError("E_BAD_ARGUMENT", `draft_placement must be auto, inline or worker, got ${placement}`);
 }
 
+/** The WebGPU champion's memory budget -> {bytes (0: none), source}: a number of bytes as given;
+ *  "auto" half of navigator.deviceMemory (GiB, as the browser rounds it), none where it is not said. */
+export function resolveGpuBudget(value) {
+  if (value === "auto") {
+    const gib = globalThis.navigator?.deviceMemory;
+    return Number.isFinite(gib) && gib > 0 ? { bytes: Math.floor((gib / 2) * 2 ** 30), source: "deviceMemory" } : { bytes: 0, source: "none" };
+  }
+  if (!(Number.isSafeInteger(value) && value >= 0)) {
+    throw codedError("E_BAD_ARGUMENT", `gpuMemoryBudget must be "auto" or a whole number of bytes >= 0, got ${JSON.stringify(value)}`);
+  }
+  return { bytes: value, source: value > 0 ? "option" : "none" };
+}
+
 /**
  * -> { bridge, info: {champion, draft, draft_error}, timing_ms, close() }
  * `counters()` / `runtimeInfo()` (from the worker's runtime) join the bridge's own counts and
@@ -38,12 +51,23 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0, batchVariantFault = false, cache = false,
-  calibrateMode = "off" }) {
+  calibrateMode = "off", gpuMemoryBudget = "auto" }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
   const openOpts = { championUrl, championConfig, maxContext, maxBlock: MAX_BLOCK, wasmUrl: championWasmUrl, threads, matmul };
-  let champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared });
+  const gpuBudget = resolveGpuBudget(gpuMemoryBudget);
+  let champ, championFallback = null;
+  try {
+    champ = await openChampion(choice.kind, { ...openOpts, refuseAllocAfter, prepared, memoryBudgetBytes: gpuBudget.bytes });
+  } catch (err) {
+    // a WebGPU plan over the budget (refused before its weights were fetched) or a device that ran out:
+    // under "auto" the WASM champion instead, said in ready.info and every receipt
+    if (err.code !== "E_OUT_OF_MEMORY" || choice.kind !== "webgpu" || championBackend !== "auto") throw err;
+    championFallback = { code: err.code, message: err.message.replace(/^E_OUT_OF_MEMORY: /, ""), from: "webgpu", gpu_memory_budget: gpuBudget };
+    choice = { kind: "wasm", why: `${choice.why}, but it does not fit this device's GPU memory budget (E_OUT_OF_MEMORY): the WASM champion instead` };
+    champ = await openChampion("wasm", openOpts);
+  }
   if (faults && batchVariantFault) champ.setBatchVariantFault();   // tests: the first champion opened
   let warmMs = 0;
   // WASM: every forward path warmed, threads calibrated (or a cached choice spot-checked: thread_cache.mjs)
@@ -70,7 +94,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       throw err;
     }
   };
-  let batchCheck, championFallback = null;
+  let batchCheck;
   try {
     batchCheck = await checked(champ);
   } catch (err) {
@@ -81,7 +105,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     championWarmup = await warm(champ);
     batchCheck = await checked(champ);
   }
-  const checkMs = batchCheck.ms + (championFallback ? championFallback.batch_check.ms : 0);
+  const checkMs = batchCheck.ms + (championFallback?.batch_check?.ms ?? 0);
   const t1 = performance.now();
   let draft = null, draftError = null, draftRespawns = 0, closed = false;
   let epoch = 0;
@@ -252,10 +276,10 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         browser_version: browserVersion(),
         runtime_version: info.runtime_version ?? "pyodide-unknown",
         champion_backend: champ.kind,
-        champion_fallback_code: championFallback?.code ?? null,   // E_BATCH_VARIANT: WebGPU was batch-variant here
+        champion_fallback_code: championFallback?.code ?? null,   // E_BATCH_VARIANT / E_OUT_OF_MEMORY: WebGPU was variant / too big here
         calibration_key: calibration?.key ?? null,
         peak_resident_bytes: { [mem.category]: mem.peak, wasm_draft: draftOwnBytes(),
-          pyodide_heap: info.pyodide_heap_bytes ?? 0 },
+          pyodide_heap: info.pyodide_heap_bytes ?? 0, load_transient: champ.loadTransient?.peak ?? 0 },
       });
     },
   };
@@ -268,13 +292,15 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       champion: { vocab_size: champ.vocabSize, max_context: maxContext ?? champ.maxContext ?? champ.config.max_position_embeddings,
         identity: champ.identity, artifact_bytes: champ.artifactBytes, max_block: MAX_BLOCK,
         backend: champ.kind, backend_why: choice.why, matmul: champ.matmul ?? null, weight_bytes: champ.weightBytes ?? null,
-        simd: champ.simd ?? null,
+        simd: champ.simd ?? null, load_transient: champ.loadTransient ?? null,
+        ...(champ.kind === "webgpu" || championFallback?.gpu_memory_budget ? { gpu_memory_budget: gpuBudget } : {}),
         ...(champ.threads ? { threads: champ.threads().count, threads_why: champ.threads().why } : {}),
         ...(championWarmup ? { warmup_ms: championWarmup } : {}) },
       draft: draftInfo(),
       draft_error: draftError,
       batch_check: batchCheck,             // the champion that runs: {backend, positions, ms, result, first_mismatch}
       champion_fallback: championFallback, // null, or {code: E_BATCH_VARIANT, message, from: "webgpu", batch_check}
+                                           // or {code: E_OUT_OF_MEMORY, message, from: "webgpu", gpu_memory_budget}
       draft_loading: draftLoading !== null,
     },
     timing_ms: timing,
@@ -392,7 +418,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       const m = champ.memory();
       return { champion_backend: champ.kind, gpu_buffers_live: m.buffers_live, gpu_bytes_live: m.category === "gpu_buffers" ? m.live : 0,
         gpu_bytes_peak: m.category === "gpu_buffers" ? m.peak : 0, wasm_champion_bytes: m.category === "wasm_champion" ? m.live : 0,
-        champion_weight_bytes: champ.weightBytes ?? 0,
+        champion_weight_bytes: champ.weightBytes ?? 0, load_transient_bytes: champ.loadTransient?.peak ?? 0,
         wasm_draft_bytes: draftOwnBytes(), draft_respawns: draftRespawns, device_lost: champ.lost };
     },
     close() {

@@ -15,7 +15,7 @@
 // "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
 // navigator.gpu or no adapter at all gives the WASM champion.
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
-import { compileChampionPipelines, createChampion, createChampionFromTensors } from "../gpu/champion.mjs";
+import { compileChampionPipelines, createChampion, createChampionFromTensors, refuseUnfit } from "../gpu/champion.mjs";
 import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
 import { ggufLabel, isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
@@ -158,7 +158,7 @@ export function prepareChampion(kind) {
 const gpuMatmul = (matmul) => (matmul === "q8act" ? "q8act" : "f32");
 
 async function openWebGpu({ championUrl, championConfig = null, maxContext, maxBlock, refuseAllocAfter = -1, prepared = null,
-                            matmul = "auto" }) {
+                            matmul = "auto", memoryBudgetBytes = 0 }) {
   const fn = gpuMatmul(matmul);
   const device = prepared ? await prepared.devicePromise : await requestDevice();
   const accounting = trackDevice(device);
@@ -166,13 +166,20 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
   let champion = null, acceptor = null;
   try {
     if (isGgufUrl(championUrl)) {      // a GGUF file: its tensor map (float32 linears, or blocks under q8act)
+      // before a byte is fetched: the plan in the forms it will take (f32: every linear dequantised to
+      // float32; q8act: at least Q4_0's blocks) against the budget and the binding limits
+      refuseUnfit(device, championConfig, { maxBlock, maxContext, memoryBudgetBytes, matmul: fn, forms: (hp) => {
+        const linear = fn === "q8act" ? "Q4_0" : "f32";
+        return { embed: fn === "q8act" ? "q8" : "f32", head: hp.tied ? "tied" : linear,
+          layers: Array.from({ length: hp.layers }, () => ({ qkv: linear, o: linear, gateUp: linear, down: linear })) };
+      } });
       const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
       const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl), { blocks: fn === "q8act" });
       champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: ggufLabel(championUrl),
-        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn });
-    } else {
+        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes });
+    } else {                           // the q8 artifact: createChampion plans it (every weight q8 at least) before its fetch
       champion = await createChampion({ device, modelUrl: championUrl, config: championConfig, maxBlock, maxContext,
-        pipelinesPromise: prepared?.pipelines, matmul: fn });
+        pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes });
     }
     acceptor = await createAcceptor({ device, vocabSize: champion.vocabSize, maxBlock });
   } catch (err) {
@@ -195,6 +202,8 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
     loseDevice() { backend.lost = true; device.destroy(); },
     memory: () => ({ category: "gpu_buffers", peak: accounting.peakBytes, live: accounting.liveBytes,
       buffers_live: accounting.liveBuffers }),
+    // the WebGPU loaders still read the weights' file whole before uploading it (docs/browser.md)
+    loadTransient: { peak: champion.artifactBytes ?? 0, largest_tensor: null, ratio: null, streamed: false },
     hardwareClass: () => `webgpu-${device.esFallbackAdapter ? "fallback" : "hardware"}/` +
       `${device.esAdapterInfo.vendor || "unknown"}/cpu-${cpuBucket()}`,
     close() {
@@ -253,6 +262,9 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     },
     loseDevice() { backend.lost = true; },
     memory: () => ({ category: "wasm_champion", peak: champion.memoryBytes, live: champion.memoryBytes, buffers_live: 0 }),
+    // what the load held of the weights' file in JS memory at most (streamed: one tensor and a chunk)
+    loadTransient: champion.transient ? { ...champion.transient.report(), streamed: true }
+      : { peak: champion.artifactBytes ?? 0, largest_tensor: null, ratio: null, streamed: false },
     hardwareClass: () => `wasm-${champion.simd === "relaxed" ? "relaxed-simd" : "simd"}/threads-${champion.threads}/` +
       `${champion.matmulFunction}/cpu-${cpuBucket()}`,
     /** Threads in use and why (the plan, and a calibration's medians when there was one). */

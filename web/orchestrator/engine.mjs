@@ -120,10 +120,14 @@ export class Engine {
    *  ready.info.calibration; one measured again later (drift, a late draft) arrives as
    *  {stage: "calibration", calibration} and replaces it (web/orchestrator/calibrate.mjs).
    *  cache (default true): weight files are read from and kept in the verified weight cache
-   *  (web/weight_cache.mjs; each fetch progress says p.cache); false: neither read nor written. */
+   *  (web/weight_cache.mjs; each fetch progress says p.cache); false: neither read nor written.
+   *  gpuMemoryBudget ("auto" default | bytes | 0 for none): the WebGPU champion's plan is refused
+   *  above it before its weights are fetched (E_OUT_OF_MEMORY naming the maxContext that would
+   *  fit); "auto" is half of navigator.deviceMemory; under championBackend "auto" a refusal opens
+   *  the WASM champion instead (ready.info.champion_fallback). */
   async load(models, { timeoutMs = 300000, faults = false, refuseAllocAfter = -1, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", onProgress = null, draftInBackground = false, draftDelayMs = 0, warmUp = true,
-    faultBatchVariant = false, faultAdapterIsHardware = false, calibrate = "auto", cache = true } = {}) {
+    faultBatchVariant = false, faultAdapterIsHardware = false, calibrate = "auto", cache = true, gpuMemoryBudget = "auto" } = {}) {
     if (this.terminated) throw codedError("E_TERMINATED", this.endReason);
     if (this.running || this.queue.length) throw codedError("E_BUSY", "load while requests are running or queued");
     this.schema ??= await loadSchema(this.assets.protocol);
@@ -133,7 +137,8 @@ export class Engine {
     this.ready = await this._control("load", { models: absoluteModels(models), options: { faults, refuse_alloc_after: refuseAllocAfter,
       champion_backend: championBackend, threads, matmul, draft_placement: draftPlacement, assets,
       draft_in_background: draftInBackground, draft_delay_ms: draftDelayMs, warm_up: warmUp,
-      fault_batch_variant: faultBatchVariant, fault_adapter_is_hardware: faultAdapterIsHardware, calibrate, cache } }, timeoutMs, onProgress);
+      fault_batch_variant: faultBatchVariant, fault_adapter_is_hardware: faultAdapterIsHardware, calibrate, cache,
+      gpu_memory_budget: gpuMemoryBudget } }, timeoutMs, onProgress);
     return this.ready;
   }
 

@@ -128,7 +128,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
       draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
-      cache: options.cache !== false, calibrateMode: mode,
+      cache: options.cache !== false, calibrateMode: mode, gpuMemoryBudget: options.gpu_memory_budget ?? "auto",
     });
     let session;
     try {

@@ -1,0 +1,96 @@
+// sha256_stream.mjs — SHA-256 fed in pieces (FIPS 180-4), for a file hashed as its bytes arrive:
+// WebCrypto digests only whole buffers, and a loader that streams never holds one. The same hex as
+// sha256Hex (web/sha256.mjs) and Python's hashlib (tests/test_sha256_stream.py checks both).
+//
+//   const h = new Sha256Stream();
+//   h.update(chunk1); h.update(chunk2);      // Uint8Array pieces of any sizes, in order
+//   h.hexDigest()                            // -> lowercase hex; the object is spent after it
+const K = new Int32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2]);
+const INITIAL = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
+
+export class Sha256Stream {
+  constructor() {
+    this._h = new Int32Array(INITIAL);
+    this._w = new Int32Array(64);
+    this._tail = new Uint8Array(64);     // bytes of an unfinished 64-byte block
+    this._nTail = 0;
+    this._length = 0;                    // bytes fed so far (a safe integer up to 8 PiB)
+    this._done = false;
+  }
+
+  /** Feed the next bytes (a Uint8Array, or an ArrayBuffer). */
+  update(bytes) {
+    if (this._done) throw new Error("Sha256Stream: update after hexDigest");
+    const b = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
+    let at = 0;
+    this._length += b.byteLength;
+    if (this._nTail > 0) {
+      const take = Math.min(64 - this._nTail, b.byteLength);
+      this._tail.set(b.subarray(0, take), this._nTail);
+      this._nTail += take;
+      at = take;
+      if (this._nTail < 64) return;
+      this._blocks(this._tail, 0, 64);
+      this._nTail = 0;
+    }
+    const whole = (b.byteLength - at) & ~63;
+    if (whole > 0) this._blocks(b, at, at + whole);
+    at += whole;
+    if (at < b.byteLength) {
+      this._tail.set(b.subarray(at), 0);
+      this._nTail = b.byteLength - at;
+    }
+  }
+
+  /** The digest of everything fed, as lowercase hex. */
+  hexDigest() {
+    if (this._done) throw new Error("Sha256Stream: hexDigest twice");
+    const bits = this._length * 8;
+    const pad = new Uint8Array((this._nTail < 56 ? 64 : 128) - this._nTail);
+    pad[0] = 0x80;
+    const view = new DataView(pad.buffer);
+    view.setUint32(pad.length - 8, Math.floor(bits / 2 ** 32));
+    view.setUint32(pad.length - 4, bits >>> 0);
+    this._length -= pad.length;          // padding is not message
+    this.update(pad);
+    this._done = true;
+    return Array.from(this._h, (v) => (v >>> 0).toString(16).padStart(8, "0")).join("");
+  }
+
+  /** Compress the 64-byte blocks of b[begin, end). */
+  _blocks(b, begin, end) {
+    const w = this._w, h = this._h;
+    let h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3], h4 = h[4], h5 = h[5], h6 = h[6], h7 = h[7];
+    for (let p = begin; p < end; p += 64) {
+      for (let i = 0; i < 16; i++) {
+        const q = p + 4 * i;
+        w[i] = (b[q] << 24) | (b[q + 1] << 16) | (b[q + 2] << 8) | b[q + 3];
+      }
+      for (let i = 16; i < 64; i++) {
+        const x = w[i - 15], y = w[i - 2];
+        const s0 = ((x >>> 7) | (x << 25)) ^ ((x >>> 18) | (x << 14)) ^ (x >>> 3);
+        const s1 = ((y >>> 17) | (y << 15)) ^ ((y >>> 19) | (y << 13)) ^ (y >>> 10);
+        w[i] = (w[i - 16] + s0 + w[i - 7] + s1) | 0;
+      }
+      let a = h0, bb = h1, c = h2, d = h3, e = h4, f = h5, g = h6, hh = h7;
+      for (let i = 0; i < 64; i++) {
+        const S1 = ((e >>> 6) | (e << 26)) ^ ((e >>> 11) | (e << 21)) ^ ((e >>> 25) | (e << 7));
+        const t1 = (hh + S1 + ((e & f) ^ (~e & g)) + K[i] + w[i]) | 0;
+        const S0 = ((a >>> 2) | (a << 30)) ^ ((a >>> 13) | (a << 19)) ^ ((a >>> 22) | (a << 10));
+        const t2 = (S0 + ((a & bb) ^ (a & c) ^ (bb & c))) | 0;
+        hh = g; g = f; f = e; e = (d + t1) | 0; d = c; c = bb; bb = a; a = (t1 + t2) | 0;
+      }
+      h0 = (h0 + a) | 0; h1 = (h1 + bb) | 0; h2 = (h2 + c) | 0; h3 = (h3 + d) | 0;
+      h4 = (h4 + e) | 0; h5 = (h5 + f) | 0; h6 = (h6 + g) | 0; h7 = (h7 + hh) | 0;
+    }
+    h[0] = h0; h[1] = h1; h[2] = h2; h[3] = h3; h[4] = h4; h[5] = h5; h[6] = h6; h[7] = h7;
+  }
+}
