@@ -1,6 +1,6 @@
-"""Load memory in the engine (real Chromium, SwiftShader WebGPU, the shipped toy pair): the WASM
-champion's streamed load reports its load transient (ready.info, engine.memory(), the receipt's
-peak_resident_bytes) within 1.1x its largest tensor; a WebGPU champion over gpuMemoryBudget is refused
+"""Load memory in the engine (real Chromium, SwiftShader WebGPU, the shipped toy pair): the
+champion's streamed load (WASM and WebGPU) reports its load transient (ready.info, engine.memory(),
+the receipt's peak_resident_bytes) within 1.1x its largest tensor; a WebGPU champion over gpuMemoryBudget is refused
 before its weights are requested, naming the maxContext that would fit, and under championBackend
 "auto" the WASM champion runs instead (champion_fallback E_OUT_OF_MEMORY, in every receipt).
 Run under the browser lock: flock /tmp/browser.lock .venv/bin/python -m pytest tests/test_load_memory_browser.py -x -q"""
@@ -47,6 +47,12 @@ def test_the_wasm_champions_streamed_load_reports_its_transient(rt):
     assert receipt["peak_resident_bytes"]["load_transient"] == transient["peak"], receipt["peak_resident_bytes"]
 
 
+def wasm_answer(rt):
+    """The greedy answer's ids on the WASM champion (the engine is reloaded on WASM after)."""
+    assert "ready" in try_load(rt, championBackend="wasm")
+    return answer(rt)["token_ids"]
+
+
 def weight_requests(rt, run):
     """URLs of the champion's weights requested while run() runs (the page and its workers)."""
     seen = []
@@ -70,6 +76,9 @@ def test_a_webgpu_champion_over_the_budget_is_refused_before_its_weights(rt):
     assert roomy["ready"]["info"]["champion"]["backend"] == "webgpu", roomy
     assert roomy["ready"]["info"]["champion"]["gpu_memory_budget"] == {"bytes": 0, "source": "none"}
     assert fetched, "a load within the budget fetches the weights"
+    transient = roomy["ready"]["info"]["champion"]["load_transient"]       # the WebGPU champion streams too
+    assert transient["streamed"] is True and transient["peak"] <= 1.1 * transient["largest_tensor"], transient
+    assert answer(rt)["token_ids"] == wasm_answer(rt), "WebGPU and WASM greedy answers differ"
 
 
 def test_a_budget_between_the_weights_and_the_full_context_names_the_context_that_fits(rt):

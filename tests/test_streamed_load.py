@@ -95,6 +95,20 @@ def test_streamed_smollm2_gguf_equals_the_whole_file_and_holds_one_tensor():
     assert t["largest_tensor"] == 49152 * 576 // 32 * 34       # the Q8_0 embedding, in its blocks
 
 
+def test_streamed_smollm2_gguf_on_the_f32_matmul_converts_a_slice_at_a_time():
+    """matmul "f32": every linear dequantised to float32 as it is placed, a slice of rows at a time,
+    so the load never holds a whole float32 tensor: the transient stays within 1.1x the largest
+    tensor of the file, and the logits equal the whole file's."""
+    from gguf_builders import smollm2_path
+    from exactspec.formats.gguf_model import GGUFModel
+    path = Path(smollm2_path())
+    with GGUFModel(str(path)) as model:
+        config = validated(model.config)
+    got = run_harness(HARNESS, {"champions": [champion_case(path, "gguf", config, [[[1, 504, 3458], 0]], matmul="f32")]})["champions"][0]
+    t = check_streamed(got, path)
+    assert t["largest_tensor"] == 49152 * 576 // 32 * 34       # no float32 copy of the embedding was made whole
+
+
 def test_streamed_q8_safetensors_equals_the_whole_file():
     path = SHIPPED / "model.q8.safetensors"
     config = validated(json.loads((SHIPPED / "config.json").read_text()))

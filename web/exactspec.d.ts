@@ -147,9 +147,9 @@ export interface Calibration {
   spot_check?: { v1_ms: number; ratio: number };    // a cached entry's check (V(1) timed at this load)
 }
 
-/** Bytes of the champion's weights file the load held in JS memory at most: a streamed load (the
- *  WASM champion) holds one tensor's staging buffer and a network chunk (ratio: peak / largest
- *  tensor); a whole-file load (WebGPU today) the file (streamed false). */
+/** Bytes of the champion's weights file the load held in JS memory at most: a streamed load (both
+ *  backends, from a URL) holds one tensor's staging buffer, a 128 KiB read and any slice it converts
+ *  (ratio: peak / the largest tensor it had to hold); streamed false: the file was held whole. */
 export interface LoadTransient { peak: number; largest_tensor: number | null; ratio: number | null; streamed: boolean }
 
 export interface ReadyInfo {

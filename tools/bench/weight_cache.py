@@ -60,7 +60,8 @@ def one_load(context, port, champion, draft, rate) -> dict:
         return {"page_total_ms": timing["page_total"], "total_ms": timing["total"],
                 "timing_ms": {k: round(v, 1) for k, v in timing.items() if isinstance(v, (int, float))},
                 "weights": weights, "threads_cache": rt.ready["info"]["champion"].get("warmup_ms", {}).get("threads_cache"),
-                "cached_files": len(listed), "token_ids": ids}
+                "cached_files": len(listed), "token_ids": ids,
+                "load_transient": rt.ready["info"]["champion"].get("load_transient")}
     finally:
         rt.close()
 
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
                     shutil.rmtree(profile, ignore_errors=True)
                 rows.append({"rep": rep, "mbps": mbps, "first": first, "second": second})
                 print(f"  rep {rep} {mbps:g} Mbit/s: first {first['page_total_ms'] / 1000:.1f} s {first['weights']}, "
-                      f"second {second['page_total_ms'] / 1000:.1f} s {second['weights']} (threads {second['threads_cache']})",
+                      f"second {second['page_total_ms'] / 1000:.1f} s {second['weights']} (threads {second['threads_cache']}); "
+                      f"load transient {first['load_transient']} / {second['load_transient']}",
                       flush=True)
     finally:
         pw.stop()

@@ -25,6 +25,7 @@ import { codedError, errorPayload } from "../protocol.mjs";
 import { artifactIdentity, streamedIdentity } from "../weight_cache.mjs";
 import { BLOCK_TYPE_IDS, ggufHeaderTensorMap, openGgufStream } from "../gguf/gguf_tensors.mjs";
 import { LoadTransient, StreamedFile } from "../formats/streamed_file.mjs";
+import { float32Slices, placeAll } from "../formats/streamed_placement.mjs";
 import { ggufLabel } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule, statusError } from "./cpu_module.mjs";
 import { CpuSession } from "./cpu_session.mjs";
@@ -290,7 +291,7 @@ export class WasmChampion {
     this.transient = null;                // the LoadTransient of a streamed load
     if (streamed) return;                 // createWasmChampion places the tensors as they arrive, then _checkPlaced
     try {
-      for (const [name, place] of this._placementJobs(c)) place(tensors, name);
+      for (const [name, place] of this._placementJobs(c)) place(tensors, name);   // in memory: in this order
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");
     }
@@ -430,8 +431,8 @@ export class WasmChampion {
 
   /** Write `bytes` (the values as they are, or int8 widened to exact float32) where the module
    *  holds tensor `kind`; the module's byte count must be what is written. */
-  _place(kind, layer, bytes, widen, name) {
-    const n = widen ? 4 * bytes.byteLength : bytes.byteLength;
+  _place(kind, layer, bytes, widen, name, { at = 0, total = null } = {}) {
+    const n = total ?? (widen ? 4 * bytes.byteLength : bytes.byteLength);
     if (this.wasm.champion_tensor_bytes) {
       const want = this.wasm.champion_tensor_bytes(kind, layer) >>> 0;
       if (want !== n) throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name}: the module holds ${want} bytes for it, the file gives ${n} (byte count mismatch)`);
@@ -440,11 +441,11 @@ export class WasmChampion {
     if (!ptr) throw codedError("E_INTERNAL", `no destination for tensor kind ${kind} (${name})`);
     // a streamed load counts what it holds beside the staging buffer (a re-ordered or dequantised copy)
     const copy = this.transient && this._staging && bytes.buffer !== this._staging ? bytes.byteLength : 0;
-    this.transient?.hold(copy);
+    this.transient?.holdCopy(copy);
     if (widen) {                    // int8 -> float32: exact
       this._view(Float32Array, ptr, bytes.byteLength).set(new Int8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength));
     } else {                        // int8 or blocks kept as they are, or float32 bytes (the file may leave them unaligned)
-      this._view(Uint8Array, ptr, n).set(bytes);
+      this._view(Uint8Array, ptr + at, bytes.byteLength).set(bytes);
     }
     this.transient?.release(copy);
   }
@@ -471,8 +472,11 @@ export class WasmChampion {
         throw codedError("E_MODEL_LOAD", `${this._label}: tensor ${name}: ${t.dtype} holds ${bytes.byteLength} bytes, its shape needs ${shape[0] * t.rowBytes} (byte count mismatch)`);
       }
       this._place(kind, layer, bytes, false, name);
-    } else {
-      this._place(kind, layer, this._f32(tensors, name, shape), false, name);
+    } else {                        // float32: a converted tensor a slice at a time
+      const total = 4 * shape[0] * shape[1];
+      for (const [r0, , bytes] of float32Slices(tensors, name, shape, this._label)) {
+        this._place(kind, layer, bytes, false, name, { at: 4 * r0 * shape[1], total });
+      }
       if (!lin.embedding) this._place(scaleKind, layer, this._ones(shape[0]), false, `${name} (scales of 1.0)`);
     }
   }
@@ -511,22 +515,14 @@ export class WasmChampion {
     return jobs;
   }
 
-  /** The placement jobs in file order, each as its tensor's bytes arrive in `file`'s staging buffer
-   *  (a StreamedFile; every entry of `tensors` carries its source {offset, nbytes}). A tensor the
-   *  file lacks is refused before any data byte is read. */
+  /** Every tensor placed as a streamed file's bytes arrive (streamed_placement.mjs): staged in file
+   *  order, each written where the module holds it. */
   async _placeStreamed(tensors, file) {
-    const byName = new Map();
-    for (const [name, place] of this._placementJobs(this.hp)) {
-      if (!tensors.has(name)) place(tensors, name);        // throws: the missing tensor, named
-      byName.set(name, [...(byName.get(name) ?? []), place]);
-    }
-    const order = [...byName.keys()].map((name) => [name, tensors.get(name).source]).sort((a, b) => a[1].offset - b[1].offset);
-    const largest = Math.max(...order.map(([, source]) => source.nbytes));
-    if (this.transient) this.transient.largestTensor = largest;
-    for (const [name, source] of order) {
-      this._staging = (await file.stage(source.offset, source.nbytes, largest)).buffer;
-      for (const place of byName.get(name)) place(tensors, name);
-    }
+    const writes = this._placementJobs(this.hp).map(([name, place]) => [[name], (t) => {
+      this._staging = file.stagingBuffer;                   // what is not in it is a copy, counted
+      place(t, name);
+    }]);
+    await placeAll(writes, tensors, file);
     this._staging = null;
   }
 

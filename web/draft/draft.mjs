@@ -4,9 +4,10 @@
 // Runs in a page, a module worker or Node (pass bytes instead of URLs there).
 import { readValidatedConfig, wasmKernelConfig } from "../formats/model_config.mjs";
 import { checkedPolicy } from "../sampling_policy.mjs";
-import { fetchSafetensors } from "../formats/safetensors.mjs";
+import { openSafetensorsStream } from "../formats/safetensors.mjs";
+import { LoadTransient } from "../formats/streamed_file.mjs";
 import { EMBED_ROWS, HEAD_IDS, checkRestrictedValues, checkSafetensorsHeader, headerLength, restrictedShapes } from "../formats/model_checks.mjs";
-import { artifactIdentity } from "../weight_cache.mjs";
+import { artifactIdentity, streamedIdentity } from "../weight_cache.mjs";
 import { ggufDraftWeights } from "../gguf/gguf_draft.mjs";
 import { isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { cpuImports, isThreadedModule } from "../champion_wasm/cpu_module.mjs";
@@ -80,19 +81,41 @@ export async function createDraft({ wasmUrl, modelUrl, wasmBytes, configJson, we
     return draft;
   }
   const base = modelUrl ? (modelUrl.endsWith("/") ? modelUrl : modelUrl + "/") : null;
+  const url = base + "model.safetensors";
   const [wasm, config, file] = await Promise.all([
     shared ? null : wasmBytes ?? fetchBytes(fetchFn, wasmUrl),
     configJson ?? readValidatedConfig(base + "config.json", fetchFn),
-    weightsBytes ?? fetchSafetensors(fetchFn, base + "model.safetensors").then((b) => new Uint8Array(b)),
+    weightsBytes ?? openSafetensorsStream(fetchFn, url, url, new LoadTransient()),
   ]);
-  // = LlamaReference.identity (sha256 of model.safetensors); before anything is built: a cached copy
-  // that fails it (web/weight_cache.mjs) leaves nothing in a shared instance's arena
-  const identity = await artifactIdentity(file);
-  const { exports, memory } = shared ?? await instantiateAlone(wasm);
-  const draft = new Draft(exports, typeof config === "string" ? JSON.parse(config) : config, file, memory ?? exports.memory);
-  draft.identity = identity;
-  draft.artifactBytes = file.byteLength;
-  return draft;
+  const parsedConfig = typeof config === "string" ? JSON.parse(config) : config;
+  if (file instanceof Uint8Array) {
+    // = LlamaReference.identity (sha256 of model.safetensors); before anything is built: a cached copy
+    // that fails it (web/weight_cache.mjs) leaves nothing in a shared instance's arena
+    const identity = await artifactIdentity(file);
+    const { exports, memory } = shared ?? await instantiateAlone(wasm);
+    const draft = new Draft(exports, parsedConfig, file, memory ?? exports.memory);
+    draft.identity = identity;
+    draft.artifactBytes = file.byteLength;
+    return draft;
+  }
+  // streamed: the file's bytes go straight into WASM memory, a read at a time (streamed_file.mjs),
+  // hashed as they come; the identity is checked before the draft is built
+  try {
+    const { exports, memory } = shared ?? await instantiateAlone(wasm);
+    const layout = { headerBytes: file.headerBytes, size: file.end, tensors: Object.fromEntries([...file.tensors].map(
+      ([name, t]) => [name, { dtype: t.dtype, shape: t.shape, begin: t.source.offset - file.headerBytes, end: t.source.offset - file.headerBytes + t.source.nbytes }])) };
+    const draft = new Draft(exports, parsedConfig, layout, memory ?? exports.memory);
+    await draft._fill(file.file, file.end);
+    const hex = await file.file.finish(file.end, { size: file.size });
+    draft.identity = await streamedIdentity(file.response, hex);
+    draft._build();
+    draft.artifactBytes = file.end;
+    draft.transient = file.file.transient;
+    return draft;
+  } catch (err) {
+    file.file.cancel();
+    throw err;
+  }
 }
 
 /** A CPU module instance of its own -> {exports, memory}; the threaded build (cpu_mt.wasm) gets the
@@ -105,6 +128,8 @@ async function instantiateAlone(wasm) {
 }
 
 export class Draft {
+  /** file: the whole model.safetensors (Uint8Array), or its layout {headerBytes, size, tensors:
+   *  {name: {dtype, shape, begin, end}}} when its bytes are streamed in after (_fill, then _build). */
   constructor(exports, config, file, memory = exports.memory) {
     this.wasm = exports;
     this.memory = memory;                 // the CPU module's (shared with the champion when loaded into its instance)
@@ -113,14 +138,34 @@ export class Draft {
     this.hp = c;
     this.vocabSize = c.vocab_size;
     this.maxContext = c.max_context;
-    const { headerBytes, tensors } = parseSafetensorsHeader(file);
+    const whole = file instanceof Uint8Array;
+    const { headerBytes, tensors } = whole ? parseSafetensorsHeader(file) : file;
+    this._layout = { headerBytes, tensors };
 
-    // copy the whole file so that its data section starts 16-byte aligned in wasm memory
-    const raw = this.wasm.draft_alloc(file.byteLength + 16);
+    // the whole file, copied so that its data section starts 16-byte aligned in wasm memory
+    const size = whole ? file.byteLength : file.size;
+    const raw = this.wasm.draft_alloc(size + 16);
     if (!raw) throw loadError("out of wasm memory for the weights");
-    const base = raw + ((16 - ((raw + headerBytes) % 16)) % 16);
-    this._u8().set(file, base);
-    const dataStart = base + headerBytes;
+    this._base = raw + ((16 - ((raw + headerBytes) % 16)) % 16);
+    if (!whole) return;                // createDraft streams the bytes in (_fill), then builds (_build)
+    this._u8().set(file, this._base);
+    this._build();
+  }
+
+  /** The file's bytes [headerBytes, end) from a StreamedFile into their place in WASM memory, one
+   *  read at a time (a fresh view per read: memory may grow meanwhile). */
+  async _fill(file, end) {
+    const READ = 1 << 20;
+    for (let at = this._layout.headerBytes; at < end; at += READ) {
+      const piece = await file.stage(at, Math.min(READ, end - at), READ);
+      this._u8().set(piece, this._base + at);
+    }
+  }
+
+  /** Point the module at each tensor of the file in WASM memory, check them, and make the buffers. */
+  _build() {
+    const c = this.hp, { headerBytes, tensors } = this._layout;
+    const dataStart = this._base + headerBytes;
 
     // restricted vocabulary (optional, web/formats/model_checks.mjs): shapes now, values once in memory
     const fault = (problem) => { throw loadError(`model.safetensors: ${problem}`); };

@@ -84,7 +84,7 @@ export async function fetchModelFile(fetchFn, url) {
 /** A fetched safetensors file opened for streaming (streamed_file.mjs): {file: a StreamedFile past
  *  its header, tensors: Map(name -> {dtype, shape, source: {offset, nbytes}, bytes: the staged
  *  view, readable only while file.stage has that tensor's range}), end: the bytes the header
- *  covers, size: the declared Content-Length or null, response}. The header is checked (against
+ *  covers, headerBytes: 8 + the header's length, size: the declared Content-Length or null, response}. The header is checked (against
  *  the declared size) before a data byte is read, as readSafetensorsResponse does. */
 export async function openSafetensorsStream(fetchFn, url, label = String(url), transient = undefined) {
   const response = await fetchModelFile(fetchFn, url);
@@ -101,7 +101,7 @@ export async function openSafetensorsStream(fetchFn, url, label = String(url), t
       const source = { offset: 8 + n + begin, nbytes: end - begin };
       tensors.set(name, { dtype, shape, source, get bytes() { return file.current(source); } });
     }
-    return { file, tensors, end: 8 + n + dataLen, size, response };
+    return { file, tensors, headerBytes: 8 + n, end: 8 + n + dataLen, size, response };
   } catch (err) {
     file.cancel();
     throw err;

@@ -16,13 +16,17 @@ const PIECE_BYTES = 128 * 1024;       // a byte stream's reads: what one read ho
 
 /** Bytes a loader holds of a model file, now and at most (the "load transient" category). */
 export class LoadTransient {
-  constructor() { this.held = 0; this.peak = 0; this.largestTensor = 0; }
+  constructor() { this.held = 0; this.peak = 0; this.largestTensor = 0; this.largestCopy = 0; }
   hold(n) { this.held += n; if (this.held > this.peak) this.peak = this.held; }
   release(n) { this.held -= n; }
-  /** {peak, largest_tensor, ratio}: the peak against the largest tensor the load placed. */
+  /** n bytes made from a staged tensor (re-ordered rows, a float32 dequantisation) held while they
+   *  are written. */
+  holdCopy(n) { this.hold(n); if (n > this.largestCopy) this.largestCopy = n; }
+  /** {peak, largest_tensor, ratio}: the peak against the largest tensor the load had to hold: as
+   *  it is in the file, or as the loader writes it (a float32 dequantisation), whichever is larger. */
   report() {
-    return { peak: this.peak, largest_tensor: this.largestTensor,
-      ratio: this.largestTensor ? Math.round((this.peak / this.largestTensor) * 1000) / 1000 : null };
+    const largest = Math.max(this.largestTensor, this.largestCopy);
+    return { peak: this.peak, largest_tensor: largest, ratio: largest ? Math.round((this.peak / largest) * 1000) / 1000 : null };
   }
 }
 
@@ -143,6 +147,9 @@ export class StreamedFile {
     this._stagedAt = { offset, nbytes };
     return this._staging.subarray(0, nbytes);
   }
+
+  /** The staging buffer's ArrayBuffer (a loader tells its copies from the staged bytes by it). */
+  get stagingBuffer() { return this._staging?.buffer ?? null; }
 
   /** The staged view of a source {offset, nbytes} (a tensor's bytes in the file), which must be
    *  the range staged last: a tensor map over a stream reads only the tensor being placed. */

@@ -127,10 +127,16 @@ export function ggufHeaderTensorMap(header, rawOf, config, label, { lazy = false
       : name.endsWith(".k_proj.weight") ? config.num_key_value_heads : 0;
     const materialise = () => float32Tensor(rawOf(t), t, heads, label);
     const shape = [...t.dims].reverse();
-    const floatEntry = () => (lazy ? { dtype: "F32", shape, source: t, get bytes() {
-      if (last.name !== name) last = { name, bytes: materialise() };
+    // rows(r0, r1): the float32 bytes of rows [r0, r1) alone (a loader that writes a big tensor a
+    // slice at a time never holds all of it as float32); absent for rows re-ordered (llama q/k)
+    const rows = heads ? null : (r0, r1) => float32Rows(rawOf(t), t, r0, r1, label);
+    const floatEntry = () => (lazy ? { dtype: "F32", shape, source: t, rows, get bytes() {
+      if (last.name !== name) {
+        last = { name: null, bytes: null };   // the previous tensor's float32 goes before this one is made
+        last = { name, bytes: materialise() };
+      }
       return last.bytes;
-    } } : { dtype: "F32", shape, bytes: materialise() });
+    } } : { dtype: "F32", shape, rows, bytes: materialise() });
     if (blocks && Object.hasOwn(BLOCK_TYPE_IDS, t.typeName)) {
       const raw = () => blockTensor(rawOf(t), t, heads, label);
       const rowBytes = t.nbytes / (t.dims.slice(1).reduce((a, d) => a * d, 1) || 1);
@@ -166,6 +172,18 @@ function blockTensor(raw, t, heads, label) {
 const SCALE_HALVES = { Q8_0: [0], Q4_0: [0], Q4_1: [0, 2], Q4_K: [0, 2], Q6_K: [208] };
 
 /** One tensor's float32 bytes: dequantised, every row finite, q/k rows un-permuted over `heads` (0: none). */
+/** Rows [r0, r1) of a tensor as float32 bytes (dequantised or widened, every value finite): the
+ *  same values as float32Tensor's rows, for a tensor whose rows keep their order. */
+function float32Rows(raw, t, r0, r1, label) {
+  const cols = t.dims[0], rowBytes = t.nbytes / (t.dims.slice(1).reduce((a, d) => a * d, 1) || 1);
+  const values = new Float32Array((r1 - r0) * cols);
+  dequantize(raw.subarray(r0 * rowBytes, r1 * rowBytes), t.typeName, values);
+  for (let i = 0; i < values.length; i++) {
+    if (!Number.isFinite(values[i])) throw refuse(label, `tensor ${pyRepr(t.name)}`, `row ${r0 + Math.floor(i / cols)} holds a value that is inf or NaN`);
+  }
+  return new Uint8Array(values.buffer);
+}
+
 function float32Tensor(raw, t, heads, label) {
   const cols = t.dims[0], rows = t.dims.slice(1).reduce((a, d) => a * d, 1);
   let values = new Float32Array(cols * rows);

@@ -2,11 +2,13 @@
 import {
   bindGroups, createPipelines, metaBuffer, packMeta, readBuffer, storageBuffer, writeBytes, META_STRIDE,
 } from "./device.mjs";
-import { expectTensor, fetchSafetensors, parseSafetensors } from "../formats/safetensors.mjs";
+import { expectTensor, openSafetensorsStream } from "../formats/safetensors.mjs";
+import { LoadTransient } from "../formats/streamed_file.mjs";
+import { float32Slices, placeAll } from "../formats/streamed_placement.mjs";
 import { gpuHyperParameters, readValidatedConfig, resolveMaxContext, ropeTable } from "../formats/model_config.mjs";
 import { bindingLimit, formRowBytes, LINEAR_GROUPS, linearShapes, planChampion } from "./champion_plan.mjs";
 import { compileQmatmulPipelines, QMATMUL_FORMATS, QOPS } from "./qmatmul.mjs";
-import { artifactIdentity } from "../weight_cache.mjs";
+import { streamedIdentity } from "../weight_cache.mjs";
 import { modelLoadError } from "../formats/model_checks.mjs";
 
 export const KERNELS = [
@@ -78,13 +80,6 @@ function formOf(tensors, name, where, matmul = "f32") {
   return matmul === "q8act" && isBlockForm(dtype) ? dtype : "f32";
 }
 
-/** A tensor's float32 entry: itself, or a block entry's exact dequantisation (its float32()). */
-function float32Entry(tensors, name, shape, where) {
-  const t = tensors.get(name);
-  if (t && t.dtype !== "F32" && typeof t.float32 === "function") return expectTensor(new Map([[name, t.float32()]]), name, "F32", shape, where);
-  return expectTensor(tensors, name, "F32", shape, where);
-}
-
 /** A block-form tensor's raw bytes (rows of cols / 32 blocks), checked against its shape. */
 function blockBytes(tensors, name, form, rows, cols, where) {
   const t = tensors.get(name);
@@ -147,55 +142,73 @@ function dequantisedQ8(q8, scale, rows, cols) {
   return new Uint8Array(out.buffer);
 }
 
-/** Upload a (rows, cols) tensor made of row-stacked parts [[name, rows]] in `form` (q8: int8
+/** Buffers for a (rows, cols) tensor made of row-stacked parts [[name, rows]] in `form` (q8: int8
  *  weights + one scale buffer; f32: float32 weights, q8 and block parts dequantised; a block form:
- *  the raw blocks, 4 bytes of padding for the kernels' word reads) into pieces of rows ({row0,
- *  rows}), each its own buffers; each piece says its `form`. */
-function uploadPieces(device, tensors, parts, cols, form, pieces, where) {
+ *  the raw blocks, 4 bytes of padding for the kernels' word reads) in pieces of rows ({row0,
+ *  rows}), each its own buffers; each piece says its `form`. The bytes are written by the writes
+ *  this pushes (streamed_placement.mjs: [needs, write(tensors)]), one per part (and its scales). */
+function uploadPieces(device, tensors, parts, cols, form, pieces, where, writes, put) {
   const rowBytes = formRowBytes(form, cols), pad = isBlockForm(form) ? 4 : 0;
-  const sources = [];
-  let at = 0;
-  for (const [name, rows] of parts) {
-    const q8 = tensors.has(`${name}.q8`);
-    const w = q8 ? expectTensor(tensors, `${name}.q8`, "I8", [rows, cols], where).bytes
-      : isBlockForm(form) ? blockBytes(tensors, name, form, rows, cols, where)
-        : float32Entry(tensors, name, [rows, cols], where).bytes;
-    const s = q8 ? expectTensor(tensors, `${name}.scale`, "F32", [rows], where).bytes : null;
-    sources.push(q8 && form === "f32" ? { row0: at, rows, w: dequantisedQ8(w, s, rows, cols) } : { row0: at, rows, w, s });
-    at += rows;
-  }
-  return pieces.map(({ row0, rows }) => {
-    const piece = { form, row0, rows, cols, stride: at, w: storageBuffer(device, rows * rowBytes + pad, null, `${parts[0][0]}[${row0}:]`) };
+  const stride = parts.reduce((n, [, rows]) => n + rows, 0);
+  const out = pieces.map(({ row0, rows }) => {
+    const piece = { form, row0, rows, cols, stride, w: storageBuffer(device, rows * rowBytes + pad, null, `${parts[0][0]}[${row0}:]`) };
     if (form === "q8") piece.s = storageBuffer(device, rows * 4, null, `${parts[0][0]}.scale[${row0}:]`);
-    for (const src of sources) {   // copy the overlap of [src.row0, +src.rows) and [row0, +rows)
-      const a = Math.max(row0, src.row0), b = Math.min(row0 + rows, src.row0 + src.rows);
-      if (a >= b) continue;
-      writeBytes(device, piece.w, (a - row0) * rowBytes, src.w.subarray((a - src.row0) * rowBytes, (b - src.row0) * rowBytes));
-      if (piece.s) writeBytes(device, piece.s, (a - row0) * 4, src.s.subarray((a - src.row0) * 4, (b - src.row0) * 4));
-    }
     return piece;
   });
+  // rows [src0, src0 + n) of one part (its bytes `data`, `unit` bytes a row) into every piece they overlap
+  const writeRows = (key, src0, n, data, unit) => put.whole(data, () => {
+    for (const piece of out) {
+      const a = Math.max(piece.row0, src0), b = Math.min(piece.row0 + piece.rows, src0 + n);
+      if (a < b) put(piece[key], (a - piece.row0) * unit, data.subarray((a - src0) * unit, (b - src0) * unit));
+    }
+  });
+  let at = 0;
+  for (const [name, rows] of parts) {
+    const row0 = at;
+    at += rows;
+    const q8 = `${name}.q8`, scale = `${name}.scale`;
+    const w = (t) => expectTensor(t, q8, "I8", [rows, cols], where).bytes, s = (t) => expectTensor(t, scale, "F32", [rows], where).bytes;
+    if (tensors.has(q8) && form === "f32") {       // a q8 part of a float32 upload: needs its scales too
+      writes.push([[q8, scale], (t) => writeRows("w", row0, rows, dequantisedQ8(w(t), s(t), rows, cols), rowBytes)]);
+    } else if (tensors.has(q8)) {
+      writes.push([[q8], (t) => writeRows("w", row0, rows, w(t), rowBytes)]);
+      writes.push([[scale], (t) => writeRows("s", row0, rows, s(t), 4)]);
+    } else if (isBlockForm(form)) {
+      writes.push([[name], (t) => writeRows("w", row0, rows, blockBytes(t, name, form, rows, cols, where), rowBytes)]);
+    } else {
+      writes.push([[name], (t) => {     // float32: a converted tensor a slice at a time
+        for (const [a, b, bytes] of float32Slices(t, name, [rows, cols], where)) writeRows("w", row0 + a, b - a, bytes, rowBytes);
+      }]);
+    }
+  }
+  return out;
+}
+
+/** A buffer of n float32 values written from tensor `name` (a norm, a bias) by a write it pushes. */
+function uploadF32(device, name, n, where, writes, put, buffer = null, offset = 0) {
+  const buf = buffer ?? storageBuffer(device, n * 4, null, name);
+  writes.push([[name], (t) => put(buf, offset, expectTensor(t, name, "F32", [n], where).bytes)]);
+  return buf;
 }
 
 /** Upload the linears of layer i in their planned forms, fusing q|k|v and gate|up row-wise (same
  *  dot products), plus its norms and Qwen2's q/k/v biases (fused like q|k|v). */
-function uploadLayer(device, tensors, hp, i, forms, pieces, where) {
+function uploadLayer(device, tensors, hp, i, forms, pieces, where, writes, put) {
   const p = `model.layers.${i}.`, H = hp.hidden;
   const parts = linearParts(hp, i);
-  const f32 = (name, n) => storageBuffer(device, n * 4, expectTensor(tensors, p + name, "F32", [n], where).bytes, p + name);
+  const f32 = (name, n) => uploadF32(device, p + name, n, where, writes, put);
   let qkvBias = null;
-  if (hp.qkvBias) {
-    const bias = new Uint8Array(parts.qkv.reduce((sum, [, r]) => sum + r, 0) * 4);
+  if (hp.qkvBias) {                  // q|k|v biases into one buffer, each at its rows
+    qkvBias = storageBuffer(device, parts.qkv.reduce((sum, [, r]) => sum + r, 0) * 4, null, `${p}qkv.bias`);
     let at = 0;
     for (const [name, r] of parts.qkv) {
-      bias.set(expectTensor(tensors, name.replace(/\.weight$/, ".bias"), "F32", [r], where).bytes, at);
+      uploadF32(device, name.replace(/\.weight$/, ".bias"), r, where, writes, put, qkvBias, at);
       at += r * 4;
     }
-    qkvBias = storageBuffer(device, bias.byteLength, bias, `${p}qkv.bias`);
   }
   const shapes = linearShapes(hp);
   const linears = Object.fromEntries(LINEAR_GROUPS.map(
-    (g) => [g, uploadPieces(device, tensors, parts[g], shapes[g][1], forms[g], pieces[g], where)]));
+    (g) => [g, uploadPieces(device, tensors, parts[g], shapes[g][1], forms[g], pieces[g], where, writes, put)]));
   return {
     attnNorm: f32("input_layernorm.weight", H), mlpNorm: f32("post_attention_layernorm.weight", H), qkvBias, ...linears,
   };
@@ -248,15 +261,20 @@ export async function createChampion({ device, modelUrl, config = null, maxBlock
   // refuse before the download what cannot fit even in the smallest forms (every weight q8)
   planChampion(setup.hp, { embed: "q8", head: setup.hp.tied ? "tied" : "q8" }, setup.planOptions);
   const weightsUrl = new URL("model.q8.safetensors", base);
-  const fileBytes = await fetchSafetensors(fetch, weightsUrl, weightsUrl.pathname);   // header checked before the data
+  // streamed (streamed_file.mjs): the header checked before the data, each tensor written to its
+  // buffers as it arrives; the sha256 of model.q8.safetensors, hashed as it comes, is the identity
+  // LlamaReference.from_dir(dir, weights="q8") reports
+  const { file, tensors, end, size, response } = await openSafetensorsStream(fetch, weightsUrl.href, weightsUrl.pathname, new LoadTransient());
   const t1 = performance.now();
-  const { tensors } = parseSafetensors(fileBytes, weightsUrl.pathname);
-  // sha256 of model.q8.safetensors: the identity LlamaReference.from_dir(dir, weights="q8") reports
-  const identity = await artifactIdentity(fileBytes);
-  return buildChampion(device, {
-    config, setup, tensors, identity, artifactBytes: fileBytes.byteLength, where: `safetensors file ${weightsUrl.pathname}`,
-    pipelinesReady, times: { t0, t1, t2: performance.now() }, shaderUrl, dot4,
-  });
+  try {
+    return await buildChampion(device, {
+      config, setup, tensors, identity: null, artifactBytes: size, where: `safetensors file ${weightsUrl.pathname}`,
+      pipelinesReady, times: { t0, t1, t2: t1 }, shaderUrl, dot4, stream: { file, end, drain: false, size, response },
+    });
+  } catch (err) {
+    file.cancel();
+    throw err;
+  }
 }
 
 /** The same champion from a tensor map that did not come from model.q8.safetensors (a GGUF file's
@@ -265,26 +283,31 @@ export async function createChampion({ device, modelUrl, config = null, maxBlock
  *  head either F32 `<name>` or `<name>.q8` + `<name>.scale`; `identity` the sha256 hex of the file
  *  the weights came from; `label` names it in refusals; `artifactBytes` its size (default: the
  *  tensors' bytes). Other options as createChampion; with matmul "q8act" a tensor may also come in its
- *  GGUF blocks (ggufTensorMap's {blocks: true} entries: Q8_0 / Q4_0 / Q4_1 run on their kernels). */
+ *  GGUF blocks (ggufTensorMap's {blocks: true} entries: Q8_0 / Q4_0 / Q4_1 run on their kernels).
+ *  stream: {file (a StreamedFile past its header), end, drain, size, response}: the map's entries
+ *  read from the file's staging buffer (ggufHeaderTensorMap over openGgufStream), each tensor
+ *  written as it arrives; the identity is then the file's sha256 as hashed (identity: null). */
 export async function createChampionFromTensors({ device, config, tensors, identity, label, artifactBytes = 0, maxBlock = 9,
                                                   maxContext = 0, shaderUrl = null, pipelinesPromise = null,
-                                                  maxBindingBytes = 0, memoryBudgetBytes = 0, matmul = "f32", dot4 = undefined }) {
+                                                  maxBindingBytes = 0, memoryBudgetBytes = 0, matmul = "f32", dot4 = undefined,
+                                                  stream = null }) {
   if (!(tensors instanceof Map)) throw new Error("E_BAD_ARGUMENT: tensors must be a Map(name -> {dtype, shape, bytes})");
-  if (!(typeof identity === "string" && /^[0-9a-f]{64}$/.test(identity))) {
+  if (!stream && !(typeof identity === "string" && /^[0-9a-f]{64}$/.test(identity))) {
     throw new Error("E_BAD_ARGUMENT: identity must be the sha256 of the weights' file, 64 lowercase hex digits");
   }
   if (!(typeof label === "string" && label !== "")) throw new Error("E_BAD_ARGUMENT: label must name the weights' source");
   const t0 = performance.now();
   const pipelinesReady = pipelinesFor(device, shaderUrl, pipelinesPromise);
   const setup = loadSetup(device, config, { maxBlock, maxContext, maxBindingBytes, memoryBudgetBytes, matmul });
-  const bytes = artifactBytes || [...tensors.values()].reduce((sum, t) => sum + t.bytes.byteLength, 0);
+  const bytes = artifactBytes || (stream ? 0 : [...tensors.values()].reduce((sum, t) => sum + t.bytes.byteLength, 0));
   return buildChampion(device, {
-    config, setup, tensors, identity, artifactBytes: bytes, where: label, pipelinesReady, times: { t0, t1: t0, t2: t0 }, shaderUrl, dot4,
+    config, setup, tensors, identity, artifactBytes: bytes, where: label, pipelinesReady, times: { t0, t1: t0, t2: t0 }, shaderUrl, dot4, stream,
   });
 }
 
 /** Plan, upload and wire a champion from a parsed tensor map (both entry points). */
-async function buildChampion(device, { config, setup, tensors, identity, artifactBytes, where, pipelinesReady, times, shaderUrl, dot4 }) {
+async function buildChampion(device, { config, setup, tensors, identity, artifactBytes, where, pipelinesReady, times, shaderUrl, dot4,
+                                        stream = null }) {
   const { hp, maxContext, planOptions, matmul } = setup;
   const { t0, t1, t2 } = times;
   const forms = tensorForms(tensors, hp, where, matmul);
@@ -295,9 +318,20 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
   const maxBlock = planOptions.maxBlock;
   device.pushErrorScope("validation");
   device.pushErrorScope("out-of-memory");
-  let bufs, steps, metas;
+  let bufs, steps, metas, writes;
+  // a weight write; a streamed load counts what it writes from beside the staged bytes (a dequantised copy)
+  const transient = stream?.file.transient ?? null;
+  const put = (buffer, offset, bytes) => put.whole(bytes, () => writeBytes(device, buffer, offset, bytes));
+  let inWhole = false;
+  put.whole = (bytes, fn) => {         // fn writes from `bytes` (once counted, however many writes)
+    const copy = transient && !inWhole && bytes.buffer !== stream.file.stagingBuffer ? bytes.byteLength : 0;
+    transient?.holdCopy(copy);
+    const outer = inWhole;
+    inWhole = true;
+    try { fn(); } finally { inWhole = outer; transient?.release(copy); }
+  };
   try {
-    ({ bufs, steps, metas } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan }));
+    ({ bufs, steps, metas, writes } = buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan, put }));
   } finally {
     const oom = await device.popErrorScope();
     const invalid = await device.popErrorScope();
@@ -309,6 +343,22 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
     }
     if (invalid) throw new Error(`E_MODEL_LOAD: WebGPU: ${invalid.message}`);
   }
+  // the weights' bytes: as the streamed file's tensors arrive (in file order), or from the map in memory
+  device.pushErrorScope("validation");
+  try {
+    await placeAll(writes, tensors, stream?.file ?? null);
+    if (stream) {
+      const hex = await stream.file.finish(stream.end, { drain: stream.drain, size: stream.size });
+      identity = await streamedIdentity(stream.response, hex);
+      artifactBytes = stream.size ?? stream.file.received;
+    }
+  } catch (err) {
+    for (const b of new Set([...Object.values(bufs).flat(), metas, ...steps.flatMap((s) => s.tensorsOf)])) b.destroy();
+    await device.popErrorScope();
+    throw err;
+  }
+  const invalidWrite = await device.popErrorScope();
+  if (invalidWrite) throw new Error(`E_MODEL_LOAD: WebGPU: ${invalidWrite.message}`);
   const loadMs = {   // fetch: the weights (and config.json when no config was given); hash: parse + sha256; pipelines: wait after that
     fetch: t1 - t0, hash: t2 - t1, pipelines: t3 - t2, upload: performance.now() - t3, total: performance.now() - t0,
   };
@@ -318,6 +368,7 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
   let variant = null;   // the batch-variance fault (setBatchVariantFault), or null
   const champion = {
     config, identity, artifactBytes, loadMs, vocabSize: V, maxBlock: B, maxContext, hp, pipelines, buffers: bufs,
+    transient,                                                // a streamed load's LoadTransient, else null
     matmulFunction: MATMUL_FUNCTIONS[matmul],                 // "f32" | "q8act-v1": part of the champion's identity
     dot4: q8act ? q8act.dot4 : null,                          // q8act: the integer path (dot4I8Packed or unpacking)
     logitsBuffer: bufs.logits,
@@ -409,17 +460,19 @@ async function buildChampion(device, { config, setup, tensors, identity, artifac
   return champion;
 }
 
-/** Upload every tensor, allocate activations and the KV cache (one K and one V buffer per layer),
- *  and build the dispatch list. A tensor split into row pieces is one dispatch per piece. */
-function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan }) {
+/** Allocate every weight buffer (its bytes written by the writes this returns), the activations
+ *  and the KV cache (one K and one V buffer per layer), and build the dispatch list. A tensor split
+ *  into row pieces is one dispatch per piece. put(buffer, offset, bytes): a weight write. */
+function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, where, forms, plan, put }) {
   const { vocab: V, hidden: H, inter: F, heads, kvHeads, headDim: hd, layers: L } = hp;
   const qkvDim = (heads + 2 * kvHeads) * hd, qDim = heads * hd, B = maxBlock;
-  const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, where);
-  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, where);
+  const writes = [];
+  const embed = uploadPieces(device, tensors, [["model.embed_tokens.weight", V]], H, forms.embed, plan.pieces.embed, where, writes, put);
+  const head = hp.tied ? embed : uploadPieces(device, tensors, [["lm_head.weight", V]], H, forms.head, plan.pieces.head, where, writes, put);
   const kvBytes = maxContext * kvHeads * hd * 4;
   const maxIn = Math.max(H, qDim, F);
   const bufs = {
-    finalNorm: storageBuffer(device, H * 4, expectTensor(tensors, "model.norm.weight", "F32", [H], where).bytes, "norm"),
+    finalNorm: uploadF32(device, "model.norm.weight", H, where, writes, put),
     ropeTable: storageBuffer(device, maxContext * hd * 4, ropeTable(hp.config, maxContext), "rope"),
     ids: storageBuffer(device, B * 4, null, "ids"),                     // (B,) u32
     x: storageBuffer(device, B * H * 4, null, "x"),                     // (B, H) residual stream
@@ -438,7 +491,7 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
     kCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `k_cache.${l}`)),   // L x (ctx, KV, hd)
     vCache: Array.from({ length: L }, (_, l) => storageBuffer(device, kvBytes, null, `v_cache.${l}`)),
   };
-  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, forms.layers[i], plan.layerPieces[i], where));
+  const layerW = Array.from({ length: L }, (_, i) => uploadLayer(device, tensors, hp, i, forms.layers[i], plan.layerPieces[i], where, writes, put));
 
   // The dispatch list: [kernel, tensors, dims(n, startPos)], built once; forward() only
   // rewrites the Meta slab and re-encodes the same bind groups.
@@ -487,5 +540,5 @@ function buildForward(device, hp, tensors, pipelines, { maxBlock, maxContext, wh
   for (const [slot, s] of steps.entries()) {
     s.groups = bindGroups(device, s.pipeline, s.tensorsOf, metas, slot);
   }
-  return { bufs, steps, metas };
+  return { bufs, steps, metas, writes };
 }

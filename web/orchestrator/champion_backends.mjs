@@ -16,7 +16,8 @@
 // navigator.gpu or no adapter at all gives the WASM champion.
 import { requestDevice, trackDevice } from "../gpu/device.mjs";
 import { compileChampionPipelines, createChampion, createChampionFromTensors, refuseUnfit } from "../gpu/champion.mjs";
-import { fetchGgufFile, ggufTensorMap } from "../gguf/gguf_tensors.mjs";
+import { ggufHeaderTensorMap, openGgufStream } from "../gguf/gguf_tensors.mjs";
+import { LoadTransient } from "../formats/streamed_file.mjs";
 import { ggufLabel, isGgufUrl } from "../gguf/gguf_reader.mjs";
 import { createAcceptor } from "../gpu/accept.mjs";
 import { createDraft } from "../draft/draft.mjs";
@@ -173,10 +174,19 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
         return { embed: fn === "q8act" ? "q8" : "f32", head: hp.tied ? "tied" : linear,
           layers: Array.from({ length: hp.layers }, () => ({ qkv: linear, o: linear, gateUp: linear, down: linear })) };
       } });
-      const { bytes, identity } = await fetchGgufFile(fetch, championUrl);
-      const tensors = ggufTensorMap(bytes, championConfig, ggufLabel(championUrl), { blocks: fn === "q8act" });
-      champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity, label: ggufLabel(championUrl),
-        artifactBytes: bytes.byteLength, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes });
+      // streamed: each tensor written to its buffers as it arrives, the file hashed as it comes
+      const label = ggufLabel(championUrl);
+      const { file, header, size, response } = await openGgufStream(fetch, championUrl, label, new LoadTransient());
+      try {
+        const tensors = ggufHeaderTensorMap(header, (t) => file.current(t), championConfig, label, { lazy: true, blocks: fn === "q8act" });
+        const end = Math.max(header.dataOffset, ...[...header.tensors.values()].map((t) => t.offset + t.nbytes));
+        champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity: null, label,
+          artifactBytes: size ?? 0, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes,
+          stream: { file, end, drain: true, size, response } });
+      } catch (err) {
+        file.cancel();
+        throw err;
+      }
     } else {                           // the q8 artifact: createChampion plans it (every weight q8 at least) before its fetch
       champion = await createChampion({ device, modelUrl: championUrl, config: championConfig, maxBlock, maxContext,
         pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes });
@@ -202,8 +212,8 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
     loseDevice() { backend.lost = true; device.destroy(); },
     memory: () => ({ category: "gpu_buffers", peak: accounting.peakBytes, live: accounting.liveBytes,
       buffers_live: accounting.liveBuffers }),
-    // the WebGPU loaders still read the weights' file whole before uploading it (docs/browser.md)
-    loadTransient: { peak: champion.artifactBytes ?? 0, largest_tensor: null, ratio: null, streamed: false },
+    // what the load held of the weights' file in JS memory at most (streamed: one tensor and a read)
+    loadTransient: { ...champion.transient.report(), streamed: true },
     hardwareClass: () => `webgpu-${device.esFallbackAdapter ? "fallback" : "hardware"}/` +
       `${device.esAdapterInfo.vendor || "unknown"}/cpu-${cpuBucket()}`,
     close() {
