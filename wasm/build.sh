@@ -9,6 +9,8 @@
 #                                                   with relaxed SIMD: the Q4 formats' dot products,
 #                                                   the same bits; loaded where the browser has it)
 #   bash wasm/build.sh [OUT_DIR]
+# EXTRA_CFLAGS (tests: -DCHAMPION_RACE_TEST widens the thread pool's race windows) and BUILDS (the
+# builds to make, default all four) for test builds into another OUT_DIR.
 # clang 19 (Debian 12's clang-19: relaxed-SIMD intrinsics; tools/setup.sh installs it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +22,10 @@ SOURCES=("$ROOT/wasm/common.c" "$ROOT/wasm/champion.c" "$ROOT/wasm/draft.c" "$RO
 # -ffreestanding: no libc (and no implicit memset/memcpy calls).
 build() {   # build OUT_NAME [extra flags...]
     local out="$OUT_DIR/$1.wasm"
+    case " ${BUILDS:-cpu cpu_mt cpu_relaxed cpu_mt_relaxed} " in *" $1 "*) ;; *) return 0 ;; esac
     shift
+    # shellcheck disable=SC2086
+    set -- "$@" ${EXTRA_CFLAGS:-}
     "$CLANG" --target=wasm32 -O3 -ffreestanding -nostdlib -msimd128 -ffp-contract=off \
         -fno-math-errno -Wall -Wextra -Wno-unused-parameter "$@" \
         -Wl,--no-entry -Wl,--export-dynamic -Wl,--strip-all -Wl,-z,stack-size=1048576 \

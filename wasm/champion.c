@@ -458,6 +458,7 @@ static struct {
     int32_t stop;                /* 1: helpers return */
 } pool = { 0, 0, 0, 0, 1, 0, 0 };
 static Step pool_step;
+#define CLAIM_CLOSED 0xffff      /* the low half of a claim word whose step takes no more claims */
 
 /* claim and run chunks of the step of generation `gen` until none is left; 1 chunk at a time */
 static void claim_chunks(int32_t gen, int index) {
@@ -466,7 +467,10 @@ static void claim_chunks(int32_t gen, int index) {
         int32_t w = __atomic_load_n(&pool.claim, __ATOMIC_SEQ_CST);
         if ((w & (int32_t)0xffff0000) != tag) return;              /* another step's word */
         int32_t c = w & 0xffff;
-        if (c >= __atomic_load_n(&pool.chunks, __ATOMIC_SEQ_CST)) return;
+#ifdef CHAMPION_RACE_TEST   /* tests/test_thread_race.py: a helper descheduled after reading the word */
+        if (index > 0) for (volatile int i = 0; i < 3000; i++) {}
+#endif
+        if (c == CLAIM_CLOSED || c >= __atomic_load_n(&pool.chunks, __ATOMIC_SEQ_CST)) return;
         if (!__atomic_compare_exchange_n(&pool.claim, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
         run_chunks(&pool_step, c, c + 1, index);
         __atomic_add_fetch(&pool.finished, 1, __ATOMIC_SEQ_CST);
@@ -475,11 +479,21 @@ static void claim_chunks(int32_t gen, int index) {
 
 static void run_step(const Step *s) {
     int n = __atomic_load_n(&pool.n_threads, __ATOMIC_SEQ_CST), chunks = step_chunks(s);
-    if (n <= 1 || chunks <= 1) { run_chunks(s, 0, chunks, 0); return; }
+    /* one thread: nothing to share; 65535 chunks or more do not fit a claim word's low half */
+    if (n <= 1 || chunks <= 1 || chunks >= CLAIM_CLOSED) { run_chunks(s, 0, chunks, 0); return; }
+    /* close the last step's claim word before publishing this step: a helper still in claim_chunks
+       for it (descheduled after reading the word) must not see this step's larger chunk count
+       while the word still holds the last step's tag, claim a chunk of this step with it and count
+       it in `finished` (which would end the wait below early, or run a chunk twice) */
+    int32_t last = __atomic_load_n(&pool.claim, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.claim, (last & (int32_t)0xffff0000) | CLAIM_CLOSED, __ATOMIC_SEQ_CST);
     pool_step = *s;
     int32_t gen = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST) + 1;
     __atomic_store_n(&pool.chunks, chunks, __ATOMIC_SEQ_CST);
     __atomic_store_n(&pool.finished, 0, __ATOMIC_SEQ_CST);
+#ifdef CHAMPION_RACE_TEST   /* ... and the caller descheduled while it publishes the step */
+    for (volatile int i = 0; i < 3000; i++) {}
+#endif
     __atomic_store_n(&pool.claim, (gen & 0xffff) << 16, __ATOMIC_SEQ_CST);
     __atomic_store_n(&pool.generation, gen, __ATOMIC_SEQ_CST);
     __builtin_wasm_memory_atomic_notify(&pool.generation, (uint32_t)n);
