@@ -45,7 +45,9 @@ def test_a_forced_load_measures_the_calibration_within_its_budget(rt):
     assert v[0] is None and len(v) == 10 and v[1] > 0
     assert v[9] >= v[1] * 0.8                                  # a shape check, not a timing assertion
     assert 1 in c["measured_n"] and 9 in c["measured_n"]
-    assert c["draft_ms_per_proposal"] > 0 and c["draft_catchup_ms_per_token"] > 0   # the toy pair has its draft
+    # the toy pair has its draft: both its costs measured (a catch-up of 8 toy-draft ids is ~0.1 ms
+    # more than one id, within a busy machine's noise: it may come out as 0, clamped)
+    assert c["draft_ms_per_proposal"] > 0 and c["draft_catchup_ms_per_token"] is not None and c["draft_catchup_ms_per_token"] >= 0
     assert c["ms"] <= c["budget_ms"] + v[1] * 3, c             # within budget (the mandatory V(1) aside)
     assert ready["timing_ms"]["calibration"] >= c["ms"]
     env_key = rt.page.evaluate("() => window.exactspecRunner.info().info.calibration.key")

@@ -128,15 +128,17 @@ export function ggufHeaderTensorMap(header, rawOf, config, label, { lazy = false
     const materialise = () => float32Tensor(rawOf(t), t, heads, label);
     const shape = [...t.dims].reverse();
     // rows(r0, r1): the float32 bytes of rows [r0, r1) alone (a loader that writes a big tensor a
-    // slice at a time never holds all of it as float32); absent for rows re-ordered (llama q/k)
-    const rows = heads ? null : (r0, r1) => float32Rows(rawOf(t), t, r0, r1, label);
-    const floatEntry = () => (lazy ? { dtype: "F32", shape, source: t, rows, get bytes() {
+    // slice at a time never holds all of it as float32); absent for rows re-ordered (llama q/k).
+    // Not enumerable: a copy of the entry with other bytes ({...entry, bytes}) does not keep it.
+    const withRows = (entry) => (heads ? entry : Object.defineProperty(entry, "rows",
+      { value: (r0, r1) => float32Rows(rawOf(t), t, r0, r1, label), enumerable: false }));
+    const floatEntry = () => withRows(lazy ? { dtype: "F32", shape, source: t, get bytes() {
       if (last.name !== name) {
         last = { name: null, bytes: null };   // the previous tensor's float32 goes before this one is made
         last = { name, bytes: materialise() };
       }
       return last.bytes;
-    } } : { dtype: "F32", shape, rows, bytes: materialise() });
+    } } : { dtype: "F32", shape, bytes: materialise() });
     if (blocks && Object.hasOwn(BLOCK_TYPE_IDS, t.typeName)) {
       const raw = () => blockTensor(rawOf(t), t, heads, label);
       const rowBytes = t.nbytes / (t.dims.slice(1).reduce((a, d) => a * d, 1) || 1);
