@@ -320,8 +320,29 @@ def test_describe_binds_parameters_and_calibration_values_not_when_measured():
 
 
 # --- the orchestrator's auto requests (CPython reference) ------------------------------------
+class StepClock:
+    """time.perf_counter for the reference backends: each reading 0.5 ms after the last, so the
+    calibration and every round's timings, and with them auto's choices, are the same on a busy
+    machine as on a quiet one (with the real clock the 0.95 case once chose no draft round)."""
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.0005
+        return self.t
+
+
+@pytest.fixture
+def step_clock(monkeypatch):
+    import types
+    from exactspec.core import backends, orchestrator
+    fake = types.SimpleNamespace(perf_counter=StepClock())
+    for module in (backends, orchestrator):
+        monkeypatch.setattr(module, "time", fake)
+
+
 @pytest.mark.parametrize("overlap", [0.3, 0.95])
-def test_auto_greedy_equals_champion_alone_on_the_toy_pair(overlap):
+def test_auto_greedy_equals_champion_alone_on_the_toy_pair(overlap, step_clock):
     orch = make_orchestrator(40, 3, overlap=overlap)
     prompts = [[3, 4, 5, 3, 4, 5, 3], [7, 1, 9], [2, 2, 2, 2, 2, 2], [11, 12, 13, 14, 11, 12, 13]]
     methods = set()
