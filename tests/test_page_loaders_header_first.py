@@ -1,5 +1,5 @@
 """The engine's weight loaders read a safetensors file header first (web/formats/safetensors.mjs
-readSafetensorsResponse, used by the WebGPU champion, the WASM champion and the WASM draft): the
+openSafetensorsStream, used by the WebGPU champion, the WASM champion and the WASM draft): the
 8-byte length and the header are checked against Content-Length before a data byte is read, so a
 valid artifact followed by 1.5 GiB of zeros, or a truncated one, is refused after a few kB, and an
 undeclared length stops one chunk past the bytes the header covers. Runs the real loaders in Node
