@@ -214,8 +214,7 @@ async function buildWasmChampion({ wasm, configRaw, file, stream, tensors, ident
   if (stream) {
     try {
       await champion._placeStreamed(tensors, stream.file);
-      const end = ggufUrl ? Math.max(stream.header.dataOffset, ...[...stream.header.tensors.values()].map((t) => t.offset + t.nbytes)) : stream.end;
-      identity = await streamedIdentity(stream.response, await stream.file.finish(end, { drain: !!ggufUrl, size: stream.size }));
+      identity = await streamedIdentity(stream.response, await stream.file.finish(stream.end, { drain: !!ggufUrl, size: stream.size }));
       champion.artifactBytes ??= stream.file.received;
     } catch (err) {
       throw asCoded(err, "E_MODEL_LOAD");

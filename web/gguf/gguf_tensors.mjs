@@ -65,7 +65,8 @@ export async function fetchGgufFile(fetchFn, url, label = String(url)) {
   return { bytes, identity: await artifactIdentity(bytes) };   // checked against the weight cache's key when it came from there
 }
 
-/** A fetched GGUF opened for streaming: {file: a StreamedFile past its header, header, size (the
+/** A fetched GGUF opened for streaming: {file: a StreamedFile past its header, header, end (where
+ *  its last tensor ends), size (the
  *  declared Content-Length, or null), response}. The header is parsed from the body's first bytes
  *  (read in doubling steps, at most LIMITS.MAX_HEADER_BYTES past what it needs); the bytes read
  *  past it are given back to the file. Nothing of the data section is held. */
@@ -91,7 +92,8 @@ export async function openGgufStream(fetchFn, url, label = String(url), transien
         const header = parseGgufHeader(buf, size ?? Number.MAX_SAFE_INTEGER, label);
         file.unread(buf.slice(Math.min(header.dataOffset, buf.byteLength)));   // a copy: the header's buffer goes
         file.forget(buf.byteLength);
-        return { file, header, size, response };
+        const end = Math.max(header.dataOffset, ...[...header.tensors.values()].map((t) => t.offset + t.nbytes));
+        return { file, header, end, size, response };
       } catch (err) {
         if (!(err instanceof NeedMoreBytes)) throw err;
         if (buf.byteLength < want) throw refuse(label, "file", `ended after ${buf.byteLength} bytes, inside its header`);

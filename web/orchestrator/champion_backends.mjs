@@ -176,10 +176,9 @@ async function openWebGpu({ championUrl, championConfig = null, maxContext, maxB
       } });
       // streamed: each tensor written to its buffers as it arrives, the file hashed as it comes
       const label = ggufLabel(championUrl);
-      const { file, header, size, response } = await openGgufStream(fetch, championUrl, label, new LoadTransient());
+      const { file, header, end, size, response } = await openGgufStream(fetch, championUrl, label, new LoadTransient());
       try {
         const tensors = ggufHeaderTensorMap(header, (t) => file.current(t), championConfig, label, { lazy: true, blocks: fn === "q8act" });
-        const end = Math.max(header.dataOffset, ...[...header.tensors.values()].map((t) => t.offset + t.nbytes));
         champion = await createChampionFromTensors({ device, config: championConfig, tensors, identity: null, label,
           artifactBytes: size ?? 0, maxBlock, maxContext, pipelinesPromise: prepared?.pipelines, matmul: fn, memoryBudgetBytes,
           stream: { file, end, drain: true, size, response } });
