@@ -9,8 +9,13 @@ struct Meta {
   n_rows: u32, m: u32, seed_lo: u32, seed_hi: u32,
   round_id: u32, remaining: u32, greedy: u32, stop_mask: u32,   // stop_mask bit i: proposals[i] is a stop token
   temperature: f32, top_p: f32, penalty: f32, top_k: u32,
-  has_penalty: u32, has_mask: u32, neg_inf_bits: u32, spare: u32,
+  has_penalty: u32, has_mask: u32, neg_inf_bits: u32, row_offset: u32,
 }
+// has_mask: 0 none, MASK_SHARED one masked-id bitmap for every row (bitmaps[0]), MASK_PER_ROW
+// decided row r's own (bitmaps[2 + r], the shared mask already ORed in by the host).
+// row_offset: decided row r is logits row row_offset + r (processors_rows.wgsl only).
+const MASK_SHARED: u32 = 1u;
+const MASK_PER_ROW: u32 = 2u;
 
 const POS_INF_BITS: u32 = 0x7f800000u;
 const NEG_INF_BITS: u32 = 0xff800000u;

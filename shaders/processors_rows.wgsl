@@ -1,7 +1,9 @@
 // processors_rows.wgsl: logits processors (processors-v1, docs/processors.md) on n_rows rows,
 // one workgroup of WG invocations per row. Invocation lid owns tokens lid + i * WG,
 // i < PER, held in the private array x (tokens >= V are padding, kept at -inf).
-// Needs accept_common.wgsl. Row `row` sees the context bitmap plus proposals[:row].
+// Needs accept_common.wgsl. Row `row` sees the context bitmap plus proposals[:row]; it reads logits
+// row params.row_offset + row (rows before the offset were fed but are not decided on) and writes
+// probs / rowinfo row `row`; its masked ids are bitmaps[0], or bitmaps[2 + row] with per-row masks.
 //
 // Float recipes (f32): penalty x / penalty or x * penalty; x / temperature; top-k: radix select
 // (4-bit digits) of the k-th largest order key, then of the last kept id among its ties; softmax
@@ -9,10 +11,10 @@
 // pattern whose cumulative mass reaches top_p (f32 digit masses), then the last kept id among its
 // ties; renormalised by the kept sum. -inf is tested by bit pattern only.
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;          // (n_rows, V) champion logits
+@group(0) @binding(0) var<storage, read> logits: array<f32>;          // (row_offset + n_rows, V) champion logits
 @group(0) @binding(1) var<storage, read_write> probs: array<f32>;     // (maxBlock, V) processed rows out
 @group(0) @binding(2) var<storage, read_write> rowinfo: array<u32>;   // (maxBlock, 4): status bits, argmax, n_kept, spare
-@group(0) @binding(3) var<storage, read> bitmaps: array<u32>;         // (2, NWORDS): [0] masked ids, [1] context ids
+@group(0) @binding(3) var<storage, read> bitmaps: array<u32>;         // (2 + maxBlock, NWORDS): [0] masked ids, [1] context ids, [2 + r] row r's masked ids
 @group(0) @binding(4) var<storage, read> proposals: array<u32>;       // (maxBlock,)
 @group(1) @binding(0) var<uniform> params: Meta;
 
@@ -257,7 +259,9 @@ fn apply_top_p() -> u32 {
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   lid = li;
   let row = wid.x;
-  let base = row * V;
+  let base = row * V;                                // probs row (the decided row)
+  let in_base = (params.row_offset + row) * V;       // logits row
+  let mask0 = select(0u, (2u + row) * NWORDS, params.has_mask == MASK_PER_ROW);   // this row's masked ids
   let neg_inf = bitcast<f32>(params.neg_inf_bits);   // from the uniform: a constant -inf is a shader error
 
   // steps 1-4: input check, suppression + grammar mask, penalty over the context bitmap
@@ -266,9 +270,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let j = lid + i * WG;
     var v = neg_inf;
     if (j < V) {
-      v = logits[base + j];
+      v = logits[in_base + j];
       if (is_nan_or_pos_inf(bitcast<u32>(v))) { bad = 1u; }
-      if (params.has_mask != 0u && bit_set(0u, j)) {
+      if (params.has_mask != 0u && bit_set(mask0, j)) {
         v = neg_inf;
       } else if (params.has_penalty != 0u && bit_set(NWORDS, j) && is_finite_bits(bitcast<u32>(v))) {
         v = penalize(v);

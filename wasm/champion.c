@@ -674,9 +674,19 @@ static int sample_at(const double *w, uint32_t seed_lo, uint32_t seed_hi, uint32
     return z;
 }
 
-/* row i of the block, processed with the context marks set so far; proc.work holds it */
-static int process_block_row(int i) {
-    return process_row(st.logits + (uint32_t)i * (uint32_t)cfg.vocab_size, cfg.vocab_size, &pol, &proc);
+/* The rows a decision reads: decided row i is logits row row_offset + i of the last forward (rows
+ * before row_offset were fed, e.g. forced grammar tokens, but are not decided on), masked in
+ * processors step 3 by row_masks + i * ceil(V / 32) when row_masks is given (0: no per-row mask). */
+typedef struct {
+    int row_offset;
+    const uint32_t *row_masks;   /* (n_rows, ceil(V / 32)) uint32 allowed-id bits, or 0 */
+} DecideRows;
+
+/* decided row i, processed with the context marks set so far; proc.work holds it */
+static int process_block_row(const DecideRows *rows, int i) {
+    const int V = cfg.vocab_size;
+    const uint32_t *mask = rows->row_masks ? rows->row_masks + (uint32_t)i * (uint32_t)mask_words(V) : 0;
+    return process_row_masked(st.logits + (uint32_t)(rows->row_offset + i) * (uint32_t)V, V, &pol, mask, &proc);
 }
 
 static void fail(Decision *d, int error) {
@@ -687,7 +697,7 @@ static void fail(Decision *d, int error) {
     d->error = error;
 }
 
-static void decide(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo,
+static void decide(const DecideRows *rows, const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo,
                    uint32_t seed_hi, uint32_t round_id, int remaining, int greedy, Decision *d,
                    DecisionDiag *diag) {
     const int V = cfg.vocab_size;
@@ -698,7 +708,7 @@ static void decide(const int32_t *proposals, int m, const float *p_draft, uint32
     d->error = DECIDE_OK;
     diag->a = diag->u = diag->score = __builtin_nan("");
     if (m == 0) {                                            /* baseline_step */
-        if (process_block_row(0) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+        if (process_block_row(rows, 0) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
         d->next_token = greedy ? argmax_first(proc.work, V)
                                : sample_at(proc.work, seed_lo, seed_hi, DOMAIN_TARGET_BASELINE, round_id, 0, diag);
         if (d->next_token < 0) fail(d, DECIDE_TARGET_NUMERIC_OR_MASK);
@@ -707,7 +717,7 @@ static void decide(const int32_t *proposals, int m, const float *p_draft, uint32
     RoundKey accept_key = round_key(seed_lo, seed_hi, DOMAIN_ACCEPT_UNIFORM, round_id);
     for (int i = 0; i < m; i++) {
         if (i > 0) proc.in_context[proposals[i - 1]] = 1;   /* row i sees proposals[:i] */
-        if (process_block_row(i) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+        if (process_block_row(rows, i) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
         int y = proposals[i];
         int accepted;
         if (greedy) {
@@ -744,7 +754,7 @@ static void decide(const int32_t *proposals, int m, const float *p_draft, uint32
         if (d->n_accepted == remaining) { d->ended_by = ENDED_LENGTH; return; }
     }
     proc.in_context[proposals[m - 1]] = 1;                   /* the extra row sees all proposals */
-    if (process_block_row(m) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
+    if (process_block_row(rows, m) != OK) { fail(d, DECIDE_TARGET_NUMERIC_OR_MASK); return; }
     d->next_token = greedy ? argmax_first(proc.work, V)
                            : sample_at(proc.work, seed_lo, seed_hi, DOMAIN_TARGET_EXTRA, round_id, 0, diag);
     if (d->next_token < 0) fail(d, DECIDE_TARGET_NUMERIC_OR_MASK);
@@ -755,11 +765,12 @@ static int32_t f32_word(double x) { union { float f; int32_t i; } v = { (float)x
 
 /* decide() written as the round record's decision words (REC_N_ACCEPTED..REC_DIAG_A, protocol.json
  * round_record): int32 words, the three diagnostics as float32 bits */
-static void decide_words(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo, uint32_t seed_hi,
-                         uint32_t round_id, int remaining, int greedy, int32_t *words) {
+static void decide_words(const DecideRows *rows, const int32_t *proposals, int m, const float *p_draft,
+                         uint32_t seed_lo, uint32_t seed_hi, uint32_t round_id, int remaining, int greedy,
+                         int32_t *words) {
     Decision d;
     DecisionDiag diag;
-    decide(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, &d, &diag);
+    decide(rows, proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, &d, &diag);
     words[REC_N_ACCEPTED] = d.n_accepted;
     words[REC_NEXT_TOKEN] = d.next_token;
     words[REC_REJECTED_AT] = d.rejected_at;
@@ -783,7 +794,8 @@ int champ_forward(const int32_t *tokens, int n, int start_pos) { return forward(
 float *champ_logits(void) { return st.logits; }
 void champ_decide_words(const int32_t *proposals, int m, const float *p_draft, uint32_t seed_lo, uint32_t seed_hi,
                         uint32_t round_id, int remaining, int greedy, int32_t *words) {
-    decide_words(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, words);
+    const DecideRows rows = { 0, 0 };                        /* the CPU round: rows 0..m, no masks */
+    decide_words(&rows, proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, words);
 }
 
 /* ============================================================================================
@@ -962,7 +974,10 @@ int champion_set_masks(const int32_t *suppress, int n_suppress, const int32_t *a
     return policy_set_masks(&pol, cfg.vocab_size, suppress, n_suppress, allowed, n_allowed);
 }
 
-/* One round on the last forward's logits rows (n_rows == m + 1). out: (REC_DECISION_WORDS,) int32,
+/* One round on the last forward's logits rows row_offset .. row_offset + n_rows - 1 (n_rows == m + 1;
+ * row_offset + n_rows <= the rows the last forward kept; the rows before row_offset are not decided
+ * on), decided row i masked in processors step 3 by row_masks (n_rows, ceil(V / 32)) uint32
+ * allowed-id bits (ANDed with the policy's allowed ids; 0: none). out: (REC_DECISION_WORDS,) int32,
  * the round record's decision words (protocol.json round_record, wasm/round_record.h): n_accepted,
  * next_token (-1 none), rejected_at (-1 none), ended_by (0 | 1 stop | 2 length), decision_error
  * (0 | 1 E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT), then diag_score, diag_u, diag_a as
@@ -971,9 +986,9 @@ EXPORT("champion_decide")
 int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_draft,
                     const int32_t *context, int n_context, uint32_t seed_lo, uint32_t seed_hi,
                     uint32_t round_id, const int32_t *stops, int n_stops, int remaining, int greedy,
-                    int32_t *out) {
+                    int row_offset, const uint32_t *row_masks, int32_t *out) {
     int V = cfg.vocab_size;
-    if (!built || m < 0 || n_rows != m + 1 || n_rows > st.n_rows) return ERR_BAD_ARGUMENT;
+    if (!built || m < 0 || n_rows != m + 1 || row_offset < 0 || row_offset > st.n_rows - n_rows) return ERR_BAD_ARGUMENT;
     if (m > 0 && (remaining < m || (!greedy && !p_draft))) return ERR_BAD_ARGUMENT;
     for (int i = 0; i < m; i++) if (proposals[i] < 0 || proposals[i] >= V) return ERR_BAD_ARGUMENT;
     for (int i = 0; i < n_context; i++) if (context[i] < 0 || context[i] >= V) return ERR_BAD_ARGUMENT;
@@ -982,7 +997,8 @@ int champion_decide(int n_rows, const int32_t *proposals, int m, const float *p_
     zero_bytes(proc.is_stop, (uint32_t)V);
     for (int i = 0; i < n_stops; i++)                       /* ids outside [0, V) cannot occur */
         if (stops[i] >= 0 && stops[i] < V) proc.is_stop[stops[i]] = 1;
-    decide_words(proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, out);
+    const DecideRows rows = { row_offset, row_masks };
+    decide_words(&rows, proposals, m, p_draft, seed_lo, seed_hi, round_id, remaining, greedy, out);
     return OK;
 }
 

@@ -384,6 +384,10 @@ int row_invalid(const double *x, int n) {
 }
 
 int process_row(const float *logits, int V, const Policy *pol, ProcState *proc) {
+    return process_row_masked(logits, V, pol, 0, proc);
+}
+
+int process_row_masked(const float *logits, int V, const Policy *pol, const uint32_t *mask_bits, ProcState *proc) {
     double *x = proc->work;
     for (int i = 0; i < V; i++) x[i] = (double)logits[i];                     /* 1. cast */
     if (row_invalid(x, V)) return ERR_PROCESSOR_INVALID;
@@ -391,8 +395,11 @@ int process_row(const float *logits, int V, const Policy *pol, ProcState *proc) 
         for (int i = 0; i < V; i++) if (pol->suppressed[i]) x[i] = -POS_INF;
         if (row_invalid(x, V)) return ERR_PROCESSOR_INVALID;
     }
-    if (pol->has_allowed) {                                                     /* 3. allowed mask */
-        for (int i = 0; i < V; i++) if (!pol->allowed[i]) x[i] = -POS_INF;
+    if (pol->has_allowed || mask_bits) {                                        /* 3. grammar mask */
+        if (pol->has_allowed)
+            for (int i = 0; i < V; i++) if (!pol->allowed[i]) x[i] = -POS_INF;
+        if (mask_bits)                                                          /*    this row's bits */
+            for (int i = 0; i < V; i++) if (!((mask_bits[i >> 5] >> (i & 31)) & 1u)) x[i] = -POS_INF;
         if (row_invalid(x, V)) return ERR_PROCESSOR_INVALID;
     }
     if (pol->repetition_penalty != 1.0) {                                       /* 4. penalty */

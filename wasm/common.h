@@ -220,7 +220,8 @@ int rope_tables_from_inv_freq(float *rope_cos, float *rope_sin, int max_context,
                                      const double *inv_freq);
 
 /* ============================================================================================
- * Processors-v1 (docs/processors.md) in float64: suppress, allowed mask, repetition penalty,
+ * Processors-v1 (docs/processors.md) in float64: suppress, allowed mask (the policy's, and a per-row
+ * bitmask: process_row_masked), repetition penalty,
  * greedy one-hot | temperature, top-k (exactly k by logit desc, id asc), softmax, top-p.
  * ========================================================================================== */
 
@@ -241,6 +242,14 @@ int row_invalid(const double *x, int n);
 
 /* logits (V,) f32 + policy + context marks -> proc->work (V,) float64 probabilities */
 int process_row(const float *logits, int V, const Policy *pol, ProcState *proc);
+
+/* process_row with a per-row grammar mask in step 3: mask_bits (ceil(V / 32),) uint32, bit (id & 31)
+ * of word (id >> 5) set = id allowed (xgrammar's bitmask layout), ANDed with pol->allowed when the
+ * policy has one; mask_bits 0 = none (exactly process_row) */
+int process_row_masked(const float *logits, int V, const Policy *pol, const uint32_t *mask_bits, ProcState *proc);
+
+/* words of one row of a token bitmask: ceil(V / 32) */
+static inline int mask_words(int V) { return (V + 31) / 32; }
 
 /* the policy's numbers; ERR_BAD_ARGUMENT if one is out of range */
 int policy_set(Policy *pol, double temperature, int top_k, double top_p, double repetition_penalty);

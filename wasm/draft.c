@@ -217,13 +217,17 @@ static int forward(const int32_t *tokens, int n, int start_pos) {
 
 /* ============================================================================================
  * Propose: feed the unmaterialised tokens, then up to k proposals (stop after a stop token),
- * each from its processed row; exactly exactspec.core.backends.RunnerDraft.propose.
+ * each from its processed row; exactly exactspec.core.backends.RunnerDraft.propose. Proposal i
+ * draws at step counter first_step + i (so k = 1 calls with first_step 0, 1, ... give one k-call's
+ * tokens); mask_bits (ceil(V / 32),) uint32 allowed-id bits, or 0, masks every row in processors
+ * step 3 (the rows written out are the masked processed rows).
  * ========================================================================================== */
 
 static int n_proposed;
 
 static int propose(const int32_t *feed, int n_feed, int start_pos, int k, uint32_t seed_lo,
-                   uint32_t seed_hi, uint32_t round_id, int32_t *out_tokens, float *out_rows) {
+                   uint32_t seed_hi, uint32_t round_id, uint32_t first_step, const uint32_t *mask_bits,
+                   int32_t *out_tokens, float *out_rows) {
     int V = cfg.vocab_size;
     n_proposed = 0;
     if (k < 0) return ERR_BAD_ARGUMENT;
@@ -232,14 +236,14 @@ static int propose(const int32_t *feed, int n_feed, int start_pos, int k, uint32
     RoundKey rk = round_key(seed_lo, seed_hi, DOMAIN_DRAFT_SAMPLE, round_id);
     int pos = start_pos + n_feed;
     for (int i = 0; i < k; i++) {
-        status = process_row(st.logits, cfg.vocab_size, &pol, &proc);
+        status = process_row_masked(st.logits, cfg.vocab_size, &pol, mask_bits, &proc);
         if (status != OK) return status;
         int y;
         if (pol.temperature == 0.0) {
             y = 0;
             for (int j = 1; j < V; j++) if (proc.work[j] > proc.work[y]) y = j;
         } else {
-            y = sample_gumbel_max(proc.work, V, rk, (uint32_t)i, proc.heap);
+            y = sample_gumbel_max(proc.work, V, rk, first_step + (uint32_t)i, proc.heap);
             if (y < 0) return ERR_PROCESSOR_INVALID;
         }
         float *row = out_rows + (uint32_t)i * (uint32_t)V;
@@ -266,7 +270,7 @@ Policy *draft_policy(void) { return &pol; }
 ProcState *draft_proc(void) { return &proc; }
 int draft_propose_rows(const int32_t *feed, int n_feed, int start_pos, int k, uint32_t seed_lo, uint32_t seed_hi,
                        uint32_t round_id, int32_t *out_tokens, float *out_rows, int *n_out) {
-    int status = propose(feed, n_feed, start_pos, k, seed_lo, seed_hi, round_id, out_tokens, out_rows);
+    int status = propose(feed, n_feed, start_pos, k, seed_lo, seed_hi, round_id, 0, 0, out_tokens, out_rows);
     *n_out = n_proposed;
     return status;
 }
@@ -428,10 +432,14 @@ int draft_sample(const double *w, int n, uint32_t seed_lo, uint32_t seed_hi, uin
     return scratch ? sample_gumbel_max(w, n, rk, position, scratch) : sample_gumbel_max_plain(w, n, rk, position);
 }
 
+/* out_tokens (k,) int32, out_rows (k, V) f32; first_step: proposal i draws at step first_step + i
+ * (first_step + k <= 2^32, checked by JS); mask_bits (ceil(V / 32),) uint32 allowed-id bits or 0 */
 EXPORT("draft_propose")
 int draft_propose(const int32_t *feed, int n_feed, int start_pos, int k, uint32_t seed_lo,
-                  uint32_t seed_hi, uint32_t round_id, int32_t *out_tokens, float *out_rows) {
-    return propose(feed, n_feed, start_pos, k, seed_lo, seed_hi, round_id, out_tokens, out_rows);
+                  uint32_t seed_hi, uint32_t round_id, int32_t *out_tokens, float *out_rows,
+                  uint32_t first_step, const uint32_t *mask_bits) {
+    return propose(feed, n_feed, start_pos, k, seed_lo, seed_hi, round_id, first_step, mask_bits, out_tokens,
+                   out_rows);
 }
 
 EXPORT("draft_n_proposed") int draft_n_proposed(void) { return n_proposed; }

@@ -12,9 +12,10 @@
 //   const champion = await createWasmChampion({ wasmUrl, modelUrl, maxBlock: 9 });
 //   await champion.forward(Int32Array.of(...ids), startPos);   // logits rows 0..n-1 kept in WASM
 //   await champion.decide({ nRows, proposals, pDraft, contextIds, policy, seed, roundId,
-//                           stopTokenIds, remaining, greedy })
+//                           stopTokenIds, remaining, greedy, rowOffset = 0, rowMasks = null })
 //     -> Int32Array: the round record's decision words (protocol.json round_record, words 0..7;
-//        web/protocol.mjs roundRecordLayout decodes them)
+//        web/protocol.mjs roundRecordLayout decodes them); decided on logits rows rowOffset ..
+//        rowOffset + nRows - 1, row i masked by rowMasks' row i (Uint32Array nRows * ceil(V / 32))
 // With a draft loaded into the same instance (createWasmChampion({..., draft})), a whole round is one
 // call: champion.beginNow({...}) once a request, then champion.roundNow({...}) -> the whole record
 // (web/champion_wasm/cpu_session.mjs).
@@ -627,8 +628,14 @@ export class WasmChampion {
   /** decide(), synchronously: -> Int32Array (8,), a copy of the decision words n_accepted,
    *  next_token (-1 none), rejected_at (-1), ended_by (0 | 1 stop | 2 length), decision_error (0 |
    *  1 E_TARGET_NUMERIC_OR_MASK | 2 E_RESIDUAL_INVARIANT), diag_score, diag_u, diag_a (float32 bits,
-   *  NaN: none), in protocol.json round_record's order. */
-  decideNow({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
+   *  NaN: none), in protocol.json round_record's order.
+   *  rowOffset: the decided rows are the last forward's logits rows rowOffset .. rowOffset + nRows - 1
+   *  (the rows before them were fed, e.g. forced grammar tokens, and are not decided on); decided
+   *  row i is what row i is with rowOffset 0. rowMasks: null, or Uint32Array (nRows * ceil(V / 32))
+   *  allowed-id bits, bit (id & 31) of word (id >> 5) of row i (xgrammar's bitmask layout): decided
+   *  row i is masked by them in processors step 3, ANDed with policy.allowed_token_ids. */
+  decideNow({ nRows, proposals, pDraft, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy,
+              rowOffset = 0, rowMasks = null }) {
     this._alive();
     const V = this.vocabSize;
     const pol = checkedPolicy(policy, V);
@@ -647,7 +654,16 @@ export class WasmChampion {
     const stops = Array.from(stopTokenIds || [], Number);
     const useDraft = m > 0 && !greedy;
     if (useDraft && (!pDraft || pDraft.length !== m * V)) throw badArgument(`pDraft: need ${m} * ${V} floats`);
-    if (nRows > this.wasm.champion_n_rows()) throw badArgument(`nRows ${nRows}: the last forward kept ${this.wasm.champion_n_rows()} rows`);
+    if (!isUint(rowOffset, this.maxBlock)) throw badArgument(`rowOffset: ${rowOffset}`);
+    const kept = this.wasm.champion_n_rows();
+    if (rowOffset + nRows > kept) {
+      throw badArgument(`nRows ${nRows} at rowOffset ${rowOffset}: the last forward kept ${kept} rows`);
+    }
+    const nWords = Math.ceil(V / 32);
+    if (rowMasks !== null && !((rowMasks instanceof Uint32Array || rowMasks instanceof Int32Array) &&
+        rowMasks.length === nRows * nWords)) {
+      throw badArgument(`rowMasks: need a Uint32Array of nRows * ceil(V / 32) = ${nRows * nWords} words`);
+    }
 
     check(this.wasm.champion_set_policy(pol.temperature, pol.top_k, pol.top_p, pol.repetition_penalty), "policy");
     const allowed = pol.allowed_token_ids;
@@ -659,9 +675,14 @@ export class WasmChampion {
     if (useDraft) this._view(Float32Array, this._pDraft, m * V).set(pDraft);
     this._writeInts(this._ids, context);
     this._writeInts(this._ids2, stops);
+    if (rowMasks !== null) {
+      this._rowMasks ??= this._alloc(4 * this.maxBlock * nWords);   // (B, ceil(V / 32)) uint32, made at first use
+      this._view(Uint32Array, this._rowMasks, rowMasks.length).set(new Uint32Array(rowMasks.buffer, rowMasks.byteOffset, rowMasks.length));
+    }
     check(this.wasm.champion_decide(nRows, this._proposals, m, useDraft ? this._pDraft : 0, this._ids, context.length,
       seedLo >>> 0, seedHi >>> 0, (roundId ?? 0) >>> 0, this._ids2, stops.length,
-      Math.min(remaining ?? 0x7fffffff, 0x7fffffff), greedy ? 1 : 0, this._out), "decide");
+      Math.min(remaining ?? 0x7fffffff, 0x7fffffff), greedy ? 1 : 0, rowOffset, rowMasks === null ? 0 : this._rowMasks,
+      this._out), "decide");
     return this._view(Int32Array, this._out, DECISION_WORDS).slice();
   }
 

@@ -295,12 +295,23 @@ export class Draft {
 
   /**
    * RunnerDraft.propose: feed the unmaterialised ids at startPos, then up to k proposals, each
-   * drawn from its processed row (processors-v1) at address (seed, draft_sample, roundId, i);
-   * stops after a stop token. Row i's context is contextIds + tokens[:i].
+   * drawn from its processed row (processors-v1) at address (seed, draft_sample, roundId,
+   * firstStep + i); stops after a stop token. Row i's context is contextIds + tokens[:i].
+   * firstStep: k = 1 calls with firstStep 0, 1, 2, ... draw what one k-call draws (firstStep + k
+   * <= 2^32). maskBits: null, or Uint32Array (ceil(V / 32)) allowed-id bits, bit (id & 31) of word
+   * (id >> 5) (xgrammar's bitmask layout): every row is masked by them in processors step 3 (ANDed
+   * with policy.allowed_token_ids), and pDraft holds the masked rows; no allowed token left is
+   * error_code E_PROCESSOR_INVALID, as any invalid row.
    * -> {tokens: Int32Array m, pDraft: Float32Array m*V, error_code: "" | "E_PROCESSOR_INVALID"}
    */
-  propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
+  propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [], firstStep = 0,
+            maskBits = null }) {
     if (!Number.isInteger(k) || k < 0) throw badArgument(`k: ${k}`);
+    if (!Number.isInteger(firstStep) || firstStep < 0 || firstStep + k > 2 ** 32) throw badArgument(`firstStep: ${firstStep}`);
+    const nWords = Math.ceil(this.vocabSize / 32);
+    if (maskBits !== null && !((maskBits instanceof Uint32Array || maskBits instanceof Int32Array) && maskBits.length === nWords)) {
+      throw badArgument(`maskBits: need a Uint32Array of ceil(V / 32) = ${nWords} words`);
+    }
     if (!Number.isInteger(startPos) || startPos < 0) throw badArgument(`startPos: ${startPos}`);
     if (!Number.isInteger(roundId) || roundId < 0 || roundId > 0xffffffff) throw badArgument(`roundId: ${roundId}`);
     const [lo, hi] = seed ?? [0, 0];
@@ -311,8 +322,13 @@ export class Draft {
     this._ensureK(k);
     this._ensureIds(feed.length);
     const nFeed = this._writeIds(this._ids, feed);
+    if (maskBits !== null) {
+      this._maskBits ??= this.wasm.draft_alloc(4 * nWords);      // (ceil(V / 32),) uint32, made at first use
+      if (!this._maskBits) throw new DraftError("E_OUT_OF_MEMORY", "out of wasm memory for the mask bits");
+      new Uint32Array(this.memory.buffer, this._maskBits, nWords).set(new Uint32Array(maskBits.buffer, maskBits.byteOffset, nWords));
+    }
     const status = this.withArmedFault(() => this.wasm.draft_propose(this._ids, nFeed, startPos, k, lo >>> 0, hi >>> 0,
-      roundId >>> 0, this._outTokens, this._outRows));
+      roundId >>> 0, this._outTokens, this._outRows, firstStep >>> 0, maskBits === null ? 0 : this._maskBits));
     const m = this.wasm.draft_n_proposed();
     const V = this.vocabSize;
     const tokens = this._i32(this._outTokens, m).slice();

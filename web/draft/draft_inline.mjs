@@ -45,7 +45,8 @@ export class InlineDraft {
 
   async forward(ids, startPos) { this._live().forward(ids, startPos); }
 
-  /** -> {tokens: Int32Array m, pDraft: Float32Array m*V, error_code} (Draft.propose) */
+  /** -> {tokens: Int32Array m, pDraft: Float32Array m*V, error_code} (Draft.propose, its optional
+   *  firstStep and maskBits included) */
   async propose(args) { return this._live().propose(args); }
 
   /** propose(), synchronously. */

@@ -5,9 +5,11 @@
 //              import.meta.url), {type: "module"})
 //
 // In:  "propose" {round_id, k, feed, start_pos, policy, seed: [lo, hi], stop_token_ids, context_from,
-//                 context_tail}   the committed context is sent once and then only what it grew by:
-//                 context_from 0 starts it over, else it must equal the length the worker holds
-//                 (E_PROTOCOL otherwise), so a round's message is O(k), not O(context)
+//                 context_tail[, first_step, mask_bits]}   the committed context is sent once and then
+//                 only what it grew by: context_from 0 starts it over, else it must equal the length
+//                 the worker holds (E_PROTOCOL otherwise), so a round's message is O(k), not O(context);
+//                 first_step (default 0) and mask_bits (Uint32Array ceil(V / 32) or null) are
+//                 draft.mjs propose's firstStep and maskBits
 //      "sync"    {committed_length, pending[, start_pos]}  adopt (request, epoch); feed the ids
 //                `pending` at [start_pos ?? committed_length - pending.length, committed_length)
 //                (prefill, = RunnerDraft.prefill); answered with the draft state
@@ -97,7 +99,8 @@ export function createHandler(draftPromise, post) {
         if (from === 0) state.context = [];
         for (const id of p.context_tail ?? []) state.context.push(id);
         const res = draft.propose({ feed: p.feed, startPos: p.start_pos, k: p.k, policy: p.policy,
-          seed: p.seed, roundId: p.round_id, stopTokenIds: p.stop_token_ids ?? [], contextIds: state.context });
+          seed: p.seed, roundId: p.round_id, stopTokenIds: p.stop_token_ids ?? [], contextIds: state.context,
+          firstStep: p.first_step ?? 0, maskBits: p.mask_bits ?? null });
         const ms = performance.now() - t0;
         state.nProposals += res.tokens.length;
         const pDraft = res.pDraft;
@@ -122,7 +125,8 @@ export function createHandler(draftPromise, post) {
  *   draft.setEpoch(e);                             // the request's epoch; a newer one cancels
  *   await draft.forward(ids, startPos);            // prefill, via "sync"
  *   const { tokens, pDraft, error_code } = await draft.propose({ feed, startPos, k, policy, seed,
- *                                                               roundId, stopTokenIds, contextIds });
+ *                                                               roundId, stopTokenIds, contextIds,
+ *                                                               firstStep, maskBits });   // optional
  *   draft.kill(); draft.terminate();               // fault injection / release
  * Calls are matched to replies by seq (payload.in_reply_to). Moving to a newer epoch settles
  * every call of the old one at once with E_CANCELLED (the worker drops those messages, or its
@@ -230,11 +234,15 @@ export class DraftWorkerClient {
     return this._send("sync", { committed_length: startPos + ids.length, pending: Array.from(ids), start_pos: startPos });
   }
 
-  async propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [] }) {
+  /** draft.mjs propose's arguments (firstStep, maskBits: see there; the mask bits are copied, not
+   *  transferred, so the caller keeps its array). */
+  async propose({ feed, startPos, k, policy, seed, roundId = 0, stopTokenIds = [], contextIds = [], firstStep = 0,
+                  maskBits = null }) {
     const from = this._contextGrowth(contextIds);
     const p = await this._send("propose", { round_id: roundId, k, feed: Array.from(feed), start_pos: startPos, policy,
       seed: Array.from(seed), stop_token_ids: Array.from(stopTokenIds), context_from: from,
-      context_tail: Array.from(contextIds.subarray ? contextIds.subarray(from) : contextIds.slice(from)) });
+      context_tail: Array.from(contextIds.subarray ? contextIds.subarray(from) : contextIds.slice(from)),
+      first_step: firstStep, mask_bits: maskBits });
     return { tokens: Int32Array.from(p.tokens), pDraft: p.p_draft, error_code: p.error_code, ms: p.ms };
   }
 

@@ -3,6 +3,11 @@
 //   const acceptor = await createAcceptor({ device, vocabSize, maxBlock });
 //   await acceptor.decide({...})      -> Int32Array: the decision words of protocol.json's round_record
 //   await acceptor.processRows({...}) -> Float32Array (nRows * V) processed rows (tests only)
+//   both take rowOffset (decided row i is logits row rowOffset + i; default 0) and rowMasks (null, or
+//   Uint32Array nRows * ceil(V / 32): row i's allowed-id bits, bit (id & 31) of word (id >> 5), ANDed
+//   with policy.allowed_token_ids in processors step 3; default null); decide also takes logitsRows,
+//   the rows the last forward wrote (default: what the buffer holds, at most maxBlock), and refuses
+//   rowOffset + nRows beyond it
 //   await acceptor.drawBits(addrs)    -> Uint32Array of RNG words per address (tests only)
 //
 // One decide() = one submission: processors_rows (one workgroup per row) + accept_decide (one
@@ -122,7 +127,7 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
   const params = buffer("accept params", 64, GPUBufferUsage.UNIFORM | CD);                 // (16,) Meta
   const probs = buffer("accept probs", rowBytes, S | CS);                                   // (maxBlock, V) f32
   const rowinfo = buffer("accept rowinfo", maxBlock * ROWINFO_WORDS * 4, S | CS);           // (maxBlock, 4) u32
-  const bitmaps = buffer("accept bitmaps", 2 * nWords * 4, S | CD);                         // (2, NWORDS) u32
+  const bitmaps = buffer("accept bitmaps", (2 + maxBlock) * nWords * 4, S | CD);            // (2 + maxBlock, NWORDS) u32
   const proposalsBuf = buffer("accept proposals", maxBlock * 4, S | CD);                    // (maxBlock,) u32
   const pDraftBuf = buffer("accept p_draft", rowBytes, S | CD);                             // (maxBlock, V) f32
   const result = buffer("accept result", RESULT_WORDS * 4, S | CS);                         // (8,) u32
@@ -153,14 +158,25 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     return run;
   };
 
-  // Writes the Meta uniform, bitmaps and proposals for nRows rows.
-  function upload({ nRows, proposals, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy }) {
+  // Writes the Meta uniform, bitmaps and proposals for nRows rows. logitsRows: the rows the logits
+  // buffer holds for this call (the last forward's, when the caller knows it), at most maxBlock.
+  function upload({ nRows, proposals, contextIds, policy, seed, roundId, stopTokenIds, remaining, greedy,
+                    rowOffset = 0, rowMasks = null }, logitsRows) {
     const pol = checkedPolicy(policy, V);
     const props = Int32Array.from(proposals || []);
     if (!(Number.isInteger(nRows) && nRows >= 1 && nRows <= maxBlock)) throw badArgument(`nRows: ${nRows}`);
     if (props.length > nRows) throw badArgument(`proposals: ${props.length} > nRows ${nRows}`);
     for (const y of props) if (!isUint(y, V)) throw badArgument(`proposals: ${y}`);
-    const bits = new Uint32Array(2 * nWords);  // [0] masked ids, [1] context ids
+    if (!isUint(rowOffset, maxBlock)) throw badArgument(`rowOffset: ${rowOffset}`);
+    const held = Math.min(maxBlock, logitsRows);
+    if (rowOffset + nRows > held) throw badArgument(`nRows ${nRows} at rowOffset ${rowOffset}: the logits hold ${held} rows`);
+    if (rowMasks !== null && !((rowMasks instanceof Uint32Array || rowMasks instanceof Int32Array) &&
+        rowMasks.length === nRows * nWords)) {
+      throw badArgument(`rowMasks: need a Uint32Array of nRows * ceil(V / 32) = ${nRows * nWords} words`);
+    }
+    const perRow = rowMasks !== null;
+    // [0] masked ids (shared), [1] context ids, [2 + r] decided row r's masked ids (per-row masks only)
+    const bits = new Uint32Array((perRow ? 2 + nRows : 2) * nWords);
     const setBit = (word0, j) => { bits[word0 + (j >>> 5)] |= (1 << (j & 31)) >>> 0; };
     for (const id of pol.suppress_token_ids) setBit(0, id);
     if (pol.allowed_token_ids !== null) {
@@ -171,6 +187,12 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     for (const id of contextIds || []) {
       if (!isUint(id, V)) throw badArgument(`context_ids: ${id}`);
       setBit(nWords, id);
+    }
+    if (perRow) {                               // masked = masked by the policy, or not allowed by the row
+      const allowedBits = new Uint32Array(rowMasks.buffer, rowMasks.byteOffset, rowMasks.length);
+      for (let r = 0; r < nRows; r++) {
+        for (let w = 0; w < nWords; w++) bits[(2 + r) * nWords + w] = (bits[w] | ~allowedBits[r * nWords + w]) >>> 0;
+      }
     }
     const stops = new Set(stopTokenIds || []);
     let stopMask = 0;
@@ -184,8 +206,8 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     u[4] = roundId ?? 0; u[5] = remaining ?? NONE; u[6] = greedy ? 1 : 0; u[7] = stopMask >>> 0;
     f[8] = pol.temperature; f[9] = pol.top_p; f[10] = pol.repetition_penalty; u[11] = pol.top_k;
     u[12] = pol.repetition_penalty !== 1.0 ? 1 : 0;
-    u[13] = pol.suppress_token_ids.length || pol.allowed_token_ids !== null ? 1 : 0;
-    u[14] = 0xff800000; u[15] = 0;
+    u[13] = perRow ? 2 : pol.suppress_token_ids.length || pol.allowed_token_ids !== null ? 1 : 0;   // MASK_PER_ROW, MASK_SHARED
+    u[14] = 0xff800000; u[15] = rowOffset;
     device.queue.writeBuffer(params, 0, words);
     device.queue.writeBuffer(bitmaps, 0, bits);
     const propWords = new Uint32Array(maxBlock);
@@ -202,12 +224,16 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     pass.end();
   }
 
+  // rows of logits a buffer holds (the champion's logits buffer: maxBlock of its own)
+  const rowsIn = (logitsBuffer) => Math.min(maxBlock, Math.floor(logitsBuffer.size / (4 * V)));
+
   async function decideNow(args) {
-    const { logitsBuffer, nRows, proposals, pDraft, greedy, remaining } = args;
+    const { logitsBuffer, nRows, proposals, pDraft, greedy, remaining, logitsRows } = args;
     const m = (proposals || []).length;
     if (nRows !== m + 1) throw badArgument(`nRows: need m + 1 = ${m + 1}, got ${nRows}`);
     if (m > 0 && !(Number.isInteger(remaining) && remaining >= m)) throw badArgument(`remaining: ${remaining} < m ${m}`);
-    upload(args);
+    if (!(logitsRows === undefined || isUint(logitsRows, maxBlock + 1))) throw badArgument(`logitsRows: ${logitsRows}`);
+    upload(args, Math.min(rowsIn(logitsBuffer), logitsRows ?? maxBlock));
     if (m > 0 && !greedy) {
       if (!pDraft || pDraft.length !== m * V) throw badArgument(`pDraft: need ${m} * ${V} floats`);
       device.queue.writeBuffer(pDraftBuf, 0, pDraft instanceof Float32Array ? pDraft : Float32Array.from(pDraft));
@@ -228,11 +254,13 @@ export async function createAcceptor({ device, vocabSize, maxBlock, workgroupSiz
     return words;
   }
 
-  async function processRowsNow({ logits, logitsBuffer, nRows, proposals, contextIds, policy, greedy }) {
-    upload({ nRows, proposals, contextIds, policy, greedy });
+  async function processRowsNow({ logits, logitsBuffer, nRows, proposals, contextIds, policy, greedy, rowOffset = 0,
+                                  rowMasks = null }) {
+    const given = logitsBuffer ? rowsIn(logitsBuffer) : logits ? logits.length / V : 0;   // rows of logits given
+    upload({ nRows, proposals, contextIds, policy, greedy, rowOffset, rowMasks }, given);
     let source = logitsBuffer;
     if (!source) {
-      if (!logits || logits.length !== nRows * V) throw badArgument(`logits: need ${nRows} * ${V} floats`);
+      if (!logits || logits.length !== (rowOffset + nRows) * V) throw badArgument(`logits: need (${rowOffset} + ${nRows}) * ${V} floats`);
       device.queue.writeBuffer(logitsUpload, 0, logits instanceof Float32Array ? logits : Float32Array.from(logits));
       source = logitsUpload;
     }
