@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from browser_fixture import REPO_ROOT
+from exactspec.core.protocol import SCHEMA
 from node_harness import run_harness
 from test_wasm_champion import ensure_wasm
 
@@ -26,7 +27,13 @@ WASM = REPO_ROOT / "web" / "build" / "cpu.wasm"
 HARNESS = REPO_ROOT / "web" / "tests" / "cpu_harness.mjs"
 CHAMPION = REPO_ROOT / "web" / "models" / "champion"
 DRAFT = REPO_ROOT / "web" / "models" / "draft"
-FIXED = 12                                       # protocol.json round_record: fixed words
+FIXED = len(SCHEMA["round_record"]["words"])     # protocol.json round_record: fixed words
+
+
+def test_the_js_record_size_is_protocols():
+    """cpu_session.mjs names the fixed words' count; it must be protocol.json's."""
+    text = (REPO_ROOT / "web" / "champion_wasm" / "cpu_session.mjs").read_text()
+    assert re.search(r"const FIXED_WORDS = (\d+);", text).group(1) == str(FIXED)
 STATUS, N_PROPOSED, N_ACCEPTED, DRAFT_US = 8, 11, 0, 9
 
 

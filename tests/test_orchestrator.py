@@ -331,8 +331,8 @@ def test_token_sources_say_where_each_token_came_from():
     res, events = run(make_orchestrator(40, 3, overlap=0.6), [1, 2, 3], max_new_tokens=30, policy=SAMPLE,
                       speculate="draft", k=3, seed=4)
     toks = [e["payload"] for e in events if e["kind"] == "tokens"]
-    assert all(len(p["sources"]) == len(p["token_ids"]) and set(p["round"]) == {"proposed", "accepted", "draft_ms",
-                                                                                 "verify_ms"} for p in toks)
+    assert all(len(p["sources"]) == len(p["token_ids"]) and set(p["round"]) == {"proposed", "accepted", "forced",
+                                                                                 "draft_ms", "verify_ms"} for p in toks)
     flat = [s for p in toks for s in p["sources"]]
     assert flat.count("accepted") == res.stats["accepted"]
     assert flat.count("correction") == sum(res.stats["rejection_position_histogram"])

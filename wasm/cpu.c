@@ -136,6 +136,7 @@ int cpu_round(int k, uint32_t round_id, int remaining, const int32_t *given, con
     record[REC_DIAG_SCORE] = record[REC_DIAG_U] = record[REC_DIAG_A] = 0x7fc00000;   /* f32 NaN: none */
     record[REC_STATUS] = REC_STATUS_VERIFIED;
     record[REC_DRAFT_US] = record[REC_VERIFY_US] = record[REC_N_PROPOSED] = 0;
+    record[REC_N_FORCED] = 0;                               /* the one-call round never forces */
     double t0 = cpu_now_ms();
     int m = 0;
     if (given) {                                            /* prompt lookup: one-hot rows */

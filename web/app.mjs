@@ -9,6 +9,7 @@ import { applyProgress, bytesText, displayRows, finishRows } from "./ui/load_pro
 import { createLiveStats, waterfall } from "./ui/live_stats.mjs";
 import { memoryChart, roundsChart, survivalChart, waterfallChart } from "./ui/charts.mjs";
 import { createConversation } from "./ui/conversation.mjs";
+import { responseFormatFrom, reviewAnswer } from "./ui/structured_view.mjs";
 import { autoSentence, batchCheckSentence, calibrationSentence, roundsText } from "./ui/auto_panel.mjs";
 
 const $ = (id) => document.getElementById(id);
@@ -279,7 +280,8 @@ function readOptions() {
     if (!el) continue;
     const type = rules[key].type;
     opts[key] = type === "boolean" ? el.checked : type === "integer" || type === "number" ? Number(el.value)
-      : type === "strings" ? el.value.split("\n").filter((s) => s.length > 0) : el.value;
+      : type === "strings" ? el.value.split("\n").filter((s) => s.length > 0)
+        : type === "object" ? responseFormatFrom(el.value, $(`${key}_text`)?.value ?? "") : el.value;
   }
   return opts;
 }
@@ -295,6 +297,32 @@ function renderLive(live, result = null) {
   $("waterfall_chart").innerHTML = waterfallChart(waterfall(page.loadTiming, s.answer));
   renderAuto(s, result?.stats?.auto ?? null);
   page.live = s;
+}
+
+/** The structured-output box shows for the kinds that take a text (schema, pattern, grammar), with
+ *  an example of that kind when the box holds another kind's. */
+const FORMAT_EXAMPLES = {
+  json_schema: '{"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}, "population_millions": {"type": "number"}}, "required": ["city", "country", "population_millions"], "additionalProperties": false}',
+  regex: "(yes|no), because [a-z ]{3,60}\\.",
+  grammar: 'root ::= "The answer is " ("yes" | "no") "."',
+};
+function setFormatControls() {
+  const kind = $("response_format").value;
+  $("response_format_label").hidden = !FORMAT_EXAMPLES[kind];
+  const box = $("response_format_text");
+  if (FORMAT_EXAMPLES[kind] && Object.values(FORMAT_EXAMPLES).includes(box.value)) box.value = FORMAT_EXAMPLES[kind];
+}
+
+/** A finished answer under a JSON format: parsed, pretty-printed and checked (structured_view.mjs). */
+function showStructured(responseFormat, result) {
+  const review = result.error || result.finish_reason === "cancelled" ? null
+    : reviewAnswer(responseFormat, result.text, result.finish_reason);
+  $("structured_review").hidden = !review;
+  if (!review) return;
+  const check = $("structured_check");
+  check.textContent = review.lines.join(" · ");
+  check.className = review.ok ? "" : "bad";
+  $("structured_pretty").textContent = review.pretty ?? result.text;
 }
 
 async function renderMemory() {
@@ -320,6 +348,11 @@ function showStats(r) {
     ["draft / verify per round", t.per_round ? `${t.per_round.draft.toFixed(1)} / ${t.per_round.verify.toFixed(1)} ms` : "–"],
   ];
   if (st.auto) rows.push(["auto", roundsText(null, st.auto) ?? "–"]);
+  if (st.structured) {
+    const sd = st.structured;
+    rows.push(["structured output", `${sd.type}: ${sd.forced} of ${r.token_ids.length} tokens forced (one champion block with the ` +
+      `proposals); compiled in ${sd.compile_ms.toFixed(0)} ms${sd.cached ? " (cached)" : ""}`]);
+  }
   $("stats").replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
     for (const x of [k, v]) {
@@ -348,6 +381,7 @@ async function run() {
   if (chat) $("prompt").value = "";
   $("go").disabled = true;
   $("stop").disabled = false;
+  $("structured_review").hidden = true;
   page.running = true;
   page.stage = "generating";
   setStatus("generating…");
@@ -369,6 +403,7 @@ async function run() {
     page.lastPromptIds = result.prompt_ids;
     renderLive(live, result);
     showStats(result);
+    showStructured(options.response_format, result);
     turn.keep(result.text);            // what was emitted stays, also when stopped or failed
     if (result.finish_reason === "cancelled") setStatus("cancelled");
     else if (result.error) {
@@ -413,6 +448,8 @@ function main() {
   $("chat").onchange = newConversation;            // turns in and out of the template do not mix
   $("speculate").onchange = setKControls;
   setKControls();
+  $("response_format").onchange = setFormatControls;
+  setFormatControls();
   $("download_receipt").onclick = downloadReceipt;
   $("forget_all").onclick = () => forgetCachedModel(null).then(refreshCachePanel, (err) => setStatus(coded(err), true));
   $("cache_panel").ontoggle = () => { if ($("cache_panel").open) refreshCachePanel(); };

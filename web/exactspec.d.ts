@@ -92,19 +92,36 @@ export interface GenerateOptions {
   stop_token_ids?: number[];
   suppress_token_ids?: number[];
   allowed_token_ids?: number[];          // non-empty; leave it out to allow every token
+  /** Structured output (docs/grammar.md): the answer is constrained token by token with xgrammar,
+   *  the champion's rows and the draft's alike, so it stays exact; ids the constraint leaves alone
+   *  are "forced" and verified in one block with the proposals. Refused E_BAD_ARGUMENT before any
+   *  output when too large or deep, a nested-quantifier regex, a grammar without a root rule, or
+   *  one no token can start; an answer that reaches a dead end ends E_GRAMMAR_DEAD_END. Not with
+   *  allowed_token_ids. */
+  response_format?: ResponseFormat | null;
+  /** Default true: forced ids go to the champion in the round's block; false decides each as its
+   *  own row (the same tokens; for measuring what the batching gains). */
+  forced_batching?: boolean;
   silenceTimeoutMs?: number;            // this request's limit on the worker's silence (EngineOptions)
 }
+
+export type ResponseFormat =
+  | { type: "json_schema"; schema: Record<string, unknown> | string }   // an object, or its JSON text
+  | { type: "regex"; pattern: string }
+  | { type: "grammar"; ebnf: string }                                   // xgrammar EBNF with a `root` rule
+  | { type: "json_object" };
 
 /** One turn of a conversation (roles: protocol.json generate_request.messages.roles). */
 export interface ChatMessage { role: "system" | "user" | "assistant" | "tool"; content: string }
 
-export type TokenSource = "accepted" | "correction" | "extra" | "baseline";
+/** forced: the only token the response_format allowed there (committed without a decision) */
+export type TokenSource = "accepted" | "correction" | "extra" | "baseline" | "forced";
 
 export interface TokensEvent {
   kind: "tokens";
   payload: {
     token_ids: number[]; text: string; sources: TokenSource[];
-    round: { proposed: number; accepted: number; draft_ms: number; verify_ms: number };
+    round: { proposed: number; accepted: number; forced: number; draft_ms: number; verify_ms: number };
   };
 }
 export interface OtherEvent { kind: "progress" | "error"; payload: Record<string, unknown> }
@@ -129,6 +146,11 @@ export interface GenerateResult {
     /** prompt ids each model started from the K/V of the engine's previous request (prefix_reuse);
      *  draft null when the request's session had no draft */
     prompt_reused: { champion: number; draft: number | null };
+    /** ids the response_format forced (0 without one) */
+    forced: number;
+    /** a request with a response_format: its type and hash, the compile's time (cached: this
+     *  engine had compiled it before) and the forced count */
+    structured?: { type: ResponseFormat["type"]; sha256: string; compile_ms: number; cached: boolean; forced: number };
   };
   timing_ms: Record<string, number | null | Record<string, number>>;
   error: { code: ErrorCode; message: string } | null;

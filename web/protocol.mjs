@@ -21,7 +21,7 @@ export function makeValidator(schema) {
 }
 
 const TYPE_WORDS = { boolean: "true or false", integer: "an integer", number: "a finite number", string: "a string",
-  strings: "a list of strings", token_ids: "a list of integer token ids" };
+  strings: "a list of strings", token_ids: "a list of integer token ids", object: "an object or null" };
 
 /** A value as the Python side names it (protocol.py _shown), so both say the same sentence. */
 export function shown(v) {
@@ -42,6 +42,7 @@ function typed(kind, v) {
     case "string": return typeof v === "string";
     case "strings": return Array.isArray(v) && v.every((x) => typeof x === "string");
     case "token_ids": return isIds(v);
+    case "object": return v === null || (typeof v === "object" && !Array.isArray(v));
     default: throw codedError("E_INTERNAL", `protocol.json: unknown option type ${kind}`);
   }
 }
@@ -132,9 +133,9 @@ export function errorPayload(err, fallback = "E_INTERNAL", codes = null) {
 }
 
 /** The round record of schema.round_record (protocol.json): `at` maps each fixed word's name to
- *  its offset, `decode(words)` reads a record (Int32Array: fixed words, then n_proposed ids) into
- *  {n_accepted, next_token, rejected_at, ended_by, near_top_p, error_code, status, draft_ms,
- *  verify_ms, proposals, diag}. The one JS reader of the layout (Python's: round_record.py). */
+ *  its offset, `decode(words)` reads a record (Int32Array: fixed words, then n_forced forced ids,
+ *  then n_proposed ids) into {n_accepted, next_token, rejected_at, ended_by, near_top_p, error_code,
+ *  status, draft_ms, verify_ms, forced, proposals, diag}. The one JS reader of the layout (Python's: round_record.py). */
 export function roundRecordLayout(schema) {
   const rec = schema.round_record;
   const at = Object.fromEntries(rec.words.map(([name], i) => [name, i]));
@@ -143,15 +144,17 @@ export function roundRecordLayout(schema) {
   const f32 = (words, i) => new Float32Array(Int32Array.of(words[i]).buffer)[0];
   function decode(words) {
     const w = Int32Array.from(words);
-    if (w.length < fixed || w.length !== fixed + w[at.n_proposed]) {
-      throw codedError("E_PROTOCOL", `a round record needs ${fixed} words + n_proposed ids, got ${w.length}`);
+    if (w.length < fixed || w[at.n_forced] < 0 || w[at.n_proposed] < 0 || w.length !== fixed + w[at.n_forced] + w[at.n_proposed]) {
+      throw codedError("E_PROTOCOL", `a round record needs ${fixed} words + n_forced + n_proposed ids, got ${w.length}`);
     }
+    const nForced = w[at.n_forced];
     const none = (v) => (v < 0 ? null : v);
     return {
       n_accepted: w[at.n_accepted], next_token: none(w[at.next_token]), rejected_at: none(w[at.rejected_at]),
       ended_by: rec.ended_by[w[at.ended_by] & rec.ended_by_mask] ?? "", near_top_p: (w[at.ended_by] & rec.near_top_p_flag) !== 0,
       error_code: rec.decision_errors[w[at.decision_error]] ?? "E_INTERNAL", status: status[w[at.status]] ?? "unknown",
-      draft_ms: w[at.draft_us] / 1000, verify_ms: w[at.verify_us] / 1000, proposals: Array.from(w.subarray(fixed)),
+      draft_ms: w[at.draft_us] / 1000, verify_ms: w[at.verify_us] / 1000,
+      forced: Array.from(w.subarray(fixed, fixed + nForced)), proposals: Array.from(w.subarray(fixed + nForced)),
       diag: { score: f32(w, at.diag_score), u: f32(w, at.diag_u), a: f32(w, at.diag_a) },
     };
   }

@@ -1,6 +1,6 @@
 // cpu_session.mjs — the CPU round as one call (wasm/cpu.c): the WASM champion and, loaded into the
 // same instance, the WASM draft; per-request state set once (beginNow), then one roundNow per round,
-// which returns the whole round record (protocol.json round_record: 12 fixed words + the proposals).
+// which returns the whole round record (protocol.json round_record: 13 fixed words + the proposals).
 //   const champion = await createWasmChampion({ ..., draft: { modelUrl } });    // one instance
 //   champion.beginNow({ policy, draftPolicy, stopTokenIds, seed: [lo, hi], contextIds, greedy });
 //   const record = champion.roundNow({ k, roundId, remaining, proposals: null, champFeed, champStart,
@@ -14,7 +14,7 @@ import { statusError } from "./cpu_module.mjs";
 import { wasmStatusCode } from "../wasm_status.mjs";
 import { checkedPolicy } from "../sampling_policy.mjs";
 
-const FIXED_WORDS = 12;                          // REC_FIXED_WORDS (protocol.json round_record)
+const FIXED_WORDS = 13;                          // REC_FIXED_WORDS (protocol.json round_record; test_cpu_module checks)
 const STATUS_WORD = 8, N_PROPOSED_WORD = 11;     // REC_STATUS, REC_N_PROPOSED
 const DRAFT_FAILED = 2;                          // round_record.status.draft_failed
 
@@ -29,7 +29,7 @@ export class CpuSession {
     this.begun = false;
     this._failure = null;
     const B = champion.maxBlock;
-    this._record = champion._alloc(4 * (FIXED_WORDS + B));       // (12 + B,) int32
+    this._record = champion._alloc(4 * (FIXED_WORDS + B));       // (13 + B,) int32
     this._given = champion._alloc(4 * B);                        // (B,) int32
     this._champFeed = champion._alloc(4 * B);                    // (B,) int32
     this._draftFeedCap = 0;
@@ -75,7 +75,7 @@ export class CpuSession {
     this._failure = null;
   }
 
-  /** One round -> Int32Array: the whole record (12 fixed words + n_proposed ids), a copy.
+  /** One round -> Int32Array: the whole record (13 fixed words + n_proposed ids; the one-call round forces none), a copy.
    *  proposals: given ids (prompt lookup) or null (the draft proposes up to k; k = 0: a baseline
    *  step). champFeed: the champion's pending token at champStart; draftFeed: the draft's
    *  not-yet-fed ids at draftStart (draft rounds only). */

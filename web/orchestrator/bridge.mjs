@@ -221,6 +221,14 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     if (!session) throw codedError("E_CACHE_STATE", "no request session: begin() first");
     return session;
   };
+  // response_format: one xgrammar context per set of stop ids for this engine's tokenizer, and the
+  // compiled constraints by key (web/grammar/xgrammar_masks.mjs caches each spec's compile)
+  const grammar = { tokenizerJson: null, contexts: new Map(), compiled: new Map() };
+  sessionEnv.constraint = ({ key }) => {
+    const c = grammar.compiled.get(key);
+    if (!c) throw codedError("E_CACHE_STATE", "the request's response_format was not compiled by this engine");
+    return c.context.matcher(c.compiled, { stopTokenIds: c.stops });
+  };
 
   const bridge = {
     /** Start a request: JSON {policy, draft_policy, stop_token_ids, seed: [lo, hi], context_ids,
@@ -235,6 +243,31 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     round(k, roundId, remaining, nCommitted, proposals) {
       const r = liveSession().round(k, roundId, remaining, nCommitted, proposals == null ? null : Array.from(proposals));
       return r instanceof Promise ? r.then(yielded) : r;
+    },
+    /** The engine's tokenizer.json text, for response_format constraints (compiled on first use). */
+    useTokenizer(text) { grammar.tokenizerJson = text; },
+    /** Compile a response_format (protocol: the ConstraintSpec's canonical JSON, and the request's
+     *  stop ids as JSON) -> promise of JSON {key, compile_ms, cached}; a constraint xgrammar
+     *  refuses, or one that allows no token at its start, rejects with E_BAD_ARGUMENT. */
+    async compileConstraint(specJson, stopsJson) {
+      if (!grammar.tokenizerJson) throw codedError("E_BAD_ARGUMENT", "response_format: this engine has no tokenizer to compile it for");
+      const stops = JSON.parse(stopsJson);
+      let context = grammar.contexts.get(stopsJson);
+      if (!context) {
+        const { createGrammarContext } = await import("../grammar/xgrammar_masks.mjs");
+        context = await createGrammarContext(JSON.parse(grammar.tokenizerJson), { vocabSize: champ.vocabSize, stopTokenIds: stops });
+        grammar.contexts.set(stopsJson, context);
+      }
+      const { compiled, compileMs, cached } = await context.compile(JSON.parse(specJson));
+      const key = `${stopsJson}|${specJson}`;
+      grammar.compiled.set(key, { context, compiled, stops });
+      const probe = context.matcher(compiled, { stopTokenIds: stops });
+      try {
+        if (!probe.mask().some((w) => w !== 0)) {
+          throw codedError("E_BAD_ARGUMENT", "response_format: the constraint allows no token at its start (no text this tokenizer can write satisfies it)");
+        }
+      } finally { probe.dispose(); }
+      return JSON.stringify({ key, compile_ms: compileMs, cached: !!cached });
     },
     /** JSON {code, message} of the last round whose draft failed. */
     lastFailure: () => JSON.stringify(liveSession().lastFailure()),
@@ -423,6 +456,9 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     },
     close() {
       closed = true;
+      for (const context of grammar.contexts.values()) context.dispose?.();
+      grammar.contexts.clear();
+      grammar.compiled.clear();
       draft?.terminate();
       draft = null;
       champ.close();

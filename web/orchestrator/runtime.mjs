@@ -133,6 +133,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     let session;
     try {
       checked.verifyRunArtifacts(built.info);
+      built.bridge.useTokenizer(checked.tokenizer_json);   // response_format constraints compile for it
       session = callPy(py.backend, "make_session", [built.bridge, checked.tokenizer_json, checked.tokenizer_config_json,
         checked.generation_config_json, JSON.stringify(built.info.champion),
         built.info.draft ? JSON.stringify(built.info.draft) : "",

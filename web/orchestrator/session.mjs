@@ -9,6 +9,7 @@
 // fault armed): Python then gets the record without an event-loop hop; otherwise it returns a
 // promise of it. Both go through the same code (`then` below), so there is one round, not two.
 import { codedError, errorPayload } from "../protocol.mjs";
+import { createGrammarRound } from "./grammar_round.mjs";
 
 const EMPTY = new Int32Array(0);
 
@@ -77,9 +78,11 @@ class Mirror {
  *   allowed now, hit(point, roundId): null or a promise (test faults), takeNaN(): whether a
  *   nan_champion fault is armed for this round, maxBlock, layout: roundRecordLayout(schema),
  *   held(): {champion, draft}: the ids whose K/V each model holds from the last request (null:
- *   unknown), keep(championIds, draftIds | undefined): what they hold when this session ends }.
+ *   unknown), keep(championIds, draftIds | undefined): what they hold when this session ends,
+ *   constraint({key}): a new matcher of the compiled response_format `key` (bridge.compileConstraint) }.
  * `request`: {policy, draft_policy, stop_token_ids, seed: [lo, hi], context_ids, greedy, mode,
- *   prefix_reuse (default true), max_new_tokens (the K/V room reserved at begin)}.
+ *   prefix_reuse (default true), max_new_tokens (the K/V room reserved at begin), constraint
+ *   (null, or {key}: a response_format compiled by the bridge; its rounds are grammar_round.mjs's)}.
  */
 export function createSession(env, request) {
   const { layout } = env;
@@ -142,28 +145,39 @@ export function createSession(env, request) {
     });
   }
 
-  /** The round record from the decision words (null: the champion did not run). */
-  function record(decision, tokens, status, draftMs, verifyMs) {
-    const out = new Int32Array(layout.fixed + tokens.length);
+  /** The round record from the decision words (null: the champion did not run); `forced`: the
+   *  grammar-forced ids that opened the round (grammar_round.mjs). */
+  function record(decision, tokens, status, draftMs, verifyMs, forced = EMPTY) {
+    const out = new Int32Array(layout.fixed + forced.length + tokens.length);
     if (decision) out.set(decision.subarray(0, layout.decisionWords));
     else out[at.next_token] = out[at.rejected_at] = -1;    // the champion did not run: nothing decided
     out[at.status] = status;
     out[at.draft_us] = Math.round(draftMs * 1000);
     out[at.verify_us] = Math.round(verifyMs * 1000);
     out[at.n_proposed] = tokens.length;
-    out.set(tokens, layout.fixed);
+    out[at.n_forced] = forced.length;
+    out.set(forced, layout.fixed);
+    out.set(tokens, layout.fixed + forced.length);
     return settle(out);
   }
 
   /** The mirror commits what a record decided (or aborts the round); -> the record. */
   function settle(out) {
     if (out[at.status] !== layout.status.draft_failed && out[at.decision_error] === 0) {
-      mirror.commit(out.subarray(layout.fixed), out[at.n_accepted], out[at.next_token]);
+      const nForced = out[at.n_forced];
+      mirror.push(out.subarray(layout.fixed, layout.fixed + nForced));
+      mirror.commit(out.subarray(layout.fixed + nForced), out[at.n_accepted], out[at.next_token]);
     } else {
       mirror.abort();
     }
     return out;
   }
+
+  // A response_format: its rounds compose the separate calls with a mask per row (grammar_round.mjs)
+  const grammar = request.constraint ? createGrammarRound(env.constraint(request.constraint), {
+    env, mirror, base, draftPolicy, record, then, attempt, championFailed, promptLength: mirror.length,
+    forcedBatching: request.forced_batching !== false,
+    setFailure: (err) => { lastFailure = errorPayload(err, "E_DRAFT_LOST"); } }) : null;
 
   // The CPU round in one call (wasm/cpu.c, champion_wasm/cpu_session.mjs): the WASM champion with
   // the draft loaded into its own instance. Its request state is set once (beginNow); a round that
@@ -236,6 +250,11 @@ export function createSession(env, request) {
         throw codedError("E_CACHE_STATE", `the caller has ${nCommitted} committed tokens, the session ${mirror.length}`);
       }
       const useDraft = proposals == null && k > 0;
+      if (grammar) {
+        counts.separate_call_rounds++;
+        cpuBegun = false;
+        return grammar.round(k, roundId, remaining, proposals, useDraft);
+      }
       if (env.cpuRound(useDraft)) {
         counts.one_call_rounds++;
         return cpuRound(k, roundId, remaining, proposals, useDraft);
@@ -267,6 +286,7 @@ export function createSession(env, request) {
      *  and rounds composed of separate draft, forward and decide calls. */
     end() {
       if (!ended) env.keep?.(mirror.ids.slice(0, mirror.championAt), usesDraft ? mirror.ids.slice(0, mirror.draftAt) : undefined);
+      if (!ended) grammar?.dispose();
       ended = true;
       return { ...counts };
     },

@@ -14,7 +14,7 @@ backend: its proposals cross with the round.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .acceptance import argmax_tie_low, decide_round
@@ -62,6 +62,15 @@ def common_prefix(a, b) -> int:
             break
         n += 1
     return n
+
+
+def given_after_forced(proposals, forced) -> list:
+    """Given proposals (prompt lookup's, searched on the committed ids) in a round that starts with
+    grammar-forced ids: the part after the forced ids when the proposals begin with them, else none
+    (a deterministic function of the context, so the round stays exact). web/orchestrator/
+    session.mjs does the same."""
+    proposals, forced = list(proposals), list(forced)
+    return proposals[len(forced):] if proposals[:len(forced)] == forced else []
 
 
 def _process(row, context_ids, policy):
@@ -159,6 +168,12 @@ class ReferenceSession:
 
     def __init__(self, champion: ReferenceChampion, draft, request):
         self.champion, self.draft, self.request = champion, draft, request
+        # a response_format: one matcher for this request, the champion's and the draft's policy
+        self.bound = request.constraint.bind(len(request.context_ids)) if request.constraint is not None else None
+        self.policy, self.draft_policy = request.policy, request.draft_policy
+        if self.bound is not None:
+            self.policy = replace(request.policy, grammar=self.bound)
+            self.draft_policy = replace(request.draft_policy, grammar=self.bound)
         self.round_bytes = 0
         self.draft_failure: Optional[ExactSpecError] = None
         self._last_failure: Optional[ExactSpecError] = None
@@ -197,14 +212,24 @@ class ReferenceSession:
                                                 f"{self.champion_cache.n_committed}")
         self.round_bytes = 4 * (5 + len(proposals or ()))
         t0 = time.perf_counter()
-        status, tokens, p_draft_rows = "verified", [], []
+        status, tokens, p_draft_rows, forced = "verified", [], [], []
+        if self.bound is not None:      # grammar-forced ids open the round; the decided rows follow them
+            committed_ids = self.champion_cache.committed_ids
+            forced = self.bound.forced_after(committed_ids, self.policy.suppress_token_ids,
+                                             frozenset(req.stop_token_ids), remaining - 1 if req.forced_batching else 0)
+            round_id, remaining = round_id + len(forced), remaining - len(forced)
+            k = min(k, remaining - 1)
+            if proposals is not None:
+                proposals = self.bound.valid_prefix(committed_ids + forced, given_after_forced(proposals, forced)[:k],
+                                                    self.policy.suppress_token_ids)
         if proposals is not None:
             tokens = list(proposals)
             p_draft_rows = [_one_hot(self.champion.vocab_size, y) for y in tokens]
         elif k > 0:
             self.draft_cache.begin()
+            self.draft_cache.append_provisional(forced)
             try:
-                proposal = self.draft.propose(self.draft_cache, k, req.draft_policy, req.decider, round_id,
+                proposal = self.draft.propose(self.draft_cache, k, self.draft_policy, req.decider, round_id,
                                               frozenset(req.stop_token_ids))
             except Exception as exc:    # the draft failed: the champion does not run
                 self.draft_cache.abort()
@@ -217,9 +242,9 @@ class ReferenceSession:
                 tokens, p_draft_rows = proposal.tokens, proposal.p_draft_rows
         t1 = time.perf_counter()
         self.champion_cache.begin()
-        self.champion_cache.append_provisional(tokens)
+        self.champion_cache.append_provisional(forced + list(tokens))
         try:
-            rows = self.champion.verify_linear(self.champion_cache, req.policy)
+            rows = self.champion.verify_linear(self.champion_cache, self.policy)[len(forced):]
         except Exception:
             for cache in caches:
                 if cache is not None:
@@ -236,17 +261,18 @@ class ReferenceSession:
                 cache.abort()
                 continue
             if cache.in_transaction:
-                cache.commit_prefix(decision.n_accepted)
+                cache.commit_prefix(len(forced) + decision.n_accepted)
             else:       # the draft sat out the round (lookup's proposals, or none): it catches up lazily
-                for t in tokens[:decision.n_accepted]:
+                for t in forced + list(tokens[:decision.n_accepted]):
                     cache.append_authoritative(t)
             if decision.next_token is not None:
                 cache.append_authoritative(decision.next_token)
         return self._record(status, tokens, decision, t1 - t0, time.perf_counter() - t1,
-                            getattr(req.decider, "last_accept", None))
+                            getattr(req.decider, "last_accept", None), forced)
 
-    def _record(self, status, tokens, decision, draft_s: float, verify_s: float, accept_test=None) -> RoundOutcome:
-        words = encode(status, tokens, decision, draft_s * 1000.0, verify_s * 1000.0, accept_test)
+    def _record(self, status, tokens, decision, draft_s: float, verify_s: float, accept_test=None,
+                forced=()) -> RoundOutcome:
+        words = encode(status, tokens, decision, draft_s * 1000.0, verify_s * 1000.0, accept_test, forced)
         self.round_bytes += 4 * len(words)
         return decode(words)
 
@@ -324,7 +350,9 @@ def _ms(t0: float) -> float:
 class RunnerDraft(_RunnerBackend):
     """Draft backend over a logits runner: samples proposals by the draft_sample address."""
 
-    def propose(self, cache, k, policy, decider, round_id, stop_token_ids) -> Proposal:
+    def propose(self, cache, k, policy, decider, round_id, stop_token_ids, first_step=0) -> Proposal:
+        """first_step: proposal i draws at step counter first_step + i (k = 1 calls with first_step
+        0, 1, ... draw what one k-call draws)."""
         out = Proposal()
         logits = _materialize(self.runner, cache, len(cache.tokens))[-1]  # (V,)
         self.n_calls += 1
@@ -334,7 +362,8 @@ class RunnerDraft(_RunnerBackend):
             if isinstance(p_draft, ExactSpecError):
                 out.error = p_draft
                 return out
-            y = argmax_tie_low(p_draft) if greedy else decider.categorical(p_draft, DRAFT_SAMPLE, round_id, i)
+            y = (argmax_tie_low(p_draft) if greedy
+                 else decider.categorical(p_draft, DRAFT_SAMPLE, round_id, first_step + i))
             if not p_draft[y] > 0:
                 out.error = ExactSpecError(E_PROCESSOR_INVALID, f"draft proposed token {y} with zero probability")
                 return out

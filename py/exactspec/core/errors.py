@@ -31,6 +31,7 @@ E_CANCELLED = "E_CANCELLED"                          # request cancelled by the 
 E_MODEL_LOAD = "E_MODEL_LOAD"                        # model or tokenizer file missing / malformed
 E_MANIFEST_MISMATCH = "E_MANIFEST_MISMATCH"          # champion/draft pair incompatible
 E_CONTEXT_OVERFLOW = "E_CONTEXT_OVERFLOW"            # prompt + generation exceeds context limit
+E_GRAMMAR_DEAD_END = "E_GRAMMAR_DEAD_END"            # the response_format allows no token here
 E_CACHE_STATE = "E_CACHE_STATE"                      # cache transaction misuse (a bug, never user input)
 E_PROTOCOL = "E_PROTOCOL"                            # malformed worker message
 E_IO = "E_IO"                                        # file / pipe / socket failure

@@ -23,6 +23,7 @@ from .caches import LogicalCache
 from .deciders import RngDecider
 from .errors import (E_BAD_ARGUMENT, E_CACHE_STATE, E_CONTEXT_OVERFLOW, E_DEVICE_LOST, E_DRAFT_LOST, E_INTERNAL,
                      E_RESIDUAL_INVARIANT, ExactSpecError, coded_error)
+from .constraints import constraint_of
 from .policy import SamplingPolicy
 from .protocol import CODE_DESCRIPTIONS, make_envelope
 from .receipts import build_receipt
@@ -32,7 +33,7 @@ from .textstream import TextAssembler
 
 MODES = ("none", "draft", "lookup", "auto")   # auto: auto_policy.AutoPolicy picks none/draft/lookup and k per round
 # Where each emitted token came from (the "tokens" event's `sources`, one per token id).
-SOURCES = ("accepted", "correction", "extra", "baseline")
+SOURCES = ("accepted", "correction", "extra", "baseline", "forced")   # forced: the only id a response_format allowed
 MAX_K = 64
 
 
@@ -49,6 +50,8 @@ class GenerationConfig:
     scheduler: str = "static"   # scheduler.SCHEDULERS: static k, or adaptive (k <= config.k per round)
     prefix_reuse: bool = True   # start from the K/V the models hold for the previous request's ids
                                 # (the longest common prefix; exact: docs/core.md "Prefix reuse")
+    forced_batching: bool = True  # a response_format's forced ids open a round and go to the champion in
+                                  # its block (False: each is a decided row; the same tokens, for measuring)
 
     def validate(self, vocab_size: int) -> None:
         def bad(name, why):
@@ -63,6 +66,8 @@ class GenerationConfig:
             bad("scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         if not isinstance(self.prefix_reuse, bool):
             bad("prefix_reuse", f"must be true or false, got {self.prefix_reuse!r}")
+        if not isinstance(self.forced_batching, bool):
+            bad("forced_batching", f"must be true or false, got {self.forced_batching!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
             bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
         for t in self.stop_token_ids:
@@ -147,6 +152,9 @@ class SessionRequest:
                                    # first round, so a request auto never drafts pays nothing for it)
     decider: object                # RngDecider(seed), or a test's decider (CPython reference only)
     prefix_reuse: bool = True      # the session may start each model from the K/V it holds for these ids
+    constraint: object = None      # the compiled response_format (the orchestrator's `constraints`
+                                   # compiled it: the session binds a matcher to it), or None
+    forced_batching: bool = True   # GenerationConfig.forced_batching
 
     @property
     def greedy(self) -> bool:
@@ -155,7 +163,7 @@ class SessionRequest:
 
 def _new_stats(k: int) -> dict:
     return {"rounds": 0, "proposed": 0, "accepted": 0, "baseline_steps": 0, "draft_invalid": 0,
-            "target_calls": 0, "draft_calls": 0, "numeric_errors": 0,
+            "target_calls": 0, "draft_calls": 0, "numeric_errors": 0, "forced": 0,
             "prompt_reused": {"champion": 0, "draft": None},   # prompt ids whose K/V came from the last request
             "accepted_count_histogram": [0] * (k + 1), "rejection_position_histogram": [0] * k}
 
@@ -176,6 +184,7 @@ class _Run:
         self.fallback_code: Optional[str] = None
         self.seq = 0
         self.auto = auto                # AutoPolicy of a speculate="auto" request, else None
+        self.constraint = None          # the compiled response_format, else None
         self.stats = _new_stats(auto.k_max if auto is not None else config.k)
         self.draft_behind = 0           # committed tokens the draft has not consumed (auto's catch-up cost)
         self.auto_round = None          # this round's (Choice, lookup proposals, lookup search ms)
@@ -206,7 +215,7 @@ class Orchestrator:
 
     def __init__(self, champion, draft=None, decode: Optional[Callable] = None, identities: Optional[dict] = None,
                  draft_error: Optional[str] = None, stream_decoder: Optional[Callable] = None,
-                 calibration: Optional[dict] = None, n_token_ids: Optional[int] = None):
+                 calibration: Optional[dict] = None, n_token_ids: Optional[int] = None, constraints=None):
         """`decode(ids)` -> text; `stream_decoder()` (optional) -> a fresh streaming decoder for one
         answer (push(id) -> final text, flush()), which makes text O(1) per token. `calibration`
         (common.md §1) fixes what speculate="auto" reads; by default the champion backend's
@@ -214,7 +223,11 @@ class Orchestrator:
         `n_token_ids`: the tokenizer's ids [0, n) (default: every row of the model's vocabulary);
         rows at or past it are vocabulary padding (Qwen2.5's embedding has 151,936 rows for 151,665
         ids): every request's policies suppress them, declared (in the policy hash and the
-        receipt), the champion's and the draft's alike, and a prompt may not hold them."""
+        receipt), the champion's and the draft's alike, and a prompt may not hold them.
+        `constraints`: compiles a request's response_format (`compile(spec, stop_token_ids)` ->
+        the compiled constraint, or an awaitable of it; E_BAD_ARGUMENT for one it refuses): the
+        CPython reference's reference/constrained.py, the browser's bridge (web/grammar/);
+        None: requests with a response_format are refused."""
         self.champion = champion
         self.stream_decoder = stream_decoder
         self.draft = draft
@@ -231,6 +244,7 @@ class Orchestrator:
         self.identities["champion"] = champion.identity
         self.lookup = LookupProposer(self.vocab_size)
         self.calibration = calibration
+        self.constraints = constraints
         # speculate="auto": the draft's acceptance learnt by the last auto request of each sampling
         # policy (canonical JSON -> AutoPolicy.export_memory()), the next one's prior: timing only
         self.auto_memory = {}
@@ -286,6 +300,7 @@ class Orchestrator:
         if config.speculate == "draft" and self.draft is None:
             raise ExactSpecError(E_DRAFT_LOST if self.draft_error else E_BAD_ARGUMENT,
                                  f"speculate=draft needs a draft model{': ' + self.draft_error if self.draft_error else ''}")
+        config, compiled = await self._compile_constraint(config)
         if epoch is None:
             epoch = cancel.epoch if cancel else 0
         elif cancel is not None:
@@ -298,6 +313,7 @@ class Orchestrator:
                                     memory=self.auto_memory.get(config.policy.canonical_json()))
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
                    self.stream_decoder() if self.stream_decoder is not None else None, auto)
+        run.constraint = compiled
         try:
             await self._run_request(run, prompt_ids, decider or RngDecider(config.seed))
         except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
@@ -309,6 +325,27 @@ class Orchestrator:
                 run.session_counts = run.session.end(run.finish)
         run.timing["total"] = _ms(run.t_start)
         return self._result(run, prompt_ids)
+
+    async def _compile_constraint(self, config: GenerationConfig):
+        """A response_format: compiled before any output (a refusal raises E_BAD_ARGUMENT), and the
+        draft's policy given the same constraint (one mask on both sides keeps acceptance exact).
+        -> (config, the compiled constraint or None)."""
+        spec = constraint_of(config.policy)
+        if spec is None:
+            if config.draft_policy is not None and constraint_of(config.draft_policy) is not None:
+                raise ExactSpecError(E_BAD_ARGUMENT, "response_format: the draft's policy has a constraint the "
+                                     "champion's lacks", field="response_format")
+            return config, None
+        if self.constraints is None:
+            raise ExactSpecError(E_BAD_ARGUMENT, "response_format: this engine's backend cannot apply constraints",
+                                 field="response_format")
+        if not config.stop_token_ids:
+            raise ExactSpecError(E_BAD_ARGUMENT, "response_format: the request has no stop token id, so a "
+                                 "constrained answer could not end", field="response_format")
+        compiled = await resolve(self.constraints.compile(spec, config.stop_token_ids))
+        if config.draft_policy is not None:
+            config = replace(config, draft_policy=replace(config.draft_policy, grammar=config.policy.grammar))
+        return config, compiled
 
     async def _run_request(self, run: _Run, prompt_ids, decider):
         config = run.config
@@ -322,7 +359,8 @@ class Orchestrator:
         if run.mode == "auto":       # the draft (when auto may use it) catches up on its first round
             session_mode = "auto" if run.auto.has_draft else "lookup"
         request = SessionRequest(tuple(prompt_ids), config.policy, run.draft_policy, tuple(sorted(run.stop_ids)),
-                                 config.seed, config.max_new_tokens, session_mode, decider, config.prefix_reuse)
+                                 config.seed, config.max_new_tokens, session_mode, decider, config.prefix_reuse,
+                                 run.constraint, config.forced_batching)
         try:
             run.session = await resolve(self.champion.begin(request, self.draft if session_mode in ("draft", "auto") else None))
         except Exception as exc:     # the champion's prefill (device or backend) failed
@@ -395,11 +433,12 @@ class Orchestrator:
 
     def _commit(self, run: _Run, out):
         """Commit a decided round to the authoritative cache, count it, tell the scheduler, emit it."""
-        m, n_accepted = len(out.proposals), out.n_accepted
-        run.cache.append_provisional(out.proposals)
-        run.cache.commit_prefix(n_accepted)
-        tokens = list(out.proposals[:n_accepted])
+        m, n_accepted, forced = len(out.proposals), out.n_accepted, list(out.forced)
+        run.cache.append_provisional(forced + list(out.proposals))
+        run.cache.commit_prefix(len(forced) + n_accepted)
+        tokens = forced + list(out.proposals[:n_accepted])
         st = run.stats
+        st["forced"] += len(forced)
         if m:
             st["rounds"] += 1
             st["proposed"] += m
@@ -411,13 +450,14 @@ class Orchestrator:
         else:
             st["baseline_steps"] += 1
             sources = ["baseline"]
+        sources = ["forced"] * len(forced) + sources
         if run.mode not in ("none", "auto"):
             run.scheduler.observe(proposed=m, accepted=n_accepted, draft_ms=out.draft_ms, verify_ms=out.verify_ms,
                                   round_ms=_ms(run.round_t0))
         if out.next_token is not None:
             tokens.append(out.next_token)
             run.cache.append_authoritative(out.next_token)
-        round_info = {"proposed": m, "accepted": n_accepted,
+        round_info = {"proposed": m, "accepted": n_accepted, "forced": len(forced),
                       "draft_ms": round(out.draft_ms, 3), "verify_ms": round(out.verify_ms, 3)}
         if run.mode == "auto":
             round_info["auto"] = self._auto_observe(run, out, m, n_accepted, tokens)
@@ -495,6 +535,9 @@ class Orchestrator:
             st["stale_dropped"] = counters
         st["tokens_per_round"] = (round((st["accepted"] + st["rounds"]) / st["rounds"], 4) if st["rounds"] else None)
         st["mode"] = run.mode
+        if run.constraint is not None:    # {type, sha256, compile_ms, cached}
+            info = run.constraint.info() if hasattr(run.constraint, "info") else dict(run.constraint)
+            st["structured"] = {**{k: v for k, v in info.items() if k != "key"}, "forced": st["forced"]}
         st["fallback_code"] = run.fallback_code
         st["round_bytes_max"] = run.round_bytes_max
         st["session"] = run.session_counts

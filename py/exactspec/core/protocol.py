@@ -75,7 +75,8 @@ class Inbox:
 
 # ------------------------------------------------------------------ generate requests
 TYPE_WORDS = {"boolean": "true or false", "integer": "an integer", "number": "a finite number", "string": "a string",
-              "strings": "a list of strings", "token_ids": "a list of integer token ids"}
+              "strings": "a list of strings", "token_ids": "a list of integer token ids",
+              "object": "an object or null"}
 
 
 def _shown(v) -> str:
@@ -134,6 +135,8 @@ def _typed(kind: str, v):
     if kind == "token_ids":
         ids = [_integer(x) for x in v] if isinstance(v, list) else None
         return ids is not None and None not in ids, tuple(ids) if ids is not None else v
+    if kind == "object":
+        return v is None or isinstance(v, dict), v
     raise ValueError(f"protocol.json: unknown option type {kind}")
 
 

@@ -24,7 +24,7 @@ ALLOWED_FIELDS = (
     "browser_version", "runtime_version", "champion_backend", "seed_commitment", "target_call_count", "draft_call_count",
     "proposal_count", "accepted_count_histogram", "rejection_position_histogram",
     "timing_ms", "peak_resident_bytes", "bounded_numeric_errors", "numerics", "failure_code", "fallback_code",
-    "champion_fallback_code", "prompt_reused",
+    "champion_fallback_code", "prompt_reused", "forced_token_count",
 )
 
 
@@ -102,6 +102,8 @@ def build_receipt(*, identities: dict, policy_canonical: dict, scheduler: dict, 
         # prompt ids each model started from the K/V of the engine's previous request (prefix reuse;
         # "draft" only when the request's session had the draft)
         "prompt_reused": {m: n for m, n in (stats.get("prompt_reused") or {"champion": 0}).items() if n is not None},
+        # ids a response_format forced (exactly one allowed): committed without a decision, fed in blocks
+        "forced_token_count": stats.get("forced", 0),
     }
     assert tuple(receipt) == ALLOWED_FIELDS
     return receipt, salt

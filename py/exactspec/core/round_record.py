@@ -27,6 +27,7 @@ class RoundOutcome:
     "draft_failed" (the champion did not run; the session's last_failure() says why)."""
     status: str
     proposals: tuple = ()
+    forced: tuple = ()                            # grammar-forced ids committed before the proposals
     n_accepted: int = 0
     next_token: Optional[int] = None
     rejected_at: Optional[int] = None
@@ -49,8 +50,11 @@ def decode(words) -> RoundOutcome:
     """A record (a sequence of int32 words) -> RoundOutcome; a malformed one is E_PROTOCOL."""
     from .errors import E_PROTOCOL, ExactSpecError
     w = [int(x) for x in words]
-    if len(w) < FIXED_WORDS or len(w) != FIXED_WORDS + w[AT["n_proposed"]]:
-        raise ExactSpecError(E_PROTOCOL, f"a round record needs {FIXED_WORDS} words + n_proposed ids, got {len(w)}")
+    if (len(w) < FIXED_WORDS or w[AT["n_forced"]] < 0 or w[AT["n_proposed"]] < 0
+            or len(w) != FIXED_WORDS + w[AT["n_forced"]] + w[AT["n_proposed"]]):
+        raise ExactSpecError(E_PROTOCOL, f"a round record needs {FIXED_WORDS} words + n_forced + n_proposed ids, "
+                                         f"got {len(w)}")
+    n_forced = w[AT["n_forced"]]
     status = _STATUS_NAMES.get(w[AT["status"]])
     error_index = w[AT["decision_error"]]
     if status is None or not 0 <= error_index < len(LAYOUT["decision_errors"]):
@@ -60,7 +64,8 @@ def decode(words) -> RoundOutcome:
     def none(v):
         return None if v < 0 else v
     return RoundOutcome(
-        status=status, proposals=tuple(w[FIXED_WORDS:]), n_accepted=w[AT["n_accepted"]],
+        status=status, proposals=tuple(w[FIXED_WORDS + n_forced:]), forced=tuple(w[FIXED_WORDS:FIXED_WORDS + n_forced]),
+        n_accepted=w[AT["n_accepted"]],
         next_token=none(w[AT["next_token"]]), rejected_at=none(w[AT["rejected_at"]]),
         ended_by=LAYOUT["ended_by"][ended & LAYOUT["ended_by_mask"]] or None,
         error_code=LAYOUT["decision_errors"][error_index] or None,
@@ -70,11 +75,12 @@ def decode(words) -> RoundOutcome:
 
 
 def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0,
-           accept_test=None) -> list:
+           accept_test=None, forced=()) -> list:
     """The record of a round decided in Python (acceptance.RoundDecision, or None when the champion
-    did not run), as the WGSL/C deciders and the JS session write it. accept_test: (u, a) of the
+    did not run), as the WGSL/C deciders and the JS session write it; `forced`: the grammar-forced
+    ids committed before the proposals. accept_test: (u, a) of the
     round's last accept test (the uniform and min(1, p_target / p_draft)), or None: diag_u, diag_a."""
-    w = [0] * (FIXED_WORDS + len(proposals))
+    w = [0] * (FIXED_WORDS + len(forced) + len(proposals))
     w[AT["next_token"]] = w[AT["rejected_at"]] = -1
     if decision is not None:
         w[AT["n_accepted"]] = decision.n_accepted
@@ -90,7 +96,8 @@ def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, veri
     w[AT["draft_us"]] = round(draft_ms * 1000)
     w[AT["verify_us"]] = round(verify_ms * 1000)
     w[AT["n_proposed"]] = len(proposals)
-    w[FIXED_WORDS:] = list(proposals)
+    w[AT["n_forced"]] = len(forced)
+    w[FIXED_WORDS:] = list(forced) + list(proposals)
     return w
 
 

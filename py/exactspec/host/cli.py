@@ -73,6 +73,13 @@ def _add_generation_args(p):
                    help="browser backend, WASM champion: auto (the cores of a cross-origin isolated page, kept only "
                         "when timed faster at load) or a count (docs/browser.md, Threads)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    shape = p.add_mutually_exclusive_group()   # structured output: one response_format (docs/grammar.md)
+    shape.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="answer with JSON that fits the JSON Schema in FILE")
+    shape.add_argument("--regex", metavar="PATTERN", default=None, help="answer with text that matches PATTERN")
+    shape.add_argument("--grammar", metavar="FILE", default=None,
+                       help="answer with text of the xgrammar EBNF grammar in FILE (a `root` rule)")
+    shape.add_argument("--json-object", action="store_true", help="answer with any JSON object")
 
 
 def _threads_arg(text: str):
@@ -148,10 +155,41 @@ def _add_bench_args(p):
     p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
 
 
+MAX_CONSTRAINT_FILE_BYTES = 256 * 1024      # a schema or grammar file (the spec's own limits are smaller)
+
+
+def _response_format(args):
+    """--json-schema / --regex / --grammar / --json-object as a response_format dict (None: none);
+    a file is read with a size bound, a schema parsed as JSON, both refused naming the file."""
+    from ..formats.config import read_regular_file
+    def text_of(path: str, what: str) -> str:
+        try:
+            return read_regular_file(path, max_bytes=MAX_CONSTRAINT_FILE_BYTES).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{what} {path}: not UTF-8 text") from None
+    if getattr(args, "json_schema", None):
+        text = text_of(args.json_schema, "--json-schema")
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--json-schema {args.json_schema}: not JSON ({exc})") from None
+        return {"type": "json_schema", "schema": schema}
+    if getattr(args, "regex", None) is not None:
+        return {"type": "regex", "pattern": args.regex}
+    if getattr(args, "grammar", None):
+        return {"type": "grammar", "ebnf": text_of(args.grammar, "--grammar")}
+    if getattr(args, "json_object", False):
+        return {"type": "json_object"}
+    return None
+
+
 def _policy(args):
+    from ..core.constraints import ConstraintGrammar, parse_response_format
     from ..reference.processors import SamplingPolicy
+    spec = parse_response_format(_response_format(args))
     return SamplingPolicy(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          repetition_penalty=args.repetition_penalty)
+                          repetition_penalty=args.repetition_penalty,
+                          grammar=ConstraintGrammar(spec) if spec is not None else None)
 
 
 def _load(args, champion, draft):
@@ -217,7 +255,8 @@ def _browser_payload(args, seed: int) -> dict:
     return {"prompt": args.prompt, "chat": args.chat, "raw_text": args.raw_text, "config": {
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "repetition_penalty": args.repetition_penalty, "speculate": args.speculate,
-        "k": args.k, "scheduler": args.scheduler, "seed": seed, "stop_strings": list(args.stop)}}
+        "k": args.k, "scheduler": args.scheduler, "seed": seed, "stop_strings": list(args.stop),
+        "response_format": _response_format(args)}}
 
 
 def _run(args, seeds, stream=None) -> list:
@@ -226,6 +265,8 @@ def _run(args, seeds, stream=None) -> list:
         if args.weights == "f32":
             raise ExactSpecError(E_BAD_ARGUMENT, "--weights f32: the browser backend runs the q8 champion only")
         from .browser_run import BrowserRuntime
+        from ..core.constraints import parse_response_format
+        parse_response_format(_response_format(args))     # refused here, before a browser starts
         champion, draft = _models(args)
         with BrowserRuntime(champion, draft, champion_backend=args.champion_backend, threads=args.threads) as rt:
             outs = []
@@ -279,8 +320,9 @@ def cmd_generate(args) -> int:
             sys.stdout.write(result["text"])
         st = result["stats"]
         print()
+        forced = f", {st['forced']} forced" if st.get("structured") else ""
         print(f"[{result['finish_reason']}] {len(result['token_ids'])} tokens, {st['rounds']} rounds, "
-              f"{st['accepted']}/{st['proposed']} accepted, {result['timing_ms']['total']:.0f} ms", file=sys.stderr)
+              f"{st['accepted']}/{st['proposed']} accepted{forced}, {result['timing_ms']['total']:.0f} ms", file=sys.stderr)
     if result["error"]:
         _say_error(result["error"]["code"], result["error"]["message"])
         return EXIT_ERROR

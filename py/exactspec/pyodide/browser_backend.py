@@ -12,6 +12,7 @@ import json
 from array import array
 from dataclasses import dataclass
 
+from ..core.constraints import ConstraintGrammar, constraint_of, parse_response_format
 from ..core.deciders import RngDecider
 from ..core.errors import E_BAD_ARGUMENT, E_INTERNAL, ExactSpecError, coded_error
 from ..core.orchestrator import CancelToken, GenerationConfig, Orchestrator
@@ -22,7 +23,7 @@ from ..core.round_record import RoundOutcome, decode
 
 def _policy_dict(policy: SamplingPolicy) -> dict:
     allowed = None
-    if policy.grammar is not None:
+    if policy.grammar is not None and constraint_of(policy) is None:   # a response_format: the session's masks
         allowed = sorted(policy.grammar.allowed_token_ids([]))
     return {"temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p,
             "repetition_penalty": policy.repetition_penalty,
@@ -51,7 +52,9 @@ class BrowserChampion:
         state = {"policy": _policy_dict(request.policy), "draft_policy": _policy_dict(request.draft_policy),
                  "stop_token_ids": list(request.stop_token_ids), "seed": [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF],
                  "context_ids": list(request.context_ids), "greedy": request.greedy,
-                 "mode": request.mode, "prefix_reuse": request.prefix_reuse, "max_new_tokens": request.max_new_tokens}
+                 "mode": request.mode, "prefix_reuse": request.prefix_reuse, "max_new_tokens": request.max_new_tokens,
+                 "constraint": {"key": request.constraint["key"]} if request.constraint is not None else None,
+                 "forced_batching": request.forced_batching}
         began = json.loads(await self.bridge.begin(json.dumps(state)))
         failure = began["draft_failure"]
         return BrowserSession(self.bridge, _coded(failure["code"], failure["message"], "E_DRAFT_LOST") if failure else None,
@@ -83,6 +86,26 @@ class BrowserChampion:
         """hardware_class, browser_version, runtime_version and peak_resident_bytes (by category),
         from the engine's own accounting on the JS side."""
         return json.loads(self.bridge.environment())
+
+
+class BrowserConstraints:
+    """Compiles a request's response_format on the JS side (the bridge's xgrammar context for this
+    engine's tokenizer, web/grammar/): xgrammar has no Pyodide build, so the matcher lives beside
+    the models, and each round's session computes the masks (forced ids, draft steps, champion
+    rows). Python still decides nothing less: it commits what each round record says."""
+
+    def __init__(self, bridge):
+        self.bridge = bridge
+
+    async def compile(self, spec, stop_token_ids) -> dict:
+        """-> {type, sha256, compile_ms, cached, key} (key: the bridge's handle of the compiled grammar)."""
+        try:
+            info = json.loads(await self.bridge.compileConstraint(spec.canonical_json,
+                                                                  json.dumps(sorted(set(stop_token_ids)))))
+        except Exception as exc:   # a JS error with its code (E_BAD_ARGUMENT for a refused constraint)
+            raise coded_error(exc, E_BAD_ARGUMENT, "response_format") from None
+        return {"type": spec.type, "sha256": spec.sha256, "compile_ms": info["compile_ms"], "cached": info["cached"],
+                "key": info["key"]}
 
 
 class BrowserSession:
@@ -202,7 +225,8 @@ def make_session(bridge, tokenizer_json: str, tokenizer_config_json: str, genera
     identities = {"tokenizer": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode("utf-8")).hexdigest()}
     orch = Orchestrator(champion, draft, decode=decode, identities=identities, draft_error=draft_error or None,
-                        stream_decoder=lambda: tok.streaming_decoder(skip_special_tokens=True), n_token_ids=tok.vocab_size)
+                        stream_decoder=lambda: tok.streaming_decoder(skip_special_tokens=True), n_token_ids=tok.vocab_size,
+                        constraints=BrowserConstraints(bridge))
     return Session(orch, tok, tok_config, eos if isinstance(eos, list) else [eos])
 
 
@@ -214,14 +238,19 @@ def config_from_json(payload: dict, stop_token_ids) -> GenerationConfig:
 
 def _generation_config(config: dict, stop_token_ids) -> GenerationConfig:
     allowed = config["allowed_token_ids"]
+    spec = parse_response_format(config.get("response_format"))
+    if spec is not None and allowed is not None:
+        raise ExactSpecError(E_BAD_ARGUMENT, "allowed_token_ids and response_format cannot be combined: give one "
+                             "constraint", field="response_format")
+    grammar = ConstraintGrammar(spec) if spec is not None else AllowedSetGrammar(allowed) if allowed is not None else None
     policy = SamplingPolicy(temperature=config["temperature"], top_k=config["top_k"], top_p=config["top_p"],
                             repetition_penalty=config["repetition_penalty"],
-                            suppress_token_ids=config["suppress_token_ids"],
-                            grammar=AllowedSetGrammar(allowed) if allowed is not None else None)
+                            suppress_token_ids=config["suppress_token_ids"], grammar=grammar)
     return GenerationConfig(max_new_tokens=config["max_new_tokens"], policy=policy, speculate=config["speculate"],
                             scheduler=config["scheduler"], k=config["k"], seed=config["seed"],
                             stop_token_ids=tuple(stop_token_ids) + tuple(config["stop_token_ids"]),
-                            stop_strings=config["stop_strings"], prefix_reuse=config["prefix_reuse"])
+                            stop_strings=config["stop_strings"], prefix_reuse=config["prefix_reuse"],
+                            forced_batching=config["forced_batching"])
 
 
 def prompt_ids(session: Session, request: dict) -> list:

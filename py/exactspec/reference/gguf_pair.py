@@ -31,6 +31,8 @@ def load_gguf_pair(path, matmul: str = "f32") -> LoadedPair:
     identities = {"tokenizer": hashlib.sha256(canonical).hexdigest(),
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    from .constrained import ReferenceConstraints
     orchestrator = Orchestrator(RunnerChampion(champion), None, decode=decode, identities=identities,
-                                n_token_ids=tokenizer.vocab_size)
+                                n_token_ids=tokenizer.vocab_size,
+                                constraints=ReferenceConstraints(spec, champion.vocab_size))   # spec: tokenizer.json
     return LoadedPair(orchestrator, tokenizer, tok_config, stop_ids, None)

@@ -127,6 +127,8 @@ def load_pair(champion_dir: str, draft_dir: Optional[str] = None, champion_weigh
     identities = {"tokenizer": tokenizer_hash,
                   "chat_template": hashlib.sha256(tok_config.get("chat_template", "").encode()).hexdigest()}
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    from .constrained import ReferenceConstraints
+    constraints = ReferenceConstraints(json.loads(tok_bytes), champion.vocab_size)   # response_format, compiled on use
     orch = Orchestrator(RunnerChampion(champion), RunnerDraft(draft) if draft else None, decode=decode,
-                        identities=identities, n_token_ids=tokenizer.vocab_size)
+                        identities=identities, n_token_ids=tokenizer.vocab_size, constraints=constraints)
     return LoadedPair(orch, tokenizer, tok_config, stop_ids_from(champion_dir), manifest)

@@ -41,9 +41,13 @@ def process_logits(logits, context_ids: Sequence[int], policy: SamplingPolicy) -
         x[list(policy.suppress_token_ids)] = -np.inf
         _require_valid(x, "suppression")
     if policy.grammar is not None:                                   # step 3: grammar mask
-        allowed = _ids_array("grammar", policy.grammar.allowed_token_ids(list(context_ids)), vocab_size)
-        masked = np.ones(vocab_size, dtype=bool)
-        masked[allowed] = False
+        allowed_mask = getattr(policy.grammar, "allowed_mask", None)  # a response_format: (V,) bool at once
+        if allowed_mask is not None:
+            masked = ~np.asarray(allowed_mask(list(context_ids), vocab_size), dtype=bool)
+        else:
+            allowed = _ids_array("grammar", policy.grammar.allowed_token_ids(list(context_ids)), vocab_size)
+            masked = np.ones(vocab_size, dtype=bool)
+            masked[allowed] = False
         x[masked] = -np.inf
         _require_valid(x, "grammar mask")
     if policy.repetition_penalty != 1.0 and context.size:            # step 4: repetition penalty
