@@ -67,6 +67,10 @@ SLOW_TESTS = {
     "test_cli.py::test_demo_says_which_champion_artifact_ran",
     "test_cli.py::test_demo_without_the_real_model_says_so_in_one_line_and_runs_the_toy_pair",
     "test_cli.py::test_browser_ready_converts_a_published_folder_once_keyed_by_its_content",
+    # structured output: CLI processes that each load the toy pair and compile a grammar
+    "test_structured_cli.py::test_regex_and_grammar_and_json_object",
+    "test_structured_cli.py::test_json_schema_file_gives_an_answer_that_fits",
+    "test_structured_distribution.py",     # 500 sampled answers per test, and the exact answer enumeration
     # Monte Carlo: thousands of sampled answers per test
     "test_statistical.py",
     "test_restricted_vocab.py::test_sampled_speculation_follows_the_champion",
