@@ -81,7 +81,8 @@ def test_corpus_lock_catches_every_change(tmp_path, change):
 
 
 CORPUS, LOCK = os.path.join(REPO, "eval", "corpus"), os.path.join(REPO, "eval", "corpus.lock.json")
-STRATA = {"casual", "dialogue", "summary", "extraction", "json", "code", "repetitive", "unicode", "long_context", "adversarial"}
+STRATA = {"casual", "dialogue", "summary", "extraction", "json", "code", "repetitive", "unicode", "long_context", "adversarial",
+          "structured"}
 
 
 def test_shipped_corpus_matches_its_lock_and_covers_the_strata():
@@ -91,9 +92,13 @@ def test_shipped_corpus_matches_its_lock_and_covers_the_strata():
     for split, prompts, count in (("dev", dev, 3), ("test", test, 2)):
         assert {p["stratum"] for p in prompts} == STRATA
         assert all(sum(p["stratum"] == s for p in prompts) == count for s in STRATA)
-        assert all(sorted(p) == sorted(FIELDS) and p["split"] == split for p in prompts)
-    # the test split is prompts no run read before evaluation v2: ids -4 and -5 (v1's 30 prompts are all dev)
-    assert sorted(p["id"].rsplit("-", 1)[1] for p in test) == ["4"] * 10 + ["5"] * 10
+        assert all(sorted(set(p) - {"response_format"}) == sorted(FIELDS) and p["split"] == split for p in prompts)
+        # the structured stratum, and only it, carries a constraint (a JSON Schema), the same for every arm
+        assert all((p["stratum"] == "structured") == ("response_format" in p) for p in prompts)
+        assert all(p["response_format"]["type"] == "json_schema" for p in prompts if p["stratum"] == "structured")
+    # the test split is prompts no run read before evaluation v2: ids -4 and -5 (v1's 30 prompts are all dev;
+    # the structured stratum joined with issue 22: its -1..-3 dev, -4 and -5 test, as every stratum)
+    assert sorted(p["id"].rsplit("-", 1)[1] for p in test) == ["4"] * 11 + ["5"] * 11
     everything = dev + test
     assert len({p["seed"] for p in everything}) == len(everything) and any(p["chat"] for p in test)
     assert [p["stratum"] for p in select(test, 1)] == sorted(STRATA)

@@ -68,13 +68,16 @@ def arm_spec(name: str) -> dict:
 
 
 def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: int | None = None) -> dict:
-    """The page's config for one request of an arm (same seed and length for every arm). Every
+    """The page's config for one request of an arm (same seed, length and constraint for every arm). Every
     request prefills its whole prompt (prefix_reuse off): arms are compared cold, as a first turn
     is; reuse would hand the repeats of a prompt on one engine their prefill."""
     a = arm_spec(arm)
-    return {"max_new_tokens": max_new_tokens or prompt["max_new_tokens"], "temperature": temperature,
-            "top_k": 0, "top_p": 1.0, "speculate": a["speculate"], "k": max(a["k"], 1), "scheduler": a["scheduler"],
-            "seed": prompt["seed"], "prefix_reuse": False}
+    config = {"max_new_tokens": max_new_tokens or prompt["max_new_tokens"], "temperature": temperature,
+              "top_k": 0, "top_p": 1.0, "speculate": a["speculate"], "k": max(a["k"], 1), "scheduler": a["scheduler"],
+              "seed": prompt["seed"], "prefix_reuse": False}
+    if prompt.get("response_format") is not None:     # the structured stratum: every arm under the same constraint
+        config["response_format"] = prompt["response_format"]
+    return config
 
 
 def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_topology: dict, wllama: bool,

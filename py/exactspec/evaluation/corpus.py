@@ -11,6 +11,7 @@ from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 from ..host.safe_files import write_file
 
 FIELDS = ("id", "stratum", "prompt", "chat", "max_new_tokens", "seed", "split")
+OPTIONAL_FIELDS = ("response_format",)     # the structured stratum's constraint (a request's response_format)
 SPLITS = ("dev", "test")
 TEST_RUNS_PATH = os.path.join("eval", "test_split_runs.json")
 
@@ -59,8 +60,9 @@ def parse_prompts(lines, source: str) -> list:
         if not line.strip():
             continue
         rec = json.loads(line)
-        if sorted(rec) != sorted(FIELDS):
-            raise ExactSpecError(E_BAD_ARGUMENT, f"{source}:{n}: a prompt has exactly the fields {', '.join(FIELDS)}")
+        if sorted(set(rec) - set(OPTIONAL_FIELDS)) != sorted(FIELDS):
+            raise ExactSpecError(E_BAD_ARGUMENT, f"{source}:{n}: a prompt has exactly the fields {', '.join(FIELDS)} "
+                                 f"(and optionally {', '.join(OPTIONAL_FIELDS)})")
         if rec["split"] not in SPLITS:
             raise ExactSpecError(E_BAD_ARGUMENT, f"{source}:{n}: split {rec['split']!r} is not one of {', '.join(SPLITS)}")
         out.append(rec)
