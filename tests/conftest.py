@@ -93,6 +93,14 @@ SLOW_TESTS = {
     "test_restricted_vocab.py::test_wasm_forward_is_bitwise_the_expanded_drafts_and_matches_the_reference",
     # mid-size hub-shaped checkpoints converted end to end
     "test_hf_convert.py::test_sharded_source_converts_to_the_same_bytes",
+    # xgrammar masks: the Node harness and the CPython twin walk every spec type on SmolLM2's
+    # 49k vocabulary (one run of both, ~5 s, shared by these tests)
+    "test_grammar_masks.py::test_masks_equal_word_for_word_along_each_path",
+    "test_grammar_masks.py::test_ids_beyond_the_tokenizer_are_never_allowed",
+    "test_grammar_masks.py::test_masks_of_a_terminated_matcher_are_empty_and_refuse_everything",
+    "test_grammar_masks.py::test_bad_specs_are_refused_on_both_sides_in_the_same_words",
+    "test_grammar_masks.py::test_the_rest_of_the_helpers_agree",
+    "test_grammar_masks.py::test_compile_is_cached_per_spec_and_rollback_is_bounded",
     # whole rounds of the CPU module in Node, one thread and several
     "test_cpu_module.py::test_threaded_round_equals_one_thread_composition",
     "test_cpu_module.py::test_round_equals_composition_of_separate_calls",

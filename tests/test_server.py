@@ -307,3 +307,27 @@ def test_trickled_request_heads_hold_no_slot_past_the_deadline():
     finally:
         stop.set()
         s.close()
+
+
+# ---- the xgrammar bundle (web/grammar/xgrammar_masks.mjs imports it in the page and workers) ----
+
+def test_xgrammar_bundle_is_served(server):
+    path = "/node_modules/@mlc-ai/web-xgrammar/lib/index.js"
+    r = get(server, path)
+    assert r.status == 200
+    assert r.headers["Content-Type"] == "text/javascript"
+    assert r.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+    assert r.read() == (REPO_ROOT / path.lstrip("/")).read_bytes()
+
+
+@pytest.mark.parametrize("path", ["/node_modules/@mlc-ai/web-xgrammar/package.json",
+                                  "/node_modules/@mlc-ai/web-xgrammar/lib/",
+                                  "/node_modules/@mlc-ai/web-xgrammar/lib/../package.json",
+                                  "/node_modules/@mlc-ai/web-xgrammar/lib/%2e%2e/package.json",
+                                  "/node_modules/@mlc-ai/", "/node_modules/@mlc-ai/web-xgrammar/",
+                                  "/node_modules/ws/package.json", "/node_modules/@wllama/wllama/package.json",
+                                  "/node_modules/.package-lock.json", "/node_modules/"])
+def test_other_node_modules_paths_are_refused(server, path):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(server, path)
+    assert e.value.code == 404

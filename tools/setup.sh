@@ -6,8 +6,9 @@
 # Installs (only what is missing):
 #   - Debian packages: chromium (browser tests), clang-19 + lld-19 (the wasm32 SIMD / relaxed-SIMD CPU module),
 #     nodejs + npm (only if `node`/`npm` are missing), python3-venv (only if venv can't work)
-#   - .venv/ with `pip install -e .[test]` (torch 2.13.0 CPU comes from the local wheel dir)
-#   - node_modules/ from package-lock.json (`npm ci`): pyodide 314.0.7
+#   - .venv/ with `pip install -e .[test]` (torch 2.13.0 CPU comes from the local wheel dir), and
+#     xgrammar 0.1.27 with --no-deps (structured output's masks; its triton/ninja are not wanted)
+#   - node_modules/ from package-lock.json (`npm ci`): pyodide 314.0.7, @mlc-ai/web-xgrammar 0.1.27
 #   - the real model, SmolLM2-135M-Instruct (Q4_1 GGUF), into build/models/ (tools/fetch_models.py);
 #     when it cannot be fetched set-up says so in one line and goes on: the product uses the
 #     shipped toy pair, and tests that need the model skip saying why (build/models/status.json)
@@ -118,7 +119,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     log "created .venv with $("$VENV/bin/python" --version)"
 fi
 
-PIP_KEY="$(sha pyproject.toml) $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])')"
+# xgrammar (structured output's masks, the CPython twin of npm @mlc-ai/web-xgrammar: the same
+# release) is installed with --no-deps: its declared triton and ninja are never used here (its
+# other dependencies, torch, transformers, numpy, typing-extensions and pydantic, are installed)
+XGRAMMAR_PIN="xgrammar==0.1.27"
+PIP_KEY="$(sha pyproject.toml) $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') $XGRAMMAR_PIN"
 PIP_STAMP="$VENV/.stamp-pip"
 if [ -f "$PIP_STAMP" ] && [ "$(cat "$PIP_STAMP")" = "$PIP_KEY" ]; then
     log "python packages up to date"
@@ -134,22 +139,32 @@ else
     # print one harmless "is ignored" warning per package: drop those lines only)
     "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test]" 2>&1 \
         | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    step "pip install $XGRAMMAR_PIN --no-deps (+ pydantic)"
+    "$VENV/bin/python" -m pip install "${pip_args[@]}" "pydantic>=2" "typing-extensions>=4.9" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    "$VENV/bin/python" -m pip install "${pip_args[@]}" --no-deps "$XGRAMMAR_PIN" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
     step "check python packages"
     "$VENV/bin/python" - <<'PYEOF'
 import importlib, sys
 for mod in ("exactspec", "pytest", "hypothesis", "playwright", "tokenizers",
-            "safetensors", "transformers", "torch", "numpy"):
+            "safetensors", "transformers", "torch", "numpy", "xgrammar"):
     importlib.import_module(mod)
 import torch
 if torch.__version__.split("+")[0] != "2.13.0":
     sys.exit(f"torch {torch.__version__} installed, 2.13.0 expected")
+from importlib.metadata import version
+import xgrammar
+if version("xgrammar") != "0.1.27":
+    sys.exit(f"xgrammar {version('xgrammar')} installed, 0.1.27 expected (npm @mlc-ai/web-xgrammar is 0.1.27)")
+xgrammar.GrammarCompiler(xgrammar.TokenizerInfo(["a", "b"]), max_threads=1).compile_builtin_json_grammar()
 PYEOF
     [ -x "$VENV/bin/exactspec" ] || { log "console script .venv/bin/exactspec missing"; false; }
     echo "$PIP_KEY" > "$PIP_STAMP"
 fi
 
 # ---------------------------------------------------------------- npm (pyodide)
-step "node modules (pyodide)"
+step "node modules (pyodide, web-xgrammar)"
 if [ -f package-lock.json ]; then
     NPM_KEY="$(sha package-lock.json) $(sha package.json)"
 else
@@ -157,7 +172,7 @@ else
 fi
 NPM_STAMP="$VENV/.stamp-npm"
 if [ -f "$NPM_STAMP" ] && [ "$(cat "$NPM_STAMP")" = "$NPM_KEY" ] \
-        && [ -f node_modules/pyodide/pyodide.asm.wasm ]; then
+        && [ -f node_modules/pyodide/pyodide.asm.wasm ] && [ -f node_modules/@mlc-ai/web-xgrammar/lib/index.js ]; then
     log "node modules up to date"
 else
     rm -f "$NPM_STAMP"
@@ -169,6 +184,7 @@ else
         npm install --no-audit --no-fund --loglevel=error
     fi
     [ -f node_modules/pyodide/pyodide.asm.wasm ] || { log "node_modules/pyodide incomplete"; false; }
+    [ -f node_modules/@mlc-ai/web-xgrammar/lib/index.js ] || { log "node_modules/@mlc-ai/web-xgrammar incomplete"; false; }
     echo "$NPM_KEY" > "$NPM_STAMP"
 fi
 

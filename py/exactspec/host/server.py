@@ -3,7 +3,8 @@ of folders, regular files only, COOP/COEP/CORP + CSP + nosniff on every response
 a total deadline for the request head and a bounded number of connection threads.
 
 Serves the repository's web/, shaders/, py/exactspec/ (the orchestrator's Python source, loaded
-into Pyodide), node_modules/pyodide/ (Pyodide itself, offline) and build/ (compiled WASM and
+into Pyodide), node_modules/pyodide/ (Pyodide itself, offline), node_modules/@mlc-ai/web-xgrammar/lib/
+(xgrammar's WASM build: response_format constraints) and build/ (compiled WASM and
 test fixtures), plus explicit model mounts (`/models/<name>/`). Everything else is 404: the page
 never needs anything from another origin. The rules are in docs/browser.md ("The static server").
 Only when asked (`allow_origins`, `exactspec serve --allow-origin URL`), a page on one of those
@@ -26,7 +27,8 @@ from pathlib import Path
 from ..core.errors import E_BAD_ARGUMENT, E_IO, ExactSpecError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-ALLOWED_PREFIXES = ("/web/", "/shaders/", "/py/exactspec/", "/node_modules/pyodide/", "/build/")
+ALLOWED_PREFIXES = ("/web/", "/shaders/", "/py/exactspec/", "/node_modules/pyodide/",
+                    "/node_modules/@mlc-ai/web-xgrammar/lib/", "/build/")
 MOUNT_PREFIX = re.compile(r"/models/[a-z][a-z0-9_-]*/\Z")   # the only shape a mount URL may take
 # The real model that tools/fetch_models.py fetches, where the page finds it (models/<name>/ beside
 # web/index.html): only regular .gguf files of that build/ folder; 404 while it is absent.
