@@ -258,7 +258,13 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         context = await createGrammarContext(JSON.parse(grammar.tokenizerJson), { vocabSize: champ.vocabSize, stopTokenIds: stops });
         grammar.contexts.set(stopsJson, context);
       }
-      const { compiled, compileMs, cached } = await context.compile(JSON.parse(specJson));
+      let compiled, compileMs, cached;
+      try {
+        ({ compiled, compileMs, cached } = await context.compile(JSON.parse(specJson)));
+      } catch (err) {                    // xgrammar's sentence, named as the request's field (as in CPython)
+        const { code, message } = errorPayload(err, "E_BAD_ARGUMENT");
+        throw codedError(code, `response_format: ${message}`);
+      }
       const key = `${stopsJson}|${specJson}`;
       grammar.compiled.set(key, { context, compiled, stops });
       const probe = context.matcher(compiled, { stopTokenIds: stops });

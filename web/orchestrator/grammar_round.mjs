@@ -47,6 +47,7 @@ export function createGrammarRound(matcher, s) {
   const stops = new Set(base.stopTokenIds ?? []);
   const open = new Uint32Array(nWords).fill(0xffffffff); // the row after a stop id: never decided on
   let tentative = 0;                                      // ids the matcher holds beyond the committed answer
+  const room = env.maxBlock - 1;                          // ids after the pending one in one champion block
 
   /** The ids valid now: the matcher's mask without the suppressed ones. */
   function validNow() {
@@ -85,13 +86,15 @@ export function createGrammarRound(matcher, s) {
         tentative = 0;
         throw codedError("E_GRAMMAR_DEAD_END", `the response_format allows no token after ${mirror.length - s.promptLength + forced.length} answer tokens`);
       }
-      if (count > 1 || forced.length >= (s.forcedBatching ? remaining - 1 : 0) || stops.has(only)) break;
+      // at most remaining - 1 (a decided row follows), and a block of at most maxBlock rows
+      if (count > 1 || forced.length >= (s.forcedBatching ? Math.min(remaining - 1, room) : 0) || stops.has(only)) break;
       accept(only);
       forced.push(only);
       valid = validNow();
     }
     const rid = roundId + forced.length, rem = remaining - forced.length;
-    k = Math.max(0, Math.min(k, rem - 1));
+    const capacity = Math.max(0, Math.min(rem - 1, room - forced.length));   // proposals the block can hold
+    k = Math.min(k, capacity);
     const rowMasks = [valid];
     const context = () => { const c = new Int32Array(mirror.length + forced.length + tokens.length);
       c.set(mirror.committed); c.set(forced, mirror.length); c.set(tokens, mirror.length + forced.length); return c; };
@@ -110,8 +113,8 @@ export function createGrammarRound(matcher, s) {
         keep(y, null);
       }
     } else if (useDraft && k > 0) {
-      const proposed = s.attempt(() => s.then(env.hit("draftPropose", roundId), () => draftSteps(k, rid, forced, context, keep,
-        () => valid, () => { status = env.layout.status.draft_invalid; })), (err) => ({ failed: err }));
+      const proposed = s.attempt(() => s.then(env.hit("draftPropose", roundId), () => draftSteps(k, capacity, rid, forced, context,
+        keep, () => valid, () => { status = env.layout.status.draft_invalid; })), (err) => ({ failed: err }));
       return s.then(proposed, (p) => {
         if (p && p.failed) {
           matcher.rollback(tentative);
@@ -126,8 +129,10 @@ export function createGrammarRound(matcher, s) {
   }
 
   /** The draft, one step at a time under each step's mask (k = 1 calls, step counters 0, 1, ...:
-   *  the draws one k-call would make). -> null, or a promise of it (a draft in its worker). */
-  function draftSteps(k, rid, forced, context, keep, validOf, invalid) {
+   *  the draws one k-call would make). A step whose mask leaves one id (the draft can only propose
+   *  it, and it is accepted whenever the steps before it are) does not count against k; at most
+   *  `capacity` proposals in all. -> null, or a promise of it (a draft in its worker). */
+  function draftSteps(k, capacity, rid, forced, context, keep, validOf, invalid) {
     const draft = env.draft();
     const sync = typeof draft.proposeNow === "function" && env.canRunNow();
     const n = mirror.length;
@@ -135,8 +140,10 @@ export function createGrammarRound(matcher, s) {
     feed.set(mirror.ids.subarray(mirror.draftAt, n));
     feed.set(forced, n - mirror.draftAt);
     let startPos = mirror.draftAt;
+    let counted = 0;
     const step = (i) => {
-      if (i >= k) return null;
+      if (counted >= k || i >= capacity) return null;
+      const single = census(validOf()).count === 1;
       const args = { feed, startPos, k: 1, policy: s.draftPolicy, seed: base.seed, roundId: rid,
         stopTokenIds: base.stopTokenIds, contextIds: context(), firstStep: i, maskBits: validOf() };
       return s.then(sync ? draft.proposeNow(args) : draft.propose(args), (r) => {
@@ -149,6 +156,7 @@ export function createGrammarRound(matcher, s) {
         const y = r.tokens[0];
         if (!bit(validOf(), y)) throw codedError("E_INTERNAL", `the draft proposed id ${y} outside its mask`);
         keep(y, r.pDraft.slice(0, V));
+        if (!single) counted++;
         if (stops.has(y)) return null;
         feed = Int32Array.of(y);
         return step(i + 1);

@@ -213,12 +213,15 @@ class ReferenceSession:
         self.round_bytes = 4 * (5 + len(proposals or ()))
         t0 = time.perf_counter()
         status, tokens, p_draft_rows, forced = "verified", [], [], []
+        capacity = None
         if self.bound is not None:      # grammar-forced ids open the round; the decided rows follow them
             committed_ids = self.champion_cache.committed_ids
-            forced = self.bound.forced_after(committed_ids, self.policy.suppress_token_ids,
-                                             frozenset(req.stop_token_ids), remaining - 1 if req.forced_batching else 0)
+            room = self.champion.limits.get("max_k", remaining)      # ids after the pending one in a block
+            forced = self.bound.forced_after(committed_ids, self.policy.suppress_token_ids, frozenset(req.stop_token_ids),
+                                             min(remaining - 1, room) if req.forced_batching else 0)
             round_id, remaining = round_id + len(forced), remaining - len(forced)
-            k = min(k, remaining - 1)
+            capacity = max(0, min(remaining - 1, room - len(forced)))
+            k = min(k, capacity)
             if proposals is not None:
                 proposals = self.bound.valid_prefix(committed_ids + forced, given_after_forced(proposals, forced)[:k],
                                                     self.policy.suppress_token_ids)
@@ -229,8 +232,9 @@ class ReferenceSession:
             self.draft_cache.begin()
             self.draft_cache.append_provisional(forced)
             try:
-                proposal = self.draft.propose(self.draft_cache, k, self.draft_policy, req.decider, round_id,
-                                              frozenset(req.stop_token_ids))
+                proposal = (self._propose_steps(k, capacity, round_id) if self.bound is not None else
+                            self.draft.propose(self.draft_cache, k, self.draft_policy, req.decider, round_id,
+                                               frozenset(req.stop_token_ids)))
             except Exception as exc:    # the draft failed: the champion does not run
                 self.draft_cache.abort()
                 self._last_failure = coded_error(exc, E_DRAFT_LOST, "draft backend failed")
@@ -269,6 +273,28 @@ class ReferenceSession:
                 cache.append_authoritative(decision.next_token)
         return self._record(status, tokens, decision, t1 - t0, time.perf_counter() - t1,
                             getattr(req.decider, "last_accept", None), forced)
+
+    def _propose_steps(self, k: int, capacity: int, round_id: int) -> Proposal:
+        """A response_format's draft proposals (web/orchestrator/grammar_round.mjs draftSteps): one
+        step at a time (k = 1 calls, step counters 0, 1, ...), each under its own mask through the
+        bound policy; a step whose mask leaves one valid id does not count against k; at most
+        `capacity` in all; an invalid step ends them (at step 0: the round's draft_invalid)."""
+        out, counted, stops = Proposal(), 0, frozenset(self.request.stop_token_ids)
+        while counted < k and len(out.tokens) < capacity:
+            context = self.draft_cache.tokens
+            single = int(self.bound.valid_after(context, self.draft_policy.suppress_token_ids).sum()) == 1
+            step = self.draft.propose(self.draft_cache, 1, self.draft_policy, self.request.decider, round_id, stops,
+                                      first_step=len(out.tokens))
+            if step.error is not None or not step.tokens:
+                if not out.tokens:
+                    out.error = step.error
+                break
+            out.tokens += step.tokens
+            out.p_draft_rows += step.p_draft_rows
+            counted += not single
+            if step.tokens[-1] in stops:
+                break
+        return out
 
     def _record(self, status, tokens, decision, draft_s: float, verify_s: float, accept_test=None,
                 forced=()) -> RoundOutcome:

@@ -443,6 +443,8 @@ class Orchestrator:
             st["rounds"] += 1
             st["proposed"] += m
             st["accepted"] += n_accepted
+            for name, size in (("accepted_count_histogram", m + 1), ("rejection_position_histogram", m)):
+                st[name] += [0] * (size - len(st[name]))   # a response_format's free steps may pass k
             st["accepted_count_histogram"][n_accepted] += 1
             if out.rejected_at is not None:
                 st["rejection_position_histogram"][out.rejected_at] += 1
