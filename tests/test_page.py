@@ -170,6 +170,38 @@ def test_each_mode_streams_marked_tokens(app):
     assert all(w in legend for w in ("accepted proposal", "correction", "extra token", "champion step"))
 
 
+def test_structured_output_box_gives_a_checked_pretty_answer_with_forced_tokens(app):
+    """The page's structured-output box: a JSON Schema answer, its forced tokens in their own colour,
+    the answer parsed, pretty-printed and checked against the schema; a schema box that is not JSON
+    is refused before the request starts."""
+    app.wait_for_function("() => window.appReady === true")
+    app.select_option("#response_format", "json_schema")
+    assert app.is_visible("#response_format_text")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "kind": {"enum": ["king", "prophet"]}},
+              "required": ["name", "kind"], "additionalProperties": False}
+    app.fill("#response_format_text", json.dumps(schema))
+    status, result, spans = answer(app, "none", max_tokens=48, prompt="Who spoke?")
+    assert status == "done" and result["finish_reason"] == "eos", (status, result)
+    assert "forced" in {s for s, _ in spans} and {s for s, _ in spans} <= SOURCES | {"forced"}
+    text = "".join(t for _, t in spans)
+    assert app.is_visible("#structured_review")
+    assert app.text_content("#structured_check").startswith("valid JSON, fits the schema"), app.text_content("#structured_check")
+    assert json.loads(app.text_content("#structured_pretty")) == json.loads(text)
+    assert "\n  " in app.text_content("#structured_pretty")          # pretty-printed
+    stats = dict(app.eval_on_selector_all("#stats tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"))
+    assert stats["structured output"].startswith("json_schema: ") and "forced" in stats["structured output"], stats
+    assert "forced" in app.inner_text("#legend")
+    app.screenshot(path=str(SHOTS / "page-structured.png"), full_page=True)
+    app.fill("#response_format_text", "{not json")
+    app.fill("#prompt", "Who spoke?")
+    app.click("#go")
+    app.wait_for_function("() => document.getElementById('status').textContent.includes('E_BAD_ARGUMENT')")
+    assert "schema box is not JSON" in app.text_content("#status")
+    app.select_option("#response_format", "")
+    assert app.is_hidden("#response_format_text")
+
+
 def test_the_auto_panel_renders_objects_as_text(app):
     """The live panel's renderers fed synthetic objects of the contracts (docs/core.md): each line
     is text (a message carrying markup stays text, no element made), hidden when it has nothing."""
