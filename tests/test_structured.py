@@ -179,3 +179,26 @@ def test_compiles_are_cached_per_constraint(pair):
     second = pair.orchestrator.generate(prompt_ids(pair), config(pair, fmt, max_new_tokens=4))
     assert first.stats["structured"]["cached"] is False and second.stats["structured"]["cached"] is True
     assert first.stats["structured"]["compile_ms"] >= 0
+
+
+def test_special_tokens_are_never_allowed_inside_a_constrained_answer(pair):
+    """xgrammar reads `<|user|>` and its kind as plain text, so a JSON string could hold one (and a
+    decode that skips special tokens would drop it): every position's mask excludes the special
+    added tokens other than the stop ids, which stay allowed where the answer may end."""
+    fmt = FORMATS["json_schema"]
+    ids = prompt_ids(pair)
+    res = pair.orchestrator.generate(ids, config(pair, fmt, speculate="none"))
+    with open(os.path.join(default_models_dir(), "champion", "tokenizer.json")) as f:
+        specials = [a["id"] for a in json.load(f)["added_tokens"] if a["special"]]
+    stops = set(pair.stop_token_ids)
+    bound = pair.orchestrator.constraints.compile(parse_response_format(fmt), pair.stop_token_ids).bind(len(ids))
+    raw = pair.orchestrator.constraints.compile(parse_response_format(fmt), pair.stop_token_ids).matcher()
+    inside = False
+    for i in range(len(res.token_ids)):
+        mask = bound.allowed_mask(ids + res.token_ids[:i], len(bound.allowed_mask(ids, 4096)))
+        assert not any(mask[t] for t in specials if t not in stops), i
+        raw_mask = raw.mask()
+        inside |= any((int(raw_mask[t >> 5]) >> (t & 31)) & 1 for t in specials if t not in stops)
+        raw.accept(res.token_ids[i])
+    assert inside            # xgrammar alone would have allowed one somewhere: the exclusion is doing work
+    assert any(bound.allowed_mask(ids + res.token_ids[:-1], 4096)[t] for t in stops)

@@ -227,7 +227,9 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   sessionEnv.constraint = ({ key }) => {
     const c = grammar.compiled.get(key);
     if (!c) throw codedError("E_CACHE_STATE", "the request's response_format was not compiled by this engine");
-    return c.context.matcher(c.compiled, { stopTokenIds: c.stops });
+    const matcher = c.context.matcher(c.compiled, { stopTokenIds: c.stops });
+    matcher.excludedIds = c.excluded;     // grammar_round.mjs masks them with the suppressed ids
+    return matcher;
   };
 
   const bridge = {
@@ -266,7 +268,10 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
         throw codedError(code, `response_format: ${message}`);
       }
       const key = `${stopsJson}|${specJson}`;
-      grammar.compiled.set(key, { context, compiled, stops });
+      // special added tokens other than the stop ids are never allowed (constraints.py special_ids_excluded)
+      const excluded = (JSON.parse(grammar.tokenizerJson).added_tokens ?? [])
+        .filter((a) => a.special && !stops.includes(a.id)).map((a) => a.id).sort((a, b) => a - b);
+      grammar.compiled.set(key, { context, compiled, stops, excluded });
       const probe = context.matcher(compiled, { stopTokenIds: stops });
       try {
         if (!probe.mask().some((w) => w !== 0)) {

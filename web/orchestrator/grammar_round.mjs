@@ -43,7 +43,10 @@ export function createGrammarRound(matcher, s) {
   const V = env.champion().vocabSize;
   const nWords = Math.ceil(V / 32);
   const suppressed = new Uint32Array(nWords);            // the policy's suppressed ids (and padding)
-  for (const id of base.policy.suppress_token_ids ?? []) suppressed[id >>> 5] |= (1 << (id & 31)) >>> 0;
+  // the suppressed ids (and padding), and the special tokens a constrained answer never holds
+  for (const id of [...(base.policy.suppress_token_ids ?? []), ...(matcher.excludedIds ?? [])]) {
+    suppressed[id >>> 5] |= (1 << (id & 31)) >>> 0;
+  }
   const stops = new Set(base.stopTokenIds ?? []);
   const open = new Uint32Array(nWords).fill(0xffffffff); // the row after a stop id: never decided on
   let tentative = 0;                                      // ids the matcher holds beyond the committed answer

@@ -199,6 +199,16 @@ class ConstraintGrammar:
                                              "matcher to the request (none is bound here)")
 
 
+def special_ids_excluded(tokenizer_json: dict, stop_token_ids) -> list:
+    """The ids a constrained answer may never produce besides what the grammar forbids: the
+    tokenizer's special added tokens (`<|im_start|>`, `<|endoftext|>`, ...) other than the stop ids.
+    xgrammar reads their text as plain characters, so a JSON string could hold one, and a decode
+    that skips special tokens would drop it from the text the grammar accepted. Sorted."""
+    stops = {int(t) for t in stop_token_ids}
+    return sorted({int(a["id"]) for a in tokenizer_json.get("added_tokens") or ()
+                   if a.get("special") and int(a["id"]) not in stops})
+
+
 def constraint_of(policy) -> Optional[ConstraintSpec]:
     """The ConstraintSpec a SamplingPolicy carries (None: no response_format)."""
     grammar = getattr(policy, "grammar", None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.constraints import ConstraintGrammar, ConstraintSpec
+from ..core.constraints import ConstraintGrammar, ConstraintSpec, special_ids_excluded
 from ..core.errors import E_BAD_ARGUMENT, E_GRAMMAR_DEAD_END, ExactSpecError
 
 MAX_ROLLBACK = 64            # beyond it the matcher is rebuilt and replays the answer
@@ -21,8 +21,9 @@ class CompiledConstraint:
     """One compiled spec for one tokenizer: new matchers, and what the compile cost."""
 
     def __init__(self, context, spec: ConstraintSpec, compiled, compile_ms: float, cached: bool, stop_token_ids,
-                 vocab_size: int):
+                 vocab_size: int, excluded=()):
         self.context, self.spec, self.compiled, self.vocab_size = context, spec, compiled, vocab_size
+        self.excluded = tuple(excluded)     # special ids never allowed (constraints.special_ids_excluded)
         self.compile_ms, self.cached = compile_ms, cached
         self.stop_token_ids = tuple(stop_token_ids)
 
@@ -57,7 +58,8 @@ class ReferenceConstraints:
             compiled, ms, cached = context.compile(spec.wire)
         except ExactSpecError as err:      # xgrammar's sentence, named as the request's field
             raise ExactSpecError(err.code, f"response_format: {err.message}", field="response_format") from None
-        out = CompiledConstraint(context, spec, compiled, ms, cached, stops, self.vocab_size)
+        out = CompiledConstraint(context, spec, compiled, ms, cached, stops, self.vocab_size,
+                                 special_ids_excluded(self.tokenizer_json, stops))
         if count_allowed(out.matcher().mask()) == 0:
             raise ExactSpecError(E_BAD_ARGUMENT, "response_format: the constraint allows no token at its start "
                                  "(no text this tokenizer can write satisfies it)", field="response_format")
@@ -99,7 +101,10 @@ class BoundConstraint(ConstraintGrammar):
         """(n_words,) uint32: the ids allowed after `context_ids` (the prompt, then the answer)."""
         answer = list(context_ids[self._n_prompt:])
         self._follow(answer)
-        return self._matcher.mask()
+        words = self._matcher.mask()
+        for t in self._compiled.excluded:         # special tokens: never inside a constrained answer
+            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        return words
 
     def allowed_mask(self, context_ids, vocab_size: int) -> np.ndarray:
         """(V,) bool for processors.process_logits' step 3."""
