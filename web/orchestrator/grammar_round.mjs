@@ -42,8 +42,8 @@ export function createGrammarRound(matcher, s) {
   const { env, mirror, base } = s;
   const V = env.champion().vocabSize;
   const nWords = Math.ceil(V / 32);
-  const suppressed = new Uint32Array(nWords);            // the policy's suppressed ids (and padding)
-  // the suppressed ids (and padding), and the special tokens a constrained answer never holds
+  // the policy's suppressed ids (and padding), and the special tokens a constrained answer never holds
+  const suppressed = new Uint32Array(nWords);
   for (const id of [...(base.policy.suppress_token_ids ?? []), ...(matcher.excludedIds ?? [])]) {
     suppressed[id >>> 5] |= (1 << (id & 31)) >>> 0;
   }
