@@ -57,7 +57,7 @@ export interface EngineOptions {
   gpuMemoryBudget?: "auto" | number;
   whenBusy?: "queue" | "refuse";
   baseUrl?: string;                     // the folder holding exactspec.mjs (default: import.meta.url's)
-  assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot", string>>;
+  assets?: Partial<Record<"worker" | "pyodide" | "py" | "pyFiles" | "protocol" | "build" | "models" | "snapshot" | "xgrammar", string>>;
   timeoutMs?: number;
   /** A running request that hears nothing from the engine's worker for this long rejects
    *  E_TIMEOUT and ends the engine (later calls: E_TERMINATED saying why). Default 300000. */

@@ -51,7 +51,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
   draftInBackground = false, draftDelayMs = 0, batchVariantFault = false, cache = false,
-  calibrateMode = "off", gpuMemoryBudget = "auto" }) {
+  calibrateMode = "off", gpuMemoryBudget = "auto", xgrammarUrl = null }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
   choice ??= await chooseChampionBackend(championBackend);
@@ -257,7 +257,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       let context = grammar.contexts.get(stopsJson);
       if (!context) {
         const { createGrammarContext } = await import("../grammar/xgrammar_masks.mjs");
-        context = await createGrammarContext(JSON.parse(grammar.tokenizerJson), { vocabSize: champ.vocabSize, stopTokenIds: stops });
+        context = await createGrammarContext(JSON.parse(grammar.tokenizerJson), { vocabSize: champ.vocabSize, stopTokenIds: stops,
+          ...(xgrammarUrl ? { url: xgrammarUrl } : {}) });
         grammar.contexts.set(stopsJson, context);
       }
       let compiled, compileMs, cached;

@@ -27,13 +27,16 @@ export const DEFAULT_SILENCE_TIMEOUT_MS = 300000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** The URLs the engine needs, from its base (web/, the folder holding exactspec.mjs). A package
- *  installed under node_modules/exactspec/ finds Pyodide beside it (node_modules/pyodide/). */
+ *  installed under node_modules/exactspec/ finds Pyodide and web-xgrammar beside it
+ *  (node_modules/pyodide/, node_modules/@mlc-ai/web-xgrammar/). */
 export function engineAssets(baseUrl = new URL("../", import.meta.url).href, overrides = {}) {
   const base = new URL(baseUrl.endsWith("/") ? baseUrl : baseUrl + "/", globalThis.location?.href).href;
   const installed = /\/node_modules\/exactspec\/web\/$/.test(new URL(base).pathname);
   return {
     worker: new URL("orchestrator/worker.mjs", base).href,
     pyodide: new URL(installed ? "../../pyodide/" : "../node_modules/pyodide/", base).href,
+    // xgrammar's WASM build, for response_format (loaded on the first constrained request)
+    xgrammar: new URL(`${installed ? "../../" : "../node_modules/"}@mlc-ai/web-xgrammar/lib/index.js`, base).href,
     py: new URL("../py/exactspec/", base).href,
     pyFiles: new URL("orchestrator/py_files.json", base).href,
     protocol: new URL("../py/exactspec/core/protocol.json", base).href,

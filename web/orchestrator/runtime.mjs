@@ -129,6 +129,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       notify: notifyRequest,
       draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
       cache: options.cache !== false, calibrateMode: mode, gpuMemoryBudget: options.gpu_memory_budget ?? "auto",
+      xgrammarUrl: assets.xgrammar ?? null,
     });
     let session;
     try {
