@@ -563,3 +563,14 @@ def test_auto_ignores_k_and_caps_its_own_by_the_backend():
     assert r.error is None and max(e["payload"]["round"]["proposed"] for e in events if e["kind"] == "tokens") <= 3
     with pytest.raises(Exception):
         orch.generate([3, 4, 5], GenerationConfig(max_new_tokens=4, policy=GREEDY, k=50, speculate="draft"))
+
+
+def test_a_block_with_forced_ids_is_timed_as_its_rows_not_its_proposals():
+    """A response_format's forced ids ride in the champion's block: a round of 2 proposals after 4
+    forced ids verified 7 rows, so it is evidence about V(7), not V(3) (drift 1.0, not V(7)/V(3))."""
+    cal = calibration(v1=20.0, slope=0.25)
+    for block_rows, want in ((7, 1.0), (None, round(cal["verify_ms"][7] / cal["verify_ms"][3], 4))):
+        policy = AutoPolicy(cal, 8, True, True)
+        for _ in range(6):
+            policy.observe("draft", 2, 2, 2, 60.0, 1.0, cal["verify_ms"][7], emitted=7, block_rows=block_rows)
+        assert policy.drift() == want, (block_rows, policy.drift())

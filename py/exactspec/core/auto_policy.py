@@ -401,11 +401,13 @@ class AutoPolicy:
 
     # ---- what happened -------------------------------------------------------------------------
     def observe(self, method: str, k: int, proposed: int, accepted: int, round_ms: float, draft_ms: float,
-                verify_ms: float, *, lookup_ms=None, draft_behind: int = 0, emitted: int = 1) -> None:
+                verify_ms: float, *, lookup_ms=None, draft_behind: int = 0, emitted: int = 1,
+                block_rows=None) -> None:
         """A round that ran `method` with k: its proposals, acceptance and times (ms). lookup_ms:
         the orchestrator's lookup search time this round (None: no search); emitted: tokens it
-        committed. The request's first round times nothing (a backend may run deferred prompt
-        work in it)."""
+        committed; block_rows: the rows the champion's block held when not proposed + 1 (a
+        response_format's forced ids ride in it: its time is V(block_rows)'s). The request's first
+        round times nothing (a backend may run deferred prompt work in it)."""
         self.rounds += 1
         self.rounds_by_method[method] += 1
         if self.last_method is not None and method != self.last_method:
@@ -427,7 +429,7 @@ class AutoPolicy:
         self.elapsed_ms += round_ms
         if self.rounds == 1:
             return
-        n = proposed + 1
+        n = block_rows if block_rows is not None else proposed + 1
         if lookup_ms is not None:
             self.lookup_cost.add(lookup_ms)
         outside = max(0.0, round_ms - draft_ms - verify_ms - (lookup_ms or 0.0))

@@ -470,7 +470,8 @@ class Orchestrator:
         round's `auto` object for the tokens event."""
         choice, found, lookup_ms = run.auto_round
         run.auto.observe(choice.method, choice.k, m, n_accepted, _ms(run.round_t0), out.draft_ms, out.verify_ms,
-                         lookup_ms=lookup_ms, draft_behind=run.draft_behind, emitted=len(tokens))
+                         lookup_ms=lookup_ms, draft_behind=run.draft_behind, emitted=len(tokens),
+                         block_rows=m + 1 + len(out.forced))
         run.auto.observe_lookup(found, tokens)
         drafted = choice.method == "draft" and m > 0
         run.draft_behind = 0 if drafted else run.draft_behind + len(tokens)
@@ -555,6 +556,8 @@ class Orchestrator:
         decisions = None
         if run.auto is not None:          # what auto could use: the draft (when it fit) and lookup
             st["auto"] = run.auto.stats()
+            if run.constraint is not None:  # its rounds also masked rows: no evidence the device drifted
+                st["auto"]["drift"] = None
             memory = run.auto.export_memory()
             if memory is not None:
                 self.auto_memory[run.config.policy.canonical_json()] = memory
