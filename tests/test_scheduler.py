@@ -185,11 +185,12 @@ class _ModelTimedAuto(AutoPolicy):
         return c
 
     def observe(self, method, k, proposed, accepted, round_ms, draft_ms, verify_ms, *, lookup_ms=None,
-                draft_behind=0, emitted=1):
+                draft_behind=0, emitted=1, block_rows=None):
         draft = 0.2 * proposed + 0.02 * draft_behind if method == "draft" else 0.0
         verify = 1.0 + 0.1 * proposed
         super().observe(method, k, proposed, accepted, draft + verify + 0.05, draft, verify,
-                        lookup_ms=None if lookup_ms is None else 0.0, draft_behind=draft_behind, emitted=emitted)
+                        lookup_ms=None if lookup_ms is None else 0.0, draft_behind=draft_behind, emitted=emitted,
+                        block_rows=block_rows)
 
 
 class _RotatingAuto(_ModelTimedAuto):
