@@ -3,6 +3,7 @@
 // tests/test_grammar_rows_browser.py (Playwright, grammar_rows_harness_browser.html). Arrays cross as
 // base64 of little-endian bytes (f32 logits and p_draft, u32 mask words) so they arrive bit-exact.
 import { createAcceptor } from "../gpu/accept.mjs";
+import { fromB64, toB64 } from "./b64.mjs";
 import { requestAcceptDevice } from "../gpu/accept_device.mjs";
 import { loadSchema, roundRecordLayout } from "../protocol.mjs";
 import { DraftWorkerClient } from "../draft/draft_worker.mjs";
@@ -11,20 +12,6 @@ const layout = roundRecordLayout((await loadSchema()).schema);   // decide() ret
 
 let device = null;
 const acceptors = new Map();                   // "V/maxBlock" -> { acceptor, logits buffer (maxBlock, V) }
-
-function fromB64(b64, Type) {
-  const bin = atob(b64);
-  const bytes = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  return new Type(bytes.buffer);
-}
-
-function toB64(typed) {
-  const bytes = new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength);
-  let bin = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(bin);
-}
 
 async function get(V, maxBlock) {
   device ??= await requestAcceptDevice();
