@@ -81,22 +81,49 @@ LATE = {"championBackend": "wasm", "draftInBackground": True, "faults": True, "d
 LATE_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
 
 
+RECORD_PROGRESS = "() => { window.progressSeen = []; window.exactspecProgress = (p) => window.progressSeen.push({stage: p.stage, t: performance.now()}); }"
+
+
 def test_the_champion_answers_before_the_draft_arrives_then_speculation_switches_on(pair):
-    """draftInBackground: ready with the champion alone (info.draft_loading); speculate="draft" is
-    refused E_DRAFT_LOST until the draft has loaded (held back 2.5 s here), then it runs and
-    gives the champion's greedy answer."""
+    """draftInBackground: ready with the champion alone (info.draft_loading); "auto" runs without the
+    draft meanwhile; speculate="draft" waits for the draft (held back 2.5 s here) and for the
+    calibration it brings, before any output, then runs and gives the champion's greedy answer."""
     rt, _ = pair
-    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [WITH_MANIFEST, LATE])["ready"]
+    rt.page.evaluate(RECORD_PROGRESS)
+    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
+                             [WITH_MANIFEST, {**LATE, "calibrate": "auto"}])["ready"]   # the draft brings a calibration
     assert ready["info"]["draft_loading"] is True and ready["info"]["draft"] is None
     alone = answer(rt, "none")["result"]
-    refused = answer(rt, "draft")["refused"]
-    assert refused["code"] == "E_DRAFT_LOST" and "still loading" in refused["message"]
-    assert refused["message"].count("E_DRAFT_LOST") == 1, refused                      # the code once
-    rt.page.wait_for_function(LATE_DONE, timeout=60000)
-    info = rt.page.evaluate("() => window.exactspecRunner.info().info")
-    assert info["draft"]["placement"] == "inline" and info["draft_error"] is None
-    spec = answer(rt, "draft")["result"]
+    auto = answer(rt, "auto")["result"]
+    assert auto["error"] is None and auto["token_ids"] == alone["token_ids"]
+    assert auto["stats"]["auto"]["rounds_by_method"]["draft"] == 0          # no draft yet: none or lookup
+    waited = answer(rt, "draft")                                            # waits for the draft, then speculates
+    spec = waited["result"]
     assert spec["error"] is None and spec["token_ids"] == alone["token_ids"] and spec["stats"]["rounds"] > 0
+    info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+    assert info["draft_loading"] is False and info["draft"]["placement"] == "inline" and info["draft_error"] is None
+    stages = [e["stage"] for e in rt.page.evaluate("() => window.progressSeen")]
+    assert stages.count("draft_start") == 1 and stages.index("draft_start") < stages.index("draft_ready")
+    assert "calibration" in stages[stages.index("draft_ready"):]           # its costs measured before it ran
+
+
+def test_a_request_sent_at_once_keeps_the_cpu_and_the_background_draft_starts_after_it(pair):
+    """The background draft begins only when the engine is idle: a request sent right after ready
+    (as a script or the CLI sends one) runs to its end before the draft's load begins."""
+    rt, _ = pair
+    rt.page.evaluate(RECORD_PROGRESS)
+    got = rt.page.evaluate("""async ([m, o, p]) => {
+        await window.exactspecRunner.load(m, o);
+        const out = await window.exactspecRunner.generate(p);
+        const end = performance.now();
+        while (!window.progressSeen.some((e) => e.stage === "draft_ready")) await new Promise((r) => setTimeout(r, 20));
+        return {out, end, seen: window.progressSeen};
+    }""", [WITH_MANIFEST, {**LATE, "draftDelayMs": 0},
+           {"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 256, "speculate": "none"}}])
+    assert got["out"]["result"]["error"] is None and got["out"]["page_ms"] > 150     # longer than the start grace
+    start = [e["t"] for e in got["seen"] if e["stage"] == "draft_start"]
+    assert len(start) == 1 and start[0] >= got["end"] - 5, (start, got["end"])   # not during the request
+    assert rt.page.evaluate("() => window.exactspecRunner.info().info.draft")["placement"] == "inline"
 
 
 def test_a_late_draft_that_fails_the_pair_check_is_refused_naming_the_field(pair):

@@ -222,7 +222,8 @@ def _synthetic_run(run_dir):
                                           "pairs": ["toy"], "strata": ["casual", "dialogue", "json", "summary"]},
            "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0, "timing_ms": {"champion_load": 500.0}},
                      "toy-wasm-spec": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1200.0,
-                                       "timing_ms": {"champion_load": 500.0, "draft_load": 150.0}}}}
+                                       "timing_ms": {"champion_load": 500.0, "draft_load": 150.0},
+                                       "draft_ready_ms": 1400.0, "draft_calibrated_ms": 1700.0}}}
     with open(os.path.join(run_dir, "run.json"), "w") as f:
         json.dump(run, f)
 
@@ -257,6 +258,9 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     e2e = {v["id"]: v for v in a["gates"]["toy-wasm"]["verdicts"]}["end_to_end_with_loads"]
     want = [(1000 + 2560) / (1200 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]
     assert e2e["value"] == pytest.approx(math.exp(sum(map(math.log, want)) / 4))
+    in_way = [(1000 + 2560) / (1700 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]   # the background draft in front
+    assert f"Had a session's first request waited for all of it: {math.exp(sum(map(math.log, in_way)) / 4):.2f}x." in one
+    assert "the draft in the background: in at 1400, calibrated at 1700" in one
 
 
 def _pairs(topology, stratum, ratios, t=1.0, arm="auto", mismatch=False):
@@ -343,3 +347,21 @@ def test_fit_to_the_champions_exact_first_token_distribution():
                 for i in range(150)]
     fit = {x["arm"]: x for x in fit_to_champion(samples, default_models_dir())}
     assert fit["auto"]["p"] > 0.01 and fit["none"]["p"] < 1e-10 and fit["auto"]["n"] == 150
+
+
+def test_end_to_end_with_a_background_draft_counts_the_load_to_ready_and_states_the_draft_in_the_way():
+    """A draft loaded in the background (after ready, while the engine is idle): the gate's L_spec is
+    the load to ready; value_draft_in_the_way puts the draft's load and calibration (to
+    draft_calibrated_ms) in front of the session instead, so the report can say what that would cost."""
+    rows = A.per_token_rows([x for s in ("casual", "dialogue") for x in _pairs("real-wasm", s, [1.1, 1.1])])
+    loads = {"real-wasm-alone": {"load_ms": 1000.0},
+             "real-wasm-spec": {"load_ms": 1000.0, "draft_ready_ms": 1500.0, "draft_calibrated_ms": 1800.0}}
+    e2e = A.end_to_end_with_loads(rows, loads, "real-wasm", ["casual", "dialogue"], 256)
+    assert e2e["value"] == pytest.approx((1000 + 2560) / (1000 + 2560 / 1.1))
+    assert e2e["value_draft_in_the_way"] == pytest.approx((1000 + 2560) / (1800 + 2560 / 1.1))
+    assert e2e["draft_in_background_to_ms"] == 1800.0 and e2e["load_spec_ms"] == 1000.0
+    waited = A.end_to_end_with_loads(rows, {**loads, "real-wasm-spec": {"load_ms": 1800.0}}, "real-wasm", ["casual", "dialogue"], 256)
+    assert waited["value"] == pytest.approx(e2e["value_draft_in_the_way"]) and waited["value_draft_in_the_way"] is None
+    # break-even and the waterfall still charge the draft's own load when it came in the background
+    assert A.draft_load_ms({"real-wasm-spec": {"timing_ms": {"draft_load": 0}, "draft_load_ms": 240.0}}, "real-wasm") == 240.0
+    assert A.draft_load_ms({"real-wasm-spec": {"timing_ms": {"draft_load": 600.0}}}, "real-wasm") == 600.0

@@ -38,7 +38,9 @@ export interface EngineOptions {
    *  ready.info.champion.matmul says which ran. */
   matmul?: "auto" | "q8act" | "f32";
   draftPlacement?: "auto" | "inline" | "worker";
-  /** Ready as soon as the champion is; the draft follows ("draft_ready" progress). Default false. */
+  /** Ready as soon as the champion is; the draft loads when the engine is idle and follows
+   *  ("draft_ready" progress, then a calibration). Until then speculate "auto" runs without it and
+   *  "draft" waits for it. Default true in createEngine (docs/browser.md, "The draft in the background"). */
   draftInBackground?: boolean;
   /** The load's warm-up requests through every mode (default true; ready.timing_ms.warmup). */
   warmUp?: boolean | { minCalls?: number; budgetMs?: number };

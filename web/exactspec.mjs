@@ -203,7 +203,8 @@ class ExactSpecEngine {
   /** Load another pair in place (same options as createEngine's models and onProgress). */
   async load(models, options = {}) {
     const table = await loadModelFiles(this.urls.py);
-    return this.engine.load(await resolveModels(models, this.defaults, options.onProgress, table), options);
+    return this.engine.load(await resolveModels(models, this.defaults, options.onProgress, table),
+      { draftInBackground: true, ...options });   // createEngine's default
   }
 
   /** Free everything; later calls are refused E_TERMINATED. */
@@ -221,11 +222,13 @@ class ExactSpecEngine {
  *  warmUp (default true; false, or {minCalls, budgetMs}): the load's warm-up requests (docs/browser.md).
  *  calibrate ("auto" default | "force" | "off"): this device's costs for speculate "auto" (the
  *  default mode), cached per device and model; ready.info.calibration (docs/browser.md, "Calibration at load").
- *  draftInBackground: resolve as soon as the champion is ready; onProgress then sees
- *  {stage: "draft_ready", draft, draft_error} when speculation can start. */
+ *  draftInBackground (default true): resolve as soon as the champion is ready; the draft loads when
+ *  the engine is idle (a request sent at once comes first), onProgress then sees {stage: "draft_ready",
+ *  draft, draft_error} and a calibration; until then speculate "auto" runs without it and "draft"
+ *  waits for it. false: ready only once the draft is in (docs/browser.md, "The draft in the background"). */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
-    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = false, warmUp = true, calibrate = "auto",
+    draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = true, warmUp = true, calibrate = "auto",
     cache = true, gpuMemoryBudget = "auto" } = options;
   const urls = engineAssets(baseUrl ?? new URL("./", import.meta.url).href, assets);
   const defaults = { champion: new URL("champion/", urls.models).href, draft: new URL("draft/", urls.models).href };

@@ -8,14 +8,36 @@ const engines = new Map();   // name -> Engine
 const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });
 const pageHeap = () => performance.memory?.usedJSHeapSize ?? null;
 
-/** Load an engine under `name` -> {load_ms, ready, memory, page_heap} or {refused}. */
+/** Load an engine under `name` -> {load_ms, ready, memory, page_heap} or {refused}. With
+ *  options.draftInBackground the engine is ready with the champion alone (load_ms) and its draft
+ *  loads while it is idle: the bench waits for it and for the calibration it brings (nothing else
+ *  runs meanwhile, as for a user still typing) and adds draft_ready_ms (load start to the draft's
+ *  arrival), draft_calibrated_ms (to that calibration's end), draft_load_ms (the draft's own load,
+ *  from its start) and draft_error. */
 async function load(name, models, options = {}) {
   const t0 = performance.now();
+  let draftReady = null, draftCalibrated = null, draftError = null, draftLoadMs = null, settle;
+  const settled = new Promise((r) => { settle = r; });
+  const onProgress = (p) => {
+    if (p.stage === "draft_ready") {
+      draftReady = performance.now() - t0;
+      draftError = p.draft_error ?? null;
+      draftLoadMs = p.draft_load_ms ?? null;
+      if (draftError || options.calibrate === "off") settle();
+    } else if (p.stage === "calibration" && draftReady !== null) {
+      draftCalibrated = performance.now() - t0;
+      settle();
+    }
+  };
   try {
-    const engine = await Engine.create(models, options);
+    const engine = await Engine.create(models, { ...options, onProgress });
     engines.set(name, engine);
     const load_ms = performance.now() - t0;
-    return { load_ms, ready: engine.ready, memory: await engine.memory(), page_heap: pageHeap() };
+    const late = !!engine.ready?.info?.draft_loading;
+    if (late) await settled;
+    return { load_ms, ready: engine.ready, memory: await engine.memory(), page_heap: pageHeap(),
+             ...(late ? { draft_ready_ms: draftReady, draft_calibrated_ms: draftCalibrated, draft_error: draftError,
+                          draft_load_ms: draftLoadMs } : {}) };
   } catch (err) {
     return { refused: coded(err) };
   }

@@ -120,25 +120,37 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // a cached copy of the draft's weights that fails its sha256 is removed (web/weight_cache.mjs): once more, from the network
   const spawnDraft = () => spawnOnce().catch((err) => (err?.cacheEvicted ? spawnOnce() : Promise.reject(err)));
   // draftInBackground: the bridge is ready with the champion alone and the draft arrives later
-  // (whenDraft()); until then speculate="draft" is refused before output, as for a failed draft.
-  // draftDelayMs (tests, with faults on) holds the draft back to make that window observable.
-  let draftLoading = null, backgroundDraft = null;
-  // champion_load: the opens (a fallback's both); champion_warmup, batch_check: the warm-ups, the checks (both)
+  // (whenDraft()); its load begins when the runtime calls startDraft() (when no request runs: a
+  // request that is already running keeps the CPU to itself). Until it is in, speculate="draft"
+  // waits for it (runtime.mjs) and "auto" runs without it. draftDelayMs (tests, with faults on)
+  // holds the draft back to make that window observable.
+  let draftLoading = null, backgroundDraft = null, startBackground = null;
+  // champion_load: the opens (a fallback's both); champion_warmup, batch_check: the warm-ups, the checks (both);
+  // draft_load: from the draft's start to its arrival (in the background: after ready, not in the load's total)
   const timing = { champion_load: t1 - t0 - warmMs - checkMs, champion_warmup: warmMs, draft_load: 0, batch_check: checkMs };
   if (draftUrl) {
-    const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
-    const attempt = (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
-      if (closed) { d.terminate(); return; }
-      draft = d;
-      draft.setEpoch(epoch);
-    }, (err) => {   // the champion alone still works; speculate="draft" is refused before output
-      draftError = errorPayload(err, "E_DRAFT_LOST");
-    }).finally(() => {
-      timing.draft_load = performance.now() - t1;
-      draftLoading = null;
-    });
-    if (draftInBackground) draftLoading = backgroundDraft = attempt;
-    else await attempt;
+    const load = () => {
+      const ts = performance.now();
+      const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
+      return (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
+        if (closed) { d.terminate(); return; }
+        draft = d;
+        draft.setEpoch(epoch);
+      }, (err) => {   // the champion alone still works; speculate="draft" is refused before output
+        draftError = errorPayload(err, "E_DRAFT_LOST");
+      }).finally(() => {
+        timing.draft_load = performance.now() - ts;
+        draftLoading = null;
+      });
+    };
+    if (draftInBackground) {
+      let go;
+      const started = new Promise((r) => { go = r; });
+      startBackground = () => { if (go) { const g = go; go = null; g(); } };
+      draftLoading = backgroundDraft = started.then(() => (closed ? undefined : load()));
+    } else {
+      await load();
+    }
   }
   const armed = [];                    // fault specs waiting for their point
   const NO_DRAFT_COUNTS = { draft_client: 0, draft_worker: 0 };
@@ -352,6 +364,8 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     /** null, or (draftInBackground) a promise of {draft: info | null, draft_error: {code, message} | null}
      *  settled when the draft has loaded or failed. */
     whenDraft: () => backgroundDraft && backgroundDraft.then(() => ({ draft: draftInfo(), draft_error: draftError })),
+    /** Begin the background draft's load (draftInBackground; once: later calls do nothing). */
+    startDraft() { startBackground?.(); },
     /** The draft as it is now ({identity, placement, ...} or null; info.draft is the load's). */
     currentDraft: () => draftInfo(),
     /** Serve `c` (a calibration object, or null) to the requests from now on. */
@@ -468,6 +482,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     },
     close() {
       closed = true;
+      startBackground?.();             // a background draft never begun settles (as nothing)
       for (const context of grammar.contexts.values()) context.dispose?.();
       grammar.contexts.clear();
       grammar.compiled.clear();

@@ -39,6 +39,8 @@ function callPy(obj, name, args, keep = false) {
 const draftWhy = (err) => err.message;
 
 export const CALIBRATE_MODES = ["auto", "force", "off"];
+/** A background draft begins its load this long after ready unless a request came first (startDraftWhenIdle). */
+export const DRAFT_START_GRACE_MS = 100;
 
 /** The WASM builds next to this module (web/build/), unless the page's assets say otherwise. */
 function wasmAssets(assets) {
@@ -56,6 +58,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   let py = null;              // { pyodide, timing_ms, backend }
   let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
   let lateDraft = null;       // the draft loading behind a ready champion (draftInBackground), or null
+  let draftStarted = false;   // whether that draft's load has begun (startDraftWhenIdle, draftFor)
   let current = null;         // the running generate envelope (bridge notices go to its caller)
   // calibration (calibrate.mjs): the cache (opened once per worker), the load's mode and notify, the
   // measurement in flight between requests, whether one is due, the drift run and a test's override
@@ -165,7 +168,9 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     }
     const late = built.whenDraft();
     lateDraft = late;
+    draftStarted = false;
     if (late) {                                 // the draft arrives after ready: check it, attach it, say so
+      setTimeout(startDraftWhenIdle, DRAFT_START_GRACE_MS);   // after ready; a request that starts first defers it
       late.then(async ({ draft, draft_error: failed }) => {
         await new Promise((r) => setTimeout(r, 0));       // after the load's "ready" reply, whatever the timing
         if (loaded?.session !== session) return;          // unloaded or replaced meanwhile
@@ -180,7 +185,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
           }
         }
         if (error) callPy(session, "set_draft_error", [draftWhy(error)]);
-        else if (cal.mode !== "off") { cal.due = "auto"; calibrateWhenIdle(); }   // its costs join the calibration
+        else if (cal.mode !== "off") { cal.due = cal.mode; calibrateWhenIdle(); }   // its costs join the calibration ("force": measured anew)
         notify({ stage: "draft_ready", draft: error ? null : draft, draft_error: error ?? null,
           draft_load_ms: built.timing_ms.draft_load });
       });
@@ -246,6 +251,35 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     })().finally(() => { cal.running = null; });
   }
 
+  /** A background draft (draftInBackground) begins its load when no request runs: DRAFT_START_GRACE_MS
+   *  after ready (a request sent at once, as a script or the CLI sends it, comes first and keeps the
+   *  CPU: a one-shot answer never pays for a draft it would not amortise), or at the end of the
+   *  request that deferred it (requests back to back: it loads beside the next one). */
+  function startDraftWhenIdle() {
+    if (!loaded || !lateDraft || current || draftStarted) return;
+    draftStarted = true;
+    cal.notify({ stage: "draft_start" });
+    loaded.bridge.startDraft();
+  }
+
+  /** speculate "draft" asked while the background draft is still loading: wait for it (before any
+   *  output; it begins now if it had not), and for the calibration it makes due. */
+  async function draftFor(env) {
+    const speculate = env.payload?.config?.speculate ?? "auto";
+    if (speculate !== "draft" || !lateDraft || !loaded) return;
+    const late = lateDraft;
+    if (!draftStarted) {
+      draftStarted = true;
+      cal.notify({ stage: "draft_start", for: "speculate draft" });
+      loaded.bridge.startDraft();
+    }
+    await late;
+    await new Promise((r) => setTimeout(r, 0));   // its attach (the late.then above) runs first
+    if (lateDraft === late) lateDraft = null;
+    calibrateWhenIdle();
+    await cal.running?.catch(() => {});
+  }
+
   /** After a request: its drift (stats.auto.drift, or a test's override) into the run; two in a row
    *  outside DRIFT_RANGE drop the cached entry and make a calibration due. */
   async function observeDrift(result) {
@@ -293,6 +327,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
 
     async generate(env) {
       if (!loaded) throw codedError("E_BAD_ARGUMENT", "no model is loaded");
+      await draftFor(env);                      // speculate "draft": the background draft first
       await cal.running?.catch(() => {});       // a calibration between requests ends first
       current = env;
       let result;
@@ -308,6 +343,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
         current = null;
       }
       await observeDrift(result);
+      if (lateDraft) setTimeout(startDraftWhenIdle, 0);   // a background draft deferred by this request
       if (cal.due) setTimeout(calibrateWhenIdle, 0);   // after this result is posted; a request that starts first defers it
       return result;
     },

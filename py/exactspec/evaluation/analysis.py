@@ -138,7 +138,7 @@ def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) 
     tm = lambda key: (lambda r: r["timing_ms"].get(key, 0.0))
     return {"backend": backend, "arm": arm, "temperature": t,
             "load_runtime": (lt.get("pyodide", 0) + lt.get("install", 0)), "load_champion": lt.get("champion_load", 0),
-            "load_draft": lt.get("draft_load", 0) if engine_role(recs[0]) == "spec" else 0.0,
+            "load_draft": draft_load_ms(loads, backend) if engine_role(recs[0]) == "spec" else 0.0,
             "prefill": med(tm("prefill")), "draft": med(tm("draft")), "verify_and_correct": med(tm("verify")) + med(tm("accept")),
             "orchestrator": med(lambda r: r["timing_ms"]["total"] - sum(r["timing_ms"].get(k, 0) for k in ("prefill", "draft", "verify", "accept"))),
             "sync_and_output": med(lambda r: r["total_ms"] - r["timing_ms"]["total"]),
@@ -236,11 +236,21 @@ def conclusion(verdicts: list, per_stratum_speedup: dict) -> str:
     return "keep off: it does not win the whole cost function"
 
 
+def draft_load_ms(loads: dict, backend: str) -> float:
+    """The spec engine's draft load: ready.timing_ms.draft_load when the engine waited for it, else the
+    background draft's own load (draft_load_ms, from its start to its arrival after ready): a draft
+    loaded in the background is still the draft's fixed cost in break-even and the waterfall."""
+    spec = loads.get(f"{backend}-spec") or {}
+    return (spec.get("timing_ms") or {}).get("draft_load") or spec.get("draft_load_ms") or 0.0
+
+
 def break_even(records: list, loads: dict, backend: str, arm: str, strata: list) -> dict | None:
     """Cold: the draft's fixed cost F = L_d + P_d(S) (its load, and the prefill the spec arm
     spends beyond champion alone) against the per-token gain, N_min = F / (C_t(1) - C_spec);
     and T_spec(N) / T_baseline(N) for N = 1..1024 (baseline fixed cost: L_t + P_t(S))."""
     spec = (loads.get(f"{backend}-spec") or {}).get("timing_ms")
+    if spec is not None:
+        spec = {**spec, "draft_load": draft_load_ms(loads, backend)}
     alone_load = (loads.get(f"{backend}-alone") or {}).get("load_ms")
     pick = lambda a: [r for r in records if r["backend"] == backend and r["arm"] == a and r["stratum"] in strata]
     base, sp = pick("none"), pick(arm)
@@ -373,13 +383,23 @@ def engine_load_ms(loads: dict, topology: str, role: str):
 def end_to_end_with_loads(rows: list, loads: dict, topology: str, conversational: list, tokens: int,
                           t: float = 1.0) -> dict:
     """The adoption condition with loads: per conversational request at T = t, (L_alone + N c_alone)
-    / (L_spec + N c_auto), N = tokens; geometric mean, stratified bootstrap (loads held fixed)."""
+    / (L_spec + N c_auto), N = tokens; geometric mean, stratified bootstrap (loads held fixed).
+    L is the page-clock load to ready. A draft loaded in the background (after ready, while the
+    engine is idle) is not in L_spec; `value_draft_in_the_way` is the same ratio (point value) with
+    L_spec up to the end of the draft's load and calibration instead, as for a session whose first
+    request had to wait for all of it (None when the draft was not loaded in the background)."""
     la, ls = engine_load_ms(loads, topology, "alone"), engine_load_ms(loads, topology, "spec")
+    spec = loads.get(f"{topology}-spec") or {}
+    full = spec.get("draft_calibrated_ms") or spec.get("draft_ready_ms")
+    extra = {"load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens, "draft_in_background_to_ms": full}
     if la is None or ls is None:
-        return {"value": None, "ci": None, "n": 0, "load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens}
+        return {"value": None, "ci": None, "n": 0, **extra, "value_draft_in_the_way": None}
+    mine = [r for s in conversational for r in _rows(rows, topology, "auto", t, [s])]
     groups = [[(la + tokens * r["base_ms_per_token"]) / (ls + tokens * r["arm_ms_per_token"])
                for r in _rows(rows, topology, "auto", t, [s])] for s in conversational]
-    return {**_stat(groups), "load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens}
+    in_way = (M.geo_mean([(la + tokens * r["base_ms_per_token"]) / (full + tokens * r["arm_ms_per_token"]) for r in mine])
+              if full is not None and mine else None)
+    return {**_stat(groups), **extra, "value_draft_in_the_way": in_way}
 
 
 def greedy_mismatches_v2(records: list, topology: str):

@@ -235,7 +235,9 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "test_split_runs": run_info.get("test_split_runs"), "not_run": run_info.get("not_run", []),
            "gates_version": gates_doc["version"], "gates_sha256": g_hash, "topologies_run": topologies,
            "identities": identities(records, run_info),
-           "loads": {k: {kk: v.get(kk) for kk in ("pair", "backend", "topology", "load_ms", "timing_ms")} for k, v in loads.items()},
+           "loads": {k: {kk: v.get(kk) for kk in ("pair", "backend", "topology", "load_ms", "timing_ms", "draft_ready_ms",
+                                                  "draft_calibrated_ms") if kk in v or kk in ("load_ms", "timing_ms")}
+                     for k, v in loads.items()},
            "calibration": {k: (v.get("calibration") or (v.get("info") or {}).get("calibration")) for k, v in loads.items()},
            "batch_check": {k: (v.get("batch_check") or (v.get("info") or {}).get("batch_check")) for k, v in loads.items()},
            "cold_warm": {t: A.cold_warm(run_info, trecs, t) for t in topologies},
@@ -446,7 +448,16 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                 + (f", first mismatch {bc['first_mismatch']}" if bc.get("first_mismatch") is not None else "") + ")"
                 if isinstance(bc, dict) and "result" in bc else ("-" if not bc else json.dumps(bc, sort_keys=True)[:80]))
         tm = ", ".join(f"{a} {_f(b, '.0f')}" for a, b in sorted((v.get("timing_ms") or {}).items()) if isinstance(b, (int, float)))
-        L.append(f"| {k} | {_f(v.get('load_ms'), '.0f')} | {tm or '-'} | {cal_s} | {bc_s} |")
+        late = (f"; the draft in the background: in at {_f(v['draft_ready_ms'], '.0f')}, calibrated at "
+                f"{_f(v.get('draft_calibrated_ms'), '.0f')}" if v.get("draft_ready_ms") is not None else "")
+        L.append(f"| {k} | {_f(v.get('load_ms'), '.0f')} | {tm or '-'}{late} | {cal_s} | {bc_s} |")
+    for t in res["topologies_run"]:
+        e2e = ((res["gates"].get(t) or {}).get("metrics") or {}).get("end_to_end_gain_with_loads") or {}
+        if e2e.get("draft_in_background_to_ms") is not None:
+            L.append(f"\n{t}: end to end with loads {_f(e2e.get('value'))}x counts the spec engine's load to ready "
+                     f"({_f(e2e.get('load_spec_ms'), '.0f')} ms; champion alone {_f(e2e.get('load_alone_ms'), '.0f')} ms); its draft "
+                     f"loaded and was calibrated in the background by {_f(e2e['draft_in_background_to_ms'], '.0f')} ms while the engine "
+                     f"was idle. Had a session's first request waited for all of it: {_f(e2e.get('value_draft_in_the_way'))}x.")
     L += ["", "## Cold and warm (first prompt, T = 0: champion alone vs the champion + draft engine's cold request)", "",
           "| topology | cold T_baseline ms | cold T_spec ms | cold speed-up | warm T_baseline ms | warm T_spec ms | warm speed-up |",
           "|---|---|---|---|---|---|---|"]

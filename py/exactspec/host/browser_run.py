@@ -43,7 +43,7 @@ class BrowserRuntime:
     def __init__(self, champion_dir: str, draft_dir: str | None, browser=None, timeout_s: float = 600,
                  champion_backend: str = "webgpu", on_progress=None, threads="auto", warm_up: bool = True,
                  matmul: str = "auto", calibrate: str = "auto", faults: bool = False, context=None,
-                 cache: bool = True, rate_bytes_per_s: int = 0, port: int = 0):
+                 cache: bool = True, rate_bytes_per_s: int = 0, port: int = 0, draft_in_background: bool = False):
         """on_progress(payload): the engine's load progress ({stage, ...}, web/fetch_progress.mjs).
         threads: the WASM champion's threads, "auto" (the engine's choice) or a count; warm_up: the
         engine's load-time warm-up (web/orchestrator/warmup.mjs), on by default; matmul: the WASM
@@ -53,7 +53,9 @@ class BrowserRuntime:
         context: a browser context to open the page in (kept open at close: a persistent profile whose
         weight cache a second runtime reuses), else a new one; cache: the engine's weight cache
         (docs/browser.md, Weight cache); rate_bytes_per_s: the server paces its bodies (benches); port: the
-        server's (0: a free one; a fixed one keeps the origin, and with it the cache, across runtimes)."""
+        server's (0: a free one; a fixed one keeps the origin, and with it the cache, across runtimes);
+        draft_in_background: ready with the champion alone, the draft loading when the engine is idle
+        (speculate "draft" waits for it; "auto" runs without it until then: docs/browser.md)."""
         is_gguf = lambda d: str(d).endswith(".gguf")   # a GGUF file runs as it is: the page reads it
         for d in filter(None, (champion_dir, draft_dir)):
             if not is_gguf(d) and not os.path.isfile(os.path.join(d, "config.json")):
@@ -91,7 +93,7 @@ class BrowserRuntime:
             self.ready = self.page.evaluate("([m, o]) => window.exactspecRunner.load(m, o)",
                                             [models, {"championBackend": champion_backend, "threads": threads,
                                              "warmUp": warm_up, "matmul": matmul, "calibrate": calibrate,
-                                             "faults": faults, "cache": cache}])
+                                             "faults": faults, "cache": cache, "draftInBackground": draft_in_background}])
         except Exception as exc:
             self.close()
             err = _coded_from(exc)

@@ -268,7 +268,10 @@ def _run(args, seeds, stream=None) -> list:
         from ..core.constraints import parse_response_format
         parse_response_format(_response_format(args))     # refused here, before a browser starts
         champion, draft = _models(args)
-        with BrowserRuntime(champion, draft, champion_backend=args.champion_backend, threads=args.threads) as rt:
+        # the draft in the background, as the page and createEngine load it: auto's first answer does not
+        # wait for a draft it could not amortise; speculate "draft" waits for it (docs/browser.md)
+        with BrowserRuntime(champion, draft, champion_backend=args.champion_backend, threads=args.threads,
+                            draft_in_background=True) as rt:
             outs = []
             for seed in seeds:
                 out = rt.generate(_browser_payload(args, seed))
