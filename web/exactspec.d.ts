@@ -40,7 +40,7 @@ export interface EngineOptions {
   draftPlacement?: "auto" | "inline" | "worker";
   /** Ready as soon as the champion is; the draft loads when the engine is idle and follows
    *  ("draft_ready" progress, then a calibration). Until then speculate "auto" runs without it and
-   *  "draft" waits for it. Default true in createEngine (docs/browser.md, "The draft in the background"). */
+   *  "draft" waits for it. Default true in createEngine (docs/browser.md, "Usable as soon as the champion is"). */
   draftInBackground?: boolean;
   /** The load's warm-up requests through every mode (default true; ready.timing_ms.warmup). */
   warmUp?: boolean | { minCalls?: number; budgetMs?: number };

@@ -225,7 +225,7 @@ class ExactSpecEngine {
  *  draftInBackground (default true): resolve as soon as the champion is ready; the draft loads when
  *  the engine is idle (a request sent at once comes first), onProgress then sees {stage: "draft_ready",
  *  draft, draft_error} and a calibration; until then speculate "auto" runs without it and "draft"
- *  waits for it. false: ready only once the draft is in (docs/browser.md, "The draft in the background"). */
+ *  waits for it. false: ready only once the draft is in (docs/browser.md, "Usable as soon as the champion is"). */
 export async function createEngine(options = {}) {
   const { champion, draft, manifest, baseUrl, assets, onProgress, championBackend = "auto", threads = "auto", matmul = "auto",
     draftPlacement = "auto", whenBusy = "queue", timeoutMs, silenceTimeoutMs, draftInBackground = true, warmUp = true, calibrate = "auto",
