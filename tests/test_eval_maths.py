@@ -209,3 +209,37 @@ def test_one_request_has_no_interval_so_its_ci_gate_is_inconclusive():
     assert cell["value"] == 2.0 and cell["ci"] is None and cell["n"] == 1
     doc = {"gates": [{"id": "g", "metric": "m", "op": ">=", "threshold": 0.95, "per_stratum": True, "ci": True}]}
     assert evaluate_v2(doc, {"m": {"casual T=1": cell}}, "toy-wasm")[0]["verdict"] == "inconclusive"
+
+
+def test_acceptance_for_a_target_speedup_inverts_the_iid_cost_model():
+    """E[G(k)] = 1 + a + ... + a^k; the speed-up of draft k at acceptance a; the a that reaches a target
+    (bisection), 0.0 when a = 0 already does, None when every proposal accepted still does not."""
+    assert M.iid_expected_tokens(0.5, 3) == pytest.approx(1.875) and M.iid_expected_tokens(1.0, 4) == 5.0
+    # c = 20 ms/token alone, V(3) = 24, d = 1, o = 1: at a = 0.5, k = 2: 1.75 * 20 / 27
+    assert M.iid_speedup(0.5, 2, 20.0, 24.0, 1.0, 1.0) == pytest.approx(1.75 * 20 / 27)
+    a = M.acceptance_for(1.5, 2, 20.0, 24.0, 1.0, 1.0)
+    assert M.iid_speedup(a, 2, 20.0, 24.0, 1.0, 1.0) >= 1.5 > M.iid_speedup(a - 2e-4, 2, 20.0, 24.0, 1.0, 1.0)
+    assert M.acceptance_for(2.5, 2, 20.0, 24.0, 1.0, 1.0) is None            # 3 tokens a round: at most 2.22x
+    assert M.acceptance_for(1.0, 1, 20.0, 10.0, 1.0, 1.0) == 0.0              # a round cheaper than a step
+    # proposals as trials that stop at the first rejection: (3 of 4 accepted, rejected) (2 of 2) (0 of 1)
+    assert M.acceptance_mle([(4, 3), (2, 2), (1, 0), (0, 0)]) == (5 / 7, 7)
+    assert M.acceptance_mle([]) == (None, 0)
+
+
+def test_acceptance_needed_reads_the_runs_own_costs():
+    """c = 11 ms/token alone (decode), V(1) = 10 ms a step, so o = 1; V(n) = 10 + 2 (n - 1) from the
+    calibration (scaled by 10 / V_cal(1) = 2); d = 0.5 ms from the draft arm's rounds; its rounds
+    accepted 3 of 4 trials (conversational) and 1 of 3 (code)."""
+    alone = {"topology": "real-wasm", "backend": "wasm", "arm": "none", "temperature": 1.0, "stratum": "casual",
+             "n_tokens": 11, "first_token_ms": 5.0, "total_ms": 115.0, "rounds": [[0, 0, 1, 0.0, 10.0]] * 11}
+    draft = lambda stratum, rounds: {"topology": "real-wasm", "backend": "wasm", "arm": "draft-k2", "temperature": 1.0,
+                                     "stratum": stratum, "rounds": rounds}
+    recs = [alone, draft("casual", [[2, 2, 3, 1.0, 14.0], [2, 1, 2, 1.0, 14.0]]), draft("code", [[2, 0, 1, 1.0, 14.0]] * 3)]
+    loads = {"real-wasm-spec": {"calibration": {"verify_ms": [None] + [5.0 + n for n in range(9)]}}}
+    x = A.acceptance_needed(recs, loads, "real-wasm", 1.0, ["casual"])
+    assert (x["c_alone_ms"], x["step_ms"], x["overhead_ms"], x["draft_ms_per_proposal"]) == (11.0, 10.0, 1.0, 0.5)
+    assert x["verify_ms"]["2"] == 12.0 and x["verify_ms"]["9"] == 26.0
+    k1 = M.acceptance_for(1.0, 1, 11.0, 12.0, 0.5, 1.0)      # (1 + a) 11 = 13.5: a = 0.227
+    assert x["needed"]["1"]["a"] <= k1 and x["needed"]["1"]["a"] == pytest.approx(2.5 / 11, abs=2e-4)
+    assert x["measured"] == {"all": 3 / 7, "all_trials": 7, "conversational": 3 / 4, "conversational_trials": 4}
+    assert A.acceptance_needed(recs, {}, "real-wasm", 1.0, ["casual"]) is None      # no calibration: nothing said

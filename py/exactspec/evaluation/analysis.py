@@ -125,6 +125,52 @@ def cost_model(records: list, surv: dict, backend: str, t: float, k: int = 4) ->
             "measured_over_predicted": M.speedup(meas_speedup, pred_speedup) if pred_speedup else None}
 
 
+ACCEPTANCE_TARGETS = (1.0, 1.5, 2.0)
+
+
+def acceptance_needed(records: list, loads: dict, topology: str, t: float, conversational: list,
+                      targets=ACCEPTANCE_TARGETS, k_max: int = 8) -> dict | None:
+    """What per-token acceptance a draft needs on this topology to reach each target speed-up, from
+    this run's own costs: c = champion alone's page ms per token (median, decode), its engine step
+    V(1) (median), o = c - V(1) the per-round time outside the champion; V(n) for n = 2..k_max+1
+    from the spec engine's calibration scaled to that V(1); d the draft ms per proposal of the
+    draft arms (else the calibration's). Per target, the lowest a over k (iid acceptance, E[G(k)]
+    = 1 + a + ... + a^k) and its k; None when no k reaches it even with every proposal accepted.
+    Beside it, the acceptance the draft arms measured at T (pooled, and on the conversational strata)."""
+    alone = [r for r in records if topology_of(r) == topology and r["arm"] == "none" and r["temperature"] == t]
+    drafts = [r for r in records if topology_of(r) == topology and r["arm"].startswith("draft-k") and r["temperature"] == t]
+    cal = (loads.get(f"{topology}-spec") or {}).get("calibration") or ((loads.get(f"{topology}-spec") or {}).get("info") or {}).get("calibration")
+    if not alone or not isinstance(cal, dict) or not cal.get("verify_ms"):
+        return None
+    vcal = cal["verify_ms"]
+    c1 = M.median(decode_ms_per_token(r) for r in alone)
+    step = M.median(_mean(v for *_, v in r["rounds"][1:]) for r in alone)
+    if c1 is None or step is None or not vcal[1]:
+        return None
+    rounds = [x for r in drafts for x in r["rounds"] if x[0] > 0]
+    d = (sum(x[3] for x in rounds) / sum(x[0] for x in rounds)) if rounds else cal.get("draft_ms_per_proposal")
+    if d is None:
+        return None
+    o = max(c1 - step, 0.0)
+    verify = {n: step * vcal[n] / vcal[1] for n in range(2, min(k_max + 1, len(vcal) - 1) + 1) if vcal[n]}
+    need = {}
+    for target in targets:
+        best = None
+        for k in range(1, k_max + 1):
+            if k + 1 not in verify:
+                continue
+            a = M.acceptance_for(target, k, c1, verify[k + 1], d, o)
+            if a is not None and (best is None or a < best["a"]):
+                best = {"a": a, "k": k}
+        need[f"{target:g}"] = best
+    conv = [x for r in drafts if r["stratum"] in conversational for x in r["rounds"] if x[0] > 0]
+    a_all, n_all = M.acceptance_mle([(x[0], x[1]) for x in rounds])
+    a_conv, n_conv = M.acceptance_mle([(x[0], x[1]) for x in conv])
+    return {"topology": topology, "temperature": t, "c_alone_ms": c1, "step_ms": step, "overhead_ms": o,
+            "draft_ms_per_proposal": d, "verify_ms": {str(n): v for n, v in verify.items()}, "needed": need,
+            "measured": {"all": a_all, "all_trials": n_all, "conversational": a_conv, "conversational_trials": n_conv}}
+
+
 def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) -> dict | None:
     """Median ms per request by component (the waterfall): loads, prefill (both), draft,
     verify + correction (one device call decides the round), orchestrator bookkeeping

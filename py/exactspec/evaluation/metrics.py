@@ -38,6 +38,45 @@ def spec_cost_per_token(draft_ms_per_proposal: float, k: int, verify_ms: float, 
     return (k * draft_ms_per_proposal + verify_ms + overhead_ms) / eg
 
 
+def iid_expected_tokens(a: float, k: int) -> float:
+    """E[G(k)] when every proposal is accepted with probability a, independently of the others:
+    1 + a + ... + a^k."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def iid_speedup(a: float, k: int, alone_ms_per_token: float, verify_ms: float, draft_ms_per_proposal: float,
+                overhead_ms: float) -> float:
+    """Champion alone's ms per token over draft k's, E[G(k)] c_alone / (V(k+1) + k d + o), at a per-token
+    acceptance a (verify_ms = V(k+1), the champion's time for the round's k + 1 rows)."""
+    return iid_expected_tokens(a, k) * alone_ms_per_token / (verify_ms + k * draft_ms_per_proposal + overhead_ms)
+
+
+def acceptance_for(target: float, k: int, alone_ms_per_token: float, verify_ms: float, draft_ms_per_proposal: float,
+                   overhead_ms: float):
+    """The per-token acceptance a at which draft k reaches speed-up `target` (iid_speedup rises with
+    a): bisection to 1e-4; 0.0 when even a = 0 reaches it, None when even a = 1 (every proposal
+    accepted) does not."""
+    f = lambda a: iid_speedup(a, k, alone_ms_per_token, verify_ms, draft_ms_per_proposal, overhead_ms)
+    if f(1.0) < target:
+        return None
+    if f(0.0) >= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-4:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return hi
+
+
+def acceptance_mle(rounds) -> tuple:
+    """Per-token acceptance from (proposed, accepted) rounds, proposals taken as independent trials
+    that stop at the first rejection: (accepted / trials, trials), trials = accepted + (1 if the
+    round rejected one, i.e. accepted < proposed); (None, 0) without trials."""
+    took = sum(n for m, n in rounds if m > 0)
+    trials = sum(n + (1 if n < m else 0) for m, n in rounds if m > 0)
+    return (took / trials if trials else None), trials
+
+
 def speedup(baseline: float, other: float):
     """baseline / other (times or per-token costs), None when either is missing or other <= 0."""
     if baseline is None or other is None or other <= 0:

@@ -246,6 +246,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
                               A.group_median(legacy_rows, ("backend", "arm", "temperature", "stratum"), "speedup").items()},
            "survival": [{"backend": b, "stratum": s, "temperature": x, **v} for (b, s, x), v in sorted(surv.items(), key=str)],
            "expected_vs_measured": A.expected_vs_measured(trecs, surv), "cost_model": cost,
+           "acceptance_needed": [x for x in (A.acceptance_needed(trecs, loads, t, tx, conv) for t in topologies for tx in temps) if x],
            "break_even": [be[t] for t in topologies], "memory": mem, "memory_timeline": run_info.get("memory_timeline", []),
            "wllama": {"failures": [{k: f.get(k) for k in ("prompt_id", "temperature", "error")} for f in failures],
                       "greedy_same_as_ours": _wllama_agreement(trecs)},
@@ -473,6 +474,21 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
             L.append(f"| {k} | {c['c_alone_ms']:.2f} | {c['draft_ms_per_proposal']:.2f} | {c['verify_ms_per_round']:.2f} | "
                      f"{c['overhead_ms']:.2f} | {c['expected_tokens']:.2f} | {c['predicted_ms_per_token']:.2f} | {_f(c['measured_ms_per_token'])} | "
                      f"{_f(c['predicted_speedup'])}x | {_f(c['measured_speedup'])}x | {_f(c['measured_over_predicted'])} |")
+    L += ["", "## What acceptance would pay (this run's costs; iid per-token acceptance a, the best k)", "",
+          "From each topology's own measurements: champion alone's ms per token c, its step V(1), the rest o = c - V(1), "
+          "V(n) from the spec engine's calibration scaled to that V(1), d the draft arms' ms per proposal; a draft k "
+          "round then gives (1 + a + ... + a^k) c / (V(k+1) + k d + o). The a below is a lower bound: a speculative "
+          "round's own overhead beyond a champion step's is not in the model (see the cost model's measured / predicted).", "",
+          "| topology | T | c ms/token | V(1) | V(2) | V(5) | d ms | a for 1.0x | a for 1.5x | a for 2.0x | draft arms measured a (all; conversational) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in res.get("acceptance_needed") or []:
+        need = lambda key: (f"{x['needed'][key]['a']:.2f} (k = {x['needed'][key]['k']})" if x["needed"].get(key)
+                            else "unreachable at k <= 8")
+        m = x["measured"]
+        L.append(f"| {x['topology']} | {x['temperature']:g} | {x['c_alone_ms']:.2f} | {x['step_ms']:.2f} | "
+                 f"{_f(x['verify_ms'].get('2'))} | {_f(x['verify_ms'].get('5'))} | {x['draft_ms_per_proposal']:.2f} | "
+                 f"{need('1')} | {need('1.5')} | {need('2')} | {_f(m['all'])} ({m['all_trials']} trials); "
+                 f"{_f(m['conversational'])} ({m['conversational_trials']}) |")
     L += ["", "## Break-even (cold, conversational strata, auto)", ""]
     for b in res["break_even"]:
         if b:
