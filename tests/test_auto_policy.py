@@ -574,3 +574,50 @@ def test_a_block_with_forced_ids_is_timed_as_its_rows_not_its_proposals():
         for _ in range(6):
             policy.observe("draft", 2, 2, 2, 60.0, 1.0, cal["verify_ms"][7], emitted=7, block_rows=block_rows)
         assert policy.drift() == want, (block_rows, policy.drift())
+
+
+# --- the policy's decisions are pinned to its version ----------------------------------------
+def decision_trace_hash() -> str:
+    """Every choice (method, k and the whole info object) of simulated requests over a grid of worlds:
+    acceptance, draft cost, V's slope, lookup matches of random lengths, a search skipped now and
+    then, greedy and sampled, k_max 8 and 3, with and without a calibration and a draft; rounds
+    observed with jittered champion times. -> sha256 of the choices, in order."""
+    import hashlib
+    import json
+    h = hashlib.sha256()
+    for a in (0.0, 0.3, 0.6, 0.9):
+        for dr in (0.05, 0.15, 1.0):
+            for slope in (0.05, 0.15):
+                for seed in range(4):
+                    rng = random.Random(seed)
+                    cal = None if seed == 3 else {**calibration(20.0, slope, 20.0 * dr), "lookup_ms": 0.05}
+                    policy = AutoPolicy(cal, 3 if seed == 2 else 8, seed != 1 or a > 0.5, seed % 2 == 0)
+                    tokens, behind = 0, 0
+                    while tokens < 256:
+                        found = rng.choice([0, 0, 0, 0, 3, 6])
+                        c = policy.choose(256 - tokens, found, behind, searched=rng.random() < 0.8)
+                        h.update(json.dumps([c.method, c.k, c.info], sort_keys=True).encode())
+                        k, acc = c.k, 0
+                        while acc < k and rng.random() < a:
+                            acc += 1
+                        draft_ms = 20.0 * dr * k + 2.0 * dr * behind if c.method == "draft" and k else 0.0
+                        verify_ms = 20.0 * (1 + slope * k) * (0.9 + 0.2 * rng.random())
+                        policy.observe(c.method, k, k, acc, draft_ms + verify_ms + 0.5, draft_ms, verify_ms, lookup_ms=0.05,
+                                       draft_behind=behind, emitted=acc + 1)
+                        policy.observe_lookup([rng.randrange(3) for _ in range(found)], [rng.randrange(3) for _ in range(acc + 1)])
+                        behind = 0 if c.method == "draft" and k else behind + acc + 1
+                        tokens += acc + 1
+    return h.hexdigest()
+
+
+PINNED_DECISIONS = {3: "d82a1416e6620b9d"}    # version -> decision_trace_hash()[:16]
+
+
+def test_the_policys_decisions_are_pinned_to_its_version():
+    """The receipts name the policy by version (scheduler_policy_hash, stats.auto.version), and
+    evaluation runs are compared across versions: a change that alters any choice on this trace
+    (a parameter, an estimate, even a float evaluated in another order) must come with a new version
+    and its pinned hash. A change that only makes the policy cheaper to run keeps the hash (version
+    3's choose was made ~35% cheaper that way: the k loop's overhead hoisted, V(n) computed once a
+    round, the acceptance chains unrolled)."""
+    assert decision_trace_hash()[:16] == PINNED_DECISIONS[AutoPolicy.version], AutoPolicy.version

@@ -87,10 +87,10 @@ class _Acceptance:
     def add(self, proposed: int, accepted: int) -> None:
         """A round that proposed `proposed` tokens and accepted the first `accepted` of them."""
         self._gains = None
+        top = self.k_max + 1
         for reached, taken, d in zip(self.reached, self.taken, self.decays):
-            for i in range(1, self.k_max + 1):
-                reached[i] *= d
-                taken[i] *= d
+            reached[1:top] = [x * d for x in reached[1:top]]      # positions 1..k_max decay
+            taken[1:top] = [x * d for x in taken[1:top]]
             for i in range(1, min(proposed, accepted + 1, self.k_max) + 1):
                 reached[i] += 1.0
                 taken[i] += 1.0 if i <= accepted else 0.0
@@ -121,13 +121,12 @@ class _Acceptance:
 
     def _compute(self, k_top: int):
         out, s, total, a1 = [1.0], 1.0, 1.0, None
-        prev = [self.prior, self.prior]
+        p0 = p1 = self.prior                  # the slow and the fast estimate of a_i, chained over i
+        (r0, r1), (t0, t1), w = self.reached, self.taken, self.weight
         for i in range(1, k_top + 1):
-            ai = []
-            for j in (0, 1):
-                prev[j] = (self.taken[j][i] + self.weight * prev[j]) / (self.reached[j][i] + self.weight)
-                ai.append(prev[j])
-            a = min(ai)
+            p0 = (t0[i] + w * p0) / (r0[i] + w)
+            p1 = (t1[i] + w * p1) / (r1[i] + w)
+            a = p1 if p1 < p0 else p0         # the lower of the two (the first on a tie, as min())
             a1 = a if a1 is None else a1
             s *= a
             total += s
@@ -213,6 +212,22 @@ class AutoPolicy:
             return None
         return _interpolate(pts, n)
 
+    def _verify_upto(self, top: int, v1):
+        """[None, V(1), ..., V(top)] as _verify gives them (v1: V(1), already estimated): the
+        calibrated points' loop inlined, since choose needs them every round it weighs."""
+        out = [None, v1]
+        if self.v_cal is None:
+            return out + [self._verify(n) for n in range(2, top + 1)]
+        ratio = self.v_ratio.value() or 1.0
+        own_n, evidence, v_cal = self.v_ratio_n, self.params["own_evidence"], self.v_cal
+        for n in range(2, top + 1):
+            if v_cal[n] is None:
+                out.append(self._verify(n))
+                continue
+            own = own_n.get(n)
+            out.append(v_cal[n] * (own.value() if own is not None and len(own.values) >= evidence else ratio))
+        return out
+
     def _draft_cost(self, k: int, behind: int):
         cal = self.calibration or {}
         d, c = cal.get("draft_ms_per_proposal"), cal.get("draft_catchup_ms_per_token")
@@ -271,7 +286,7 @@ class AutoPolicy:
         gain = {"draft": None, "lookup": None}
         best_k = {"draft": 0, "lookup": 0}
         a1 = {}
-        verify = [None, v1] + [self._verify(n) for n in range(2, cap + 2)]     # V(n), n <= cap + 1
+        verify = self._verify_upto(cap + 1, v1)     # V(n), n <= cap + 1
         per_proposal = self._draft_cost(1, 0) if self.has_draft else None   # the draft's cost is linear in k
         for method, top in (("draft", cap if self.has_draft else 0), ("lookup", min(cap, lookup_len))):
             g, a1[method] = self.acc[method].gains(max(top, 1))
@@ -281,12 +296,13 @@ class AutoPolicy:
             catchup = (self._draft_cost(0, draft_behind) if method == "draft" else 0.0)
             if catchup is None or (method == "draft" and per_proposal is None):
                 continue
+            oh = self._overhead(method)
             for k in range(1, top + 1):
                 v = verify[k + 1]
                 if v is None:
                     continue
                 extra = per_proposal * k if method == "draft" else 0.0
-                per = (v + extra + catchup + self._overhead(method) + sunk) / g[k]
+                per = (v + extra + catchup + oh + sunk) / g[k]
                 if cpt[method] is None or per < cpt[method]:
                     cpt[method], gain[method], best_k[method] = per, g[k], k
         info = {"cost_per_token_ms": {m: _r(v) for m, v in cpt.items()},
@@ -310,7 +326,7 @@ class AutoPolicy:
             reason = "cheapest"          # a method exists, its costs or evidence do not yet
         else:
             reason = "no_match" if searched else "no_draft"
-        probe = self._probe(cap, lookup_len, draft_behind, none_cost, o, sunk, best_k["draft"])
+        probe = self._probe(cap, lookup_len, draft_behind, none_cost, o, sunk, best_k["draft"], verify)
         if probe is not None:
             return self._pick(probe[0], probe[1], "probe", info)
         held = self._pick("none", 0, reason, info)
@@ -320,15 +336,18 @@ class AutoPolicy:
             self._hold_len = p["hold_rounds"]
         return held
 
-    def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0):
+    def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0, verify=None):
         """(method, k) of a probe that fits the budget, or None. A probe is a draft round while the
         draft has fewer than probes_first rounds in this request (they ramp up: probe_k, 2x, 4x, ...
         as far as the estimate's best k and the budget allow), a draft round at probe_k once it has
         not run for probe_gap rounds (acceptance may have changed), or a lookup round whose verify
         cost was never timed. Every probe's worst case must fit the budget: probe_fraction of the
         time so far, plus a start allowance of start_fraction of min(the request's tokens,
-        start_horizon) steps; each is charged what it really cost."""
+        start_horizon) steps; each is charged what it really cost. verify: this choice's V(n) for
+        n <= cap + 1 (choose computes them once; None: computed here)."""
         p = self.params
+        if verify is None:
+            verify = [None] + [self._verify(n) for n in range(1, cap + 2)]
         if none_cost is None or cap + 1 < p["probe_min_remaining"]:   # no step timed yet, or too late
             return None
         first = (self._draft_rounds() if self.has_draft else self.rounds_by_method["lookup"]) < p["probes_first"]
@@ -338,11 +357,11 @@ class AutoPolicy:
             method, top = "draft", min(p["probe_k"], cap)
             if first:
                 top = min(cap, max(top, min(draft_k, p["probe_k"] << self._draft_rounds())))
-        elif lookup_len and self._verify(min(p["probe_k"], cap, lookup_len) + 1) is None:
+        elif lookup_len and verify[min(p["probe_k"], cap, lookup_len) + 1] is None:
             method, top = "lookup", min(p["probe_k"], cap, lookup_len)
         else:
             return None
-        if not self._could_pay(method, cap, none_cost, o, sunk):
+        if not self._could_pay(method, cap, none_cost, o, sunk, verify):
             return None                         # not even with every proposal accepted
         # the start allowance funds the first probes; once the engine's memory has them, only
         # probe_fraction of the time so far funds re-probes, unless the calibration left V's slope
@@ -353,7 +372,7 @@ class AutoPolicy:
             start = 0.0
         budget = p["probe_fraction"] * self.elapsed_ms - self.probe_spent_ms + start
         for k in range(top, 0, -1):
-            worst = self._worst_extra(method, k, behind, none_cost, o, sunk)
+            worst = self._worst_extra(method, k, behind, none_cost, o, sunk, verify)
             if worst <= budget:
                 self._probe_worst = worst
                 return method, k
@@ -367,24 +386,25 @@ class AutoPolicy:
         """Draft rounds behind the draft's acceptance estimate: this request's and the memory's."""
         return self.rounds_by_method["draft"] + self.memory_rounds
 
-    def _could_pay(self, method, cap, none_cost, o, sunk) -> bool:
+    def _could_pay(self, method, cap, none_cost, o, sunk, verify) -> bool:
         """Whether some k would beat none by the margin if every proposal were accepted (costs
-        unknown: yes, probing is how they are learnt)."""
+        unknown: yes, probing is how they are learnt). verify: V(n) for n <= cap + 1."""
+        bar = none_cost * (1.0 - self.params["margin"])
         for k in range(1, cap + 1):
-            v = self._verify(k + 1)
+            v = verify[k + 1]
             extra = self._draft_cost(k, 0) if method == "draft" else 0.0
             if v is None or extra is None:
                 return True
-            if (v + extra + o + sunk) / (k + 1) < none_cost * (1.0 - self.params["margin"]):
+            if (v + extra + o + sunk) / (k + 1) < bar:
                 return True
         return False
 
-    def _worst_extra(self, method, k, behind, none_cost, o, sunk) -> float:
+    def _worst_extra(self, method, k, behind, none_cost, o, sunk, verify) -> float:
         """A probe's extra cost over a champion-alone step if nothing is accepted (estimated;
-        unknown costs: a step's worth per proposal)."""
+        unknown costs: a step's worth per proposal). verify: V(n) for n <= k + 1."""
         base = none_cost if none_cost is not None else (self.overhead.value() or 0.0)
-        v = self._verify(k + 1)
-        v1 = self._verify(1)
+        v = verify[k + 1]
+        v1 = verify[1]
         if v is None or v1 is None:
             step = v1 if v1 is not None else 0.0
             v = step * (1.0 + 0.5 * k)
