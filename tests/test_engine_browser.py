@@ -81,17 +81,17 @@ LATE = {"championBackend": "wasm", "draftInBackground": True, "faults": True, "d
 LATE_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
 
 
-RECORD_PROGRESS = "() => { window.progressSeen = []; window.exactspecProgress = (p) => window.progressSeen.push({stage: p.stage, t: performance.now()}); }"
+RECORD_PROGRESS = "() => { window.progressSeen = []; window.exactspecProgress = (p) => window.progressSeen.push({...p, t: performance.now()}); }"
 
 
 def test_the_champion_answers_before_the_draft_arrives_then_speculation_switches_on(pair):
     """draftInBackground: ready with the champion alone (info.draft_loading); "auto" runs without the
-    draft meanwhile; speculate="draft" waits for the draft (held back 2.5 s here) and for the
+    draft meanwhile; speculate="draft" waits for the draft (held back 2.5 s here), its warm-up and the
     calibration it brings, before any output, then runs and gives the champion's greedy answer."""
     rt, _ = pair
     rt.page.evaluate(RECORD_PROGRESS)
-    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
-                             [WITH_MANIFEST, {**LATE, "calibrate": "auto"}])["ready"]   # the draft brings a calibration
+    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",   # the draft brings a warm-up and a calibration
+                             [WITH_MANIFEST, {**LATE, "calibrate": "auto", "warmUp": {"minCalls": 10, "budgetMs": 300}}])["ready"]
     assert ready["info"]["draft_loading"] is True and ready["info"]["draft"] is None
     alone = answer(rt, "none")["result"]
     auto = answer(rt, "auto")["result"]
@@ -102,9 +102,13 @@ def test_the_champion_answers_before_the_draft_arrives_then_speculation_switches
     assert spec["error"] is None and spec["token_ids"] == alone["token_ids"] and spec["stats"]["rounds"] > 0
     info = rt.page.evaluate("() => window.exactspecRunner.info().info")
     assert info["draft_loading"] is False and info["draft"]["placement"] == "inline" and info["draft_error"] is None
-    stages = [e["stage"] for e in rt.page.evaluate("() => window.progressSeen")]
+    seen = rt.page.evaluate("() => window.progressSeen")
+    stages = [e["stage"] for e in seen]
     assert stages.count("draft_start") == 1 and stages.index("draft_start") < stages.index("draft_ready")
-    assert "calibration" in stages[stages.index("draft_ready"):]           # its costs measured before it ran
+    after = stages[stages.index("draft_ready"):]                           # warmed, then its costs measured, before it ran
+    assert "draft_warmup" in after and "calibration" in after[after.index("draft_warmup"):], stages
+    warm = next(e for e in seen if e["stage"] == "draft_warmup")
+    assert warm["requests"] >= 2 and warm["rounds"] > 0 and warm["errors"] == [], warm
 
 
 def test_a_request_sent_at_once_keeps_the_cpu_and_the_background_draft_starts_after_it(pair):

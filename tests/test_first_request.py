@@ -26,12 +26,14 @@ console.log(JSON.stringify({{
   full: warmupRequests({{ maxBlock: 9, vocabSize: 4096, draft: true, chat: true }}).map(show),
   alone: warmupRequests({{ maxBlock: 9, vocabSize: 4096, draft: false, chat: false }}).map(show),
   tiny: warmupRequests({{ maxBlock: 2, vocabSize: 5, draft: false }}).map((r) => [r.config.k ?? 0, Math.max(...(r.prompt_ids ?? [0]))]),
+  late: warmupRequests({{ maxBlock: 9, vocabSize: 4096, draftOnly: true }}).map(show),
 }}));
 """)
     assert got["full"] == [["none", 0, 0, "Hello", True], ["lookup", 0, 8, 11, False], ["draft", 0, 8, 11, False],
                            ["draft", 1, 4, 11, False], ["auto", 0, 0, 11, False]]
     assert got["alone"] == [["none", 0, 0, "Hello", False], ["lookup", 0, 8, 11, False], ["auto", 0, 0, 11, False]]
     assert [k for k, _ in got["tiny"]] == [0, 1, 0] and all(top < 5 for _, top in got["tiny"])   # k = maxBlock - 1; ids in the vocabulary
+    assert got["late"] == [["draft", 0, 8, 11, False], ["draft", 1, 4, 11, False]]   # a late draft's warm-up: its rounds only
 
 
 def test_warmup_repeats_to_its_call_count_and_never_throws():

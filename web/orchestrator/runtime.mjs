@@ -59,6 +59,8 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
   let loaded = null;          // { bridge (handle), session (PyProxy), generate (PyProxy fn), faults }
   let lateDraft = null;       // the draft loading behind a ready champion (draftInBackground), or null
   let draftStarted = false;   // whether that draft's load has begun (startDraftWhenIdle, draftFor)
+  let warmOption = false;     // whether this load warms up (options.warm_up): a late draft is warmed too
+  let lateWarm = null;        // a late draft's warm-up, due at the next idle moment ({maxBlock, vocabSize}), or null
   let current = null;         // the running generate envelope (bridge notices go to its caller)
   // calibration (calibrate.mjs): the cache (opened once per worker), the load's mode and notify, the
   // measurement in flight between requests, whether one is due, the drift run and a test's override
@@ -152,7 +154,9 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     // warm-up: the whole round path once per mode before ready (not with refuseAllocAfter, which
     // counts the GPU allocations a test expects of the load itself; nor with options.warm_up false)
     let warm = null;
-    if (options.warm_up !== false && (options.refuse_alloc_after ?? -1) < 0) {
+    warmOption = options.warm_up !== false && (options.refuse_alloc_after ?? -1) < 0;
+    lateWarm = null;
+    if (warmOption) {
       notify({ stage: "warmup" });
       let n = 0;
       warm = await warmUp((payload) => runQuiet(payload, `warmup-${n++}`), warmupRequests({
@@ -185,7 +189,13 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
           }
         }
         if (error) callPy(session, "set_draft_error", [draftWhy(error)]);
-        else if (cal.mode !== "off") { cal.due = cal.mode; calibrateWhenIdle(); }   // its costs join the calibration ("force": measured anew)
+        else {
+          // its rounds warmed as the load warms a draft loaded before ready, then its costs join the
+          // calibration ("force": measured anew); both when idle, before the next request
+          lateWarm = warmOption && { maxBlock: built.info.champion.max_block, vocabSize: built.info.champion.vocab_size };
+          if (cal.mode !== "off") cal.due = cal.mode;
+          calibrateWhenIdle();
+        }
         notify({ stage: "draft_ready", draft: error ? null : draft, draft_error: error ?? null,
           draft_load_ms: built.timing_ms.draft_load });
       });
@@ -236,15 +246,24 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
     }
   }
 
-  /** A due calibration, measured now unless a request is running (its end calls this again); the
-   *  next request waits for it. Announced on the load's request ({stage: "calibration"}). */
+  /** A due calibration (and first a late draft's warm-up), run now unless a request is running (its
+   *  end calls this again); the next request waits for them. Announced on the load's request
+   *  ({stage: "draft_warmup"}, {stage: "calibration"}). */
   function calibrateWhenIdle() {
-    if (!cal.due || current || cal.running || !loaded) return;
-    const mode = cal.due, fromDrift = cal.dueFromDrift;
+    if ((!cal.due && !lateWarm) || current || cal.running || !loaded) return;
+    const mode = cal.due, fromDrift = cal.dueFromDrift, warmDraft = lateWarm;
     cal.due = cal.dueFromDrift = false;
+    lateWarm = null;
     const forLoad = loaded;
     const before = JSON.parse(loaded.bridge.bridge.calibration() || "null");
     cal.running = (async () => {
+      if (warmDraft) {                  // a late draft's rounds, as the load's warm-up runs them
+        let n = 0;
+        const w = await warmUp((payload) => runQuiet(payload, `warmup-draft-${n++}`),
+          warmupRequests({ ...warmDraft, draftOnly: true }), { minCalls: 120, budgetMs: 750 });
+        if (loaded === forLoad) cal.notify({ stage: "draft_warmup", ms: w.ms, requests: w.requests, rounds: w.rounds, errors: w.errors });
+      }
+      if (!mode || loaded !== forLoad) return;
       const calibration = await calibrate(mode);
       if (fromDrift) cal.drift.backoff(agreeing(before, calibration));   // a steady gap: rarer triggers
       if (loaded === forLoad) cal.notify({ stage: "calibration", calibration });
@@ -344,7 +363,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       }
       await observeDrift(result);
       if (lateDraft) setTimeout(startDraftWhenIdle, 0);   // a background draft deferred by this request
-      if (cal.due) setTimeout(calibrateWhenIdle, 0);   // after this result is posted; a request that starts first defers it
+      if (cal.due || lateWarm) setTimeout(calibrateWhenIdle, 0);   // after this result is posted; a request that starts first defers it
       return result;
     },
 

@@ -7,8 +7,9 @@
  *  greedy lookup at k = maxBlock - 1 on a repeating prompt, with a draft greedy and sampled
  *  draft rounds, and greedy "auto" (the default mode: its policy's code; the calibration comes
  *  after the warm-up, so it plans from its default) on the repeating prompt; a prompt of
- *  maxBlock + 2 ids prefills a full block and a partial one. */
-export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = false }) {
+ *  maxBlock + 2 ids prefills a full block and a partial one. draftOnly: the two draft requests alone
+ *  (a draft that arrived after ready is warmed with them when the engine is idle). */
+export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = false, draftOnly = false }) {
   const k = Math.max(1, Math.min(8, maxBlock - 1));
   const n = maxBlock + 2;
   const ids = Array.from({ length: n }, (_, i) => (3 + (i % 3) * 7) % vocabSize);   // a, b, c, a, b, c, ...: lookup finds them
@@ -17,10 +18,10 @@ export function warmupRequests({ maxBlock, vocabSize, draft = false, chat = fals
     { prompt: "Hello", chat, config: config({ speculate: "none" }) },
     { prompt_ids: ids, config: config({ speculate: "lookup", k }) },
   ];
-  if (draft) {
-    out.push({ prompt_ids: ids, config: config({ speculate: "draft", k }) });
-    out.push({ prompt_ids: ids, config: config({ speculate: "draft", k: Math.min(4, k), temperature: 1, top_k: 40 }) });
-  }
+  const drafts = [{ prompt_ids: ids, config: config({ speculate: "draft", k }) },
+    { prompt_ids: ids, config: config({ speculate: "draft", k: Math.min(4, k), temperature: 1, top_k: 40 }) }];
+  if (draftOnly) return drafts;        // a draft that arrived after ready: its rounds only (runtime.mjs)
+  if (draft) out.push(...drafts);
   out.push({ prompt_ids: ids, config: config({ speculate: "auto" }) });
   return out;
 }
