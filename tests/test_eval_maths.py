@@ -243,3 +243,29 @@ def test_acceptance_needed_reads_the_runs_own_costs():
     assert x["needed"]["1"]["a"] <= k1 and x["needed"]["1"]["a"] == pytest.approx(2.5 / 11, abs=2e-4)
     assert x["measured"] == {"all": 3 / 7, "all_trials": 7, "conversational": 3 / 4, "conversational_trials": 4}
     assert A.acceptance_needed(recs, {}, "real-wasm", 1.0, ["casual"]) is None      # no calibration: nothing said
+
+
+def test_round_phases_split_a_round_per_arm_and_skip_runs_without_them():
+    """Two none-spec requests (4 and 2 rounds) and one auto request: per request ms per round, then
+    the median over requests; crossing is the call less the models' own timers; an old record
+    (no phases) and another topology's are left out."""
+    def rec(arm, rounds, verify, draft, call, choose, commit, emit, pause, topology="toy-wasm", phases=True):
+        tm = {"verify": verify, "draft": draft, "prefill": 3.0, "total": 99.0}
+        if phases:
+            tm["phases"] = {"call": call, "choose": choose, "commit": commit, "emit": emit, "pause": pause}
+        return {"topology": topology, "backend": "wasm", "arm": arm, "temperature": 0.0, "timing_ms": tm,
+                "stats": {"rounds": 0, "baseline_steps": rounds}}
+    recs = [rec("none-spec", 4, 8.0, 0.0, 10.0, 0.0, 0.4, 1.2, 0.8),
+            rec("none-spec", 2, 6.0, 0.0, 7.0, 0.0, 0.4, 0.6, 0.2),
+            rec("auto", 5, 10.0, 1.0, 12.0, 1.0, 0.5, 1.5, 1.0),
+            rec("auto", 5, 99.0, 9.0, 999.0, 9.0, 9.0, 9.0, 9.0, topology="real-wasm"),
+            rec("none", 5, 10.0, 0.0, 11.0, 0.0, 0.1, 1.0, 0.5, phases=False)]
+    out = A.round_phases(recs, "toy-wasm", 0.0)
+    assert set(out) == {"none-spec", "auto"}                 # "none" recorded no phases
+    ns = out["none-spec"]
+    assert ns["models"] == pytest.approx((2.0 + 3.0) / 2) and ns["crossing"] == pytest.approx((0.5 + 0.5) / 2)
+    assert ns["commit"] == pytest.approx((0.1 + 0.2) / 2) and ns["emit"] == pytest.approx((0.3 + 0.3) / 2)
+    assert ns["rounds"] == 3.0
+    au = out["auto"]
+    assert (au["models"], au["crossing"], au["choose"], au["pause"]) == pytest.approx((2.2, 0.2, 0.2, 0.2))
+    assert A.round_phases(recs, "toy-wasm", 1.0) == {}

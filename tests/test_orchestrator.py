@@ -374,3 +374,24 @@ def test_async_backends_give_the_same_answer():
     with pytest.raises(ExactSpecError) as e:
         orch.generate([1, 2, 3], cfg)   # a truly async backend needs agenerate
     assert e.value.code == E_CACHE_STATE
+
+
+def test_round_phases_put_each_part_of_a_round_where_it_was_spent():
+    """timing_ms.phases: a slow listener's time lands in emit (not in commit, whose timer encloses
+    emit's call), the session's call holds the models' own time, and the phases with the prefill
+    stay inside the request's total."""
+    import time as _time
+    orch = make_orchestrator(40, 3)
+
+    def slow_listener(event):
+        if event["kind"] == "tokens":
+            _time.sleep(0.004)
+    for speculate in ("none", "draft", "auto"):
+        res = orch.generate([1, 2, 3], GenerationConfig(speculate=speculate, k=2, max_new_tokens=6, policy=SAMPLE, seed=1),
+                            on_event=slow_listener)
+        t, ph = res.timing_ms, res.timing_ms["phases"]
+        n_events = res.stats["rounds"] + res.stats["baseline_steps"]
+        assert set(ph) == {"choose", "call", "commit", "emit", "pause"} and min(ph.values()) >= 0.0
+        assert ph["emit"] >= 4.0 * n_events and ph["commit"] < 2.0 * n_events
+        assert ph["call"] >= t["verify"] + t["draft"] - 0.01
+        assert sum(ph.values()) + t["prefill"] <= t["total"] + 0.01

@@ -154,6 +154,8 @@ export interface GenerateResult {
      *  engine had compiled it before) and the forced count */
     structured?: { type: ResponseFormat["type"]; sha256: string; compile_ms: number; cached: boolean; forced: number };
   };
+  /** prefill, draft, verify, total, first_token, decode, per_round {draft, verify}, and phases
+   *  {choose, call, commit, emit, pause}: the decode rounds' wall time by part (docs/core.md) */
   timing_ms: Record<string, number | null | Record<string, number>>;
   error: { code: ErrorCode; message: string } | null;
   receipt: Receipt;

@@ -189,6 +189,11 @@ class _Run:
         self.draft_behind = 0           # committed tokens the draft has not consumed (auto's catch-up cost)
         self.auto_round = None          # this round's (Choice, lookup proposals, lookup search ms)
         self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "first_token": None, "total": 0.0}
+        # where a decode round's wall time goes, as this side sees it (ms, summed over rounds):
+        # choose (auto's policy and lookup's search, or the scheduler), call (the session's round:
+        # the draft and the champion, and the crossing to them), commit (the cache and the policy's
+        # observation), emit (text, stop checks, the tokens event), pause (yields to the host)
+        self.phases = {"choose": 0.0, "call": 0.0, "commit": 0.0, "emit": 0.0, "pause": 0.0}
         self.mode = config.speculate
         self.scheduler = make_scheduler(config)
         self.round_t0 = time.perf_counter()     # start of the current round (the scheduler's cost)
@@ -374,9 +379,11 @@ class Orchestrator:
             self._speculation_failed(run, run.session.draft_failure)
         run.timing["prefill"] += _ms(t0)
         while run.finish is None:
+            t_pause = time.perf_counter()
             pause = run.session.pause()     # a backend whose rounds may not suspend lets its host run here
             if pause is not None:
                 await pause
+            run.phases["pause"] += _ms(t_pause)
             if run.cancelled:
                 self._finish(run, "cancelled")
                 break
@@ -394,6 +401,8 @@ class Orchestrator:
             proposals = self.lookup.proposals(run.cache.tokens, k, run.stop_ids) if run.mode == "lookup" and k else None
         run.stats["draft_calls"] += k > 0
         run.cache.begin()
+        t_call = time.perf_counter()
+        run.phases["choose"] += (t_call - run.round_t0) * 1000.0
         try:
             out = await resolve(run.session.round(k, len(run.token_ids), remaining, run.cache.n_committed, proposals))
         except Exception as exc:     # the champion (or the bridge) failed
@@ -413,7 +422,10 @@ class Orchestrator:
             run.stats["numeric_errors"] += 1
             err = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
             return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
+        t_commit = time.perf_counter()
+        run.phases["call"] += (t_commit - t_call) * 1000.0
         self._commit(run, out)
+        run.phases["commit"] += _ms(t_commit)      # emit's share is moved out of it in _emit
 
     def _auto_choice(self, run: _Run, remaining: int):
         """auto: search lookup's proposals (when the policy wants them), ask the policy, and
@@ -509,6 +521,7 @@ class Orchestrator:
         `sources[i]` says where tokens[i] came from (SOURCES); `round_info` is the round's
         {proposed, accepted, draft_ms, verify_ms}, sent with its tokens for live plots;
         `token_texts[i]` is the text tokens[i] released (held-back bytes come out with a later one)."""
+        t_emit = time.perf_counter()
         emitted, text = [], []
         for t in tokens:
             run.token_ids.append(t)
@@ -530,6 +543,9 @@ class Orchestrator:
             text[-1] += run.text.finish()
         run.send("tokens", {"token_ids": emitted, "text": "".join(text), "token_texts": text,
                             "sources": list(sources[:len(emitted)]), "round": round_info})
+        spent = _ms(t_emit)
+        run.phases["emit"] += spent
+        run.phases["commit"] -= spent             # _commit's timer includes this call
 
     def _result(self, run: _Run, prompt_ids) -> GenerationResult:
         st = dict(run.stats)
@@ -549,6 +565,7 @@ class Orchestrator:
         n_rounds = st["rounds"] + st["baseline_steps"]
         timing["per_round"] = ({"draft": timing["draft"] / n_rounds, "verify": timing["verify"] / n_rounds}
                                if n_rounds else None)
+        timing["phases"] = {k: round(v, 3) for k, v in run.phases.items()}
         identities = dict(self.identities)
         speculate = run.config.speculate
         identities["draft"] = (self.draft.identity if speculate == "draft" else self.lookup.identity

@@ -191,6 +191,33 @@ def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) 
             "request_total": med(lambda r: r["total_ms"])}
 
 
+PHASES = ("models", "crossing", "choose", "commit", "emit", "pause")
+
+
+def round_phases(records: list, topology: str, t: float, arms=("none", "none-spec", "auto")) -> dict:
+    """Where a decode round's wall time goes, median over requests of each one's ms per round
+    (timing_ms.phases, which the orchestrator records since the run after test-split run #5):
+    models (the draft and the champion, their own timers), crossing (the rest of the session's
+    call: the bridge and the record), choose (auto's policy and lookup's search, or the
+    scheduler), commit, emit (text and the tokens event) and pause (yields to the worker's event
+    loop). -> {arm: {phase: ms, "rounds": median rounds}} for the arms that recorded them; {}
+    when none did (older runs)."""
+    out = {}
+    for arm in arms:
+        per = []
+        for r in records:
+            ph = (r.get("timing_ms") or {}).get("phases")
+            n = (r.get("stats") or {}).get("rounds", 0) + (r.get("stats") or {}).get("baseline_steps", 0)
+            if (topology_of(r) != topology or r["arm"] != arm or r["temperature"] != t or not ph or not n):
+                continue
+            models = r["timing_ms"].get("draft", 0.0) + r["timing_ms"].get("verify", 0.0)
+            per.append({"models": models / n, "crossing": (ph["call"] - models) / n, "choose": ph["choose"] / n,
+                        "commit": ph["commit"] / n, "emit": ph["emit"] / n, "pause": ph["pause"] / n, "rounds": n})
+        if per:
+            out[arm] = {k: M.median(x[k] for x in per) for k in PHASES + ("rounds",)}
+    return out
+
+
 def _kv_bytes(info_cfg: dict, context: int) -> int:
     return 2 * info_cfg["layers"] * info_cfg["kv_heads"] * info_cfg["head_dim"] * context * KV_BYTES
 

@@ -247,6 +247,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "survival": [{"backend": b, "stratum": s, "temperature": x, **v} for (b, s, x), v in sorted(surv.items(), key=str)],
            "expected_vs_measured": A.expected_vs_measured(trecs, surv), "cost_model": cost,
            "acceptance_needed": [x for x in (A.acceptance_needed(trecs, loads, t, tx, conv) for t in topologies for tx in temps) if x],
+           "round_phases": {f"{t}:T={x:g}": ph for t in topologies for x in temps
+                            if (ph := A.round_phases(trecs, t, x))},
            "break_even": [be[t] for t in topologies], "memory": mem, "memory_timeline": run_info.get("memory_timeline", []),
            "wllama": {"failures": [{k: f.get(k) for k in ("prompt_id", "temperature", "error")} for f in failures],
                       "greedy_same_as_ours": _wllama_agreement(trecs)},
@@ -489,6 +491,19 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                  f"{_f(x['verify_ms'].get('2'))} | {_f(x['verify_ms'].get('5'))} | {x['draft_ms_per_proposal']:.2f} | "
                  f"{need('1')} | {need('1.5')} | {need('2')} | {_f(m['all'])} ({m['all_trials']} trials); "
                  f"{_f(m['conversational'])} ({m['conversational_trials']}) |")
+    L += ["", "## Where a round's time goes (median ms per round; auto against champion alone)", ""]
+    if res.get("round_phases"):
+        L += ["models: the draft and the champion (their own timers); crossing: the rest of the session's call "
+              "(bridge, record); choose: auto's policy and lookup's search; commit: cache and observation; emit: text "
+              "and the tokens event; pause: yields to the worker's event loop. Auto's own cost is its choose and "
+              "commit beyond none-spec's (the same engine).", "",
+              "| topology, T | arm | rounds | models | crossing | choose | commit | emit | pause |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for key, arms in res["round_phases"].items():
+            for arm, ph in arms.items():
+                L.append(f"| {key} | {arm} | {ph['rounds']:.0f} | " + " | ".join(f"{ph[p]:.3f}" for p in A.PHASES) + " |")
+    else:
+        L.append("Not recorded in this run (timing_ms.phases came after test-split run #5).")
     L += ["", "## Break-even (cold, conversational strata, auto)", ""]
     for b in res["break_even"]:
         if b:
