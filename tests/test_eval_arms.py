@@ -52,6 +52,22 @@ def test_schedule_interleaves_every_topology_arm_once_per_prompt_and_temperature
     assert [k for k in twice if k[0] == "toy-webgpu"] == [("toy-webgpu", "none", "p0", 0.0, 0)]
 
 
+def test_gate_repeats_add_passes_of_the_gate_arms_alone():
+    """Repeats 2 with gate repeats 4: passes 0-1 every arm (wllama too), passes 2-3 only none, auto
+    and none-spec, on WASM only; gate repeats below repeats change nothing."""
+    prompts = [{"id": f"p{i}", "chat": False} for i in range(2)]
+    arms = {"toy-wasm": ["none", "draft-k2", "auto", "none-spec"], "toy-webgpu": ["none", "auto"]}
+    ids = {"toy-wasm": {"p0", "p1"}, "toy-webgpu": {"p0"}}
+    keys = A.schedule(prompts, [0.0], arms, ids, wllama=True, repeats=2, gate_repeats=4)
+    assert len(keys) == len(set(keys))
+    late = [k for k in keys if k[4] >= 2]
+    assert {k[1] for k in late} == {"none", "auto", "none-spec"} and {k[0] for k in late} == {"toy-wasm"}
+    assert len(late) == 2 * 2 * 3 and {k[4] for k in keys if k[1] == "draft-k2"} == {0, 1}
+    assert {k[4] for k in keys if k[0] == "toy-wllama"} == {0, 1}
+    assert A.schedule(prompts, [0.0], arms, ids, wllama=True, repeats=2, gate_repeats=1) == \
+        A.schedule(prompts, [0.0], arms, ids, wllama=True, repeats=2)
+
+
 def test_plan_of_a_test_run_both_pairs_and_its_estimate():
     test = prompts_of("test")
     pl = R.plan_run(opts(), test)
@@ -130,3 +146,15 @@ def test_auto_distribution_samples_are_long_enough_to_speculate():
     assert runner.SAMPLE_NEW_TOKENS - 1 >= DEFAULT_PARAMS["probe_min_remaining"] + runner.SAMPLE_POSITIONS - 1
     for topo in ("toy-wasm", "toy-webgpu", "real-wasm"):
         assert {"none", "auto", "draft-k4"} <= set(arms_mod.sample_arms(topo)), topo
+
+
+def test_plan_with_gate_repeats_and_the_option_checked():
+    test = prompts_of("test")
+    base = R.plan_run(opts("--repeats", "2"), test)
+    more = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5"), test)
+    extra = [k for k in more["keys"] if k not in set(base["keys"])]
+    assert base["keys"] == [k for k in more["keys"] if k[4] < 2]
+    assert {k[1] for k in extra} == set(A.GATE_ARMS) and {k[4] for k in extra} == {2, 3, 4}
+    assert {k[0] for k in extra} == {"toy-wasm", "real-wasm"}
+    with pytest.raises(ExactSpecError):
+        R.check_args(opts("--gate-repeats", "-1"))

@@ -269,3 +269,33 @@ def test_round_phases_split_a_round_per_arm_and_skip_runs_without_them():
     au = out["auto"]
     assert (au["models"], au["crossing"], au["choose"], au["pause"]) == pytest.approx((2.2, 0.2, 0.2, 0.2))
     assert A.round_phases(recs, "toy-wasm", 1.0) == {}
+
+
+def test_pooled_log_sd_and_the_requests_a_cell_needs():
+    """Two groups in log space: {0, 2a} and {0, a, 2a}: squares a^2 + a^2 + (a^2 + 0 + a^2) over 1 + 2
+    degrees of freedom; lone values and non-positive ones carry no spread. n is the first whose
+    half-width z sd / sqrt(n) is inside log(true / threshold), and one fewer is not."""
+    a = 0.1
+    sd, dof = M.pooled_log_sd([[1.0, math.exp(2 * a)], [1.0, math.exp(a), math.exp(2 * a)], [3.0], [0.0, -1.0]])
+    assert dof == 3 and sd == pytest.approx(math.sqrt(4 * a * a / 3))
+    assert M.pooled_log_sd([[2.0], []]) == (None, 0)
+    n = M.requests_to_clear(0.145, 0.95, 1.0)
+    half = lambda k: 1.959964 * 0.145 / math.sqrt(k)
+    assert half(n) < math.log(1 / 0.95) <= half(n - 1) and n == 31
+    assert M.requests_to_clear(0.2, 0.95, 0.95) is None and M.requests_to_clear(None, 0.95) is None
+
+
+def test_noise_and_power_reads_identical_requests_and_auto_cells():
+    """Champion alone's repeats with the same answer are one group (a different answer is another);
+    auto's per-request ratios group by (stratum, T); the needed n follows from auto's spread."""
+    def alone(pid, ms, ids=(1, 2, 3, 4)):
+        return {"topology": "toy-wasm", "backend": "wasm", "arm": "none", "prompt_id": pid, "temperature": 0.0,
+                "token_ids": list(ids), "n_tokens": len(ids), "total_ms": ms}
+    recs = [alone("p", 40.0), alone("p", 40.0 * math.exp(0.2)), alone("p", 10.0, ids=(9,)), alone("q", 80.0)]
+    rows = [{"topology": "toy-wasm", "arm": "auto", "stratum": s, "temperature": 0.0, "ratio": r}
+            for s, r in (("code", 1.0), ("code", math.exp(0.3)), ("json", 2.0), ("json", 2.0))]
+    x = A.noise_and_power(recs, rows, "toy-wasm", 0.95)
+    assert x["identical_dof"] == 1 and x["identical_log_sd"] == pytest.approx(math.sqrt(2 * 0.1 ** 2))
+    assert x["auto_dof"] == 2 and x["auto_log_sd"] == pytest.approx(math.sqrt(2 * 0.15 ** 2 / 2))
+    assert x["requests_per_cell"] == 2 and x["needed_at_1x"] == M.requests_to_clear(x["auto_log_sd"], 0.95, 1.0)
+    assert A.noise_and_power(recs, rows, "real-wasm", 0.95) is None

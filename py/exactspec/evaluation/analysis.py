@@ -191,6 +191,33 @@ def decomposition(records: list, loads: dict, backend: str, arm: str, t: float) 
             "request_total": med(lambda r: r["total_ms"])}
 
 
+def noise_and_power(records: list, rows: list, topology: str, threshold: float) -> dict | None:
+    """How noisy the run's machine was, and what that means for a per-stratum gate at `threshold`:
+    identical requests (champion alone, same prompt, T and answer, across repeats) give the
+    machine's own spread; auto's per-request speed-ups within each (stratum, T) cell give the
+    spread a cell's interval is built from. -> {identical_log_sd, identical_dof, auto_log_sd,
+    auto_dof, requests_per_cell (median), needed_at_1x, needed_at_1_1x: the requests a cell whose
+    true speed-up is 1.00x (1.10x) would need for its interval to clear the threshold}, or None
+    without repeats."""
+    same = {}
+    for r in records:
+        if topology_of(r) == topology and r["arm"] == "none" and r.get("token_ids") is not None:
+            key = (r["prompt_id"], r["temperature"], tuple(r["token_ids"]))
+            same.setdefault(key, []).append(M.ms_per_token(r["total_ms"], n_tokens(r)))
+    cells = {}
+    for r in rows:
+        if r["topology"] == topology and r["arm"] == "auto":
+            cells.setdefault((r["stratum"], r["temperature"]), []).append(r["ratio"])
+    id_sd, id_dof = M.pooled_log_sd(same.values())
+    auto_sd, auto_dof = M.pooled_log_sd(cells.values())
+    if id_sd is None and auto_sd is None:
+        return None
+    return {"identical_log_sd": id_sd, "identical_dof": id_dof, "auto_log_sd": auto_sd, "auto_dof": auto_dof,
+            "requests_per_cell": M.median(len(v) for v in cells.values()) if cells else None,
+            "threshold": threshold, "needed_at_1x": M.requests_to_clear(auto_sd, threshold, 1.0),
+            "needed_at_1_1x": M.requests_to_clear(auto_sd, threshold, 1.1)}
+
+
 PHASES = ("models", "crossing", "choose", "commit", "emit", "pause")
 
 

@@ -80,23 +80,28 @@ def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: i
     return config
 
 
+GATE_ARMS = ("none", "auto", "none-spec")   # the arms the per-stratum gates (and auto's control) read
+
+
 def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_topology: dict, wllama: bool,
-             repeats: int = 1) -> list:
+             repeats: int = 1, gate_repeats: int = 0) -> list:
     """Interleaved request keys (topology, arm, prompt id, temperature, repeat): per repeat, prompt
     and temperature every topology's arms once, their order rotated by the prompt's index so that
     drift falls on all alike. A topology runs only the prompts in ids_by_topology[topology] (a
     webgpu topology: only repeat 0); wllama ("toy-wllama") runs toy-wasm's prompts without the
-    chat template."""
+    chat template. Repeats from `repeats` to `gate_repeats` (when larger) run GATE_ARMS alone, on
+    WASM topologies: more requests for the per-stratum gates' cells, whose intervals need them."""
     keys = []
-    for rep in range(repeats):
+    for rep in range(max(repeats, gate_repeats)):
+        extra = rep >= repeats
         for i, p in enumerate(prompts):
             for t in temperatures:
                 row = []
                 for topo, arms in arms_by_topology.items():
                     if p["id"] not in ids_by_topology.get(topo, ()) or (rep > 0 and split_topology(topo)[1] == "webgpu"):
                         continue
-                    row += [(topo, arm, p["id"], t, rep) for arm in arms]
-                if wllama and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):
+                    row += [(topo, arm, p["id"], t, rep) for arm in arms if not extra or arm in GATE_ARMS]
+                if wllama and not extra and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):
                     row.append((topology("toy", "wllama"), "wllama", p["id"], t, rep))
                 r = i % len(row) if row else 0
                 keys += row[r:] + row[:r]

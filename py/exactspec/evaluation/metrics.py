@@ -240,3 +240,29 @@ def bonferroni(p_values: list) -> list:
     """Each p times the number of tests, at most 1."""
     m = len(p_values)
     return [min(1.0, p * m) for p in p_values]
+
+
+def pooled_log_sd(groups):
+    """The pooled within-group standard deviation of log(value): groups of positive values that
+    should be equal but for noise (identical requests; one cell's per-request speed-ups). ->
+    (sd, degrees of freedom); (None, 0) when no group has two values."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        logs = [math.log(v) for v in g if v is not None and v > 0]
+        if len(logs) < 2:
+            continue
+        mean = sum(logs) / len(logs)
+        ss += sum((x - mean) ** 2 for x in logs)
+        dof += len(logs) - 1
+    return (math.sqrt(ss / dof), dof) if dof else (None, 0)
+
+
+def requests_to_clear(log_sd: float, threshold: float, true_ratio: float = 1.0, z: float = 1.959964):
+    """Requests a cell needs for its 95% interval (normal approximation of the bootstrap of a
+    geometric mean) around `true_ratio` to clear `threshold` from above: the smallest n with
+    z * log_sd / sqrt(n) < log(true_ratio / threshold). None when true_ratio <= threshold (no n
+    does) or log_sd is None."""
+    if log_sd is None or true_ratio <= threshold:
+        return None
+    margin = math.log(true_ratio / threshold)
+    return math.floor((z * log_sd / margin) ** 2) + 1

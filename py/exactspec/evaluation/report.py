@@ -247,6 +247,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "survival": [{"backend": b, "stratum": s, "temperature": x, **v} for (b, s, x), v in sorted(surv.items(), key=str)],
            "expected_vs_measured": A.expected_vs_measured(trecs, surv), "cost_model": cost,
            "acceptance_needed": [x for x in (A.acceptance_needed(trecs, loads, t, tx, conv) for t in topologies for tx in temps) if x],
+           "noise_and_power": {t: np_ for t in topologies
+                               if (np_ := A.noise_and_power(records, rows, t, next((g["threshold"] for g in gates_doc["gates"] if g["id"] == "auto_never_slower"), 0.95)))},
            "round_phases": {f"{t}:T={x:g}": ph for t in topologies for x in temps
                             if (ph := A.round_phases(trecs, t, x))},
            "break_even": [be[t] for t in topologies], "memory": mem, "memory_timeline": run_info.get("memory_timeline", []),
@@ -491,6 +493,22 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                  f"{_f(x['verify_ms'].get('2'))} | {_f(x['verify_ms'].get('5'))} | {x['draft_ms_per_proposal']:.2f} | "
                  f"{need('1')} | {need('1.5')} | {need('2')} | {_f(m['all'])} ({m['all_trials']} trials); "
                  f"{_f(m['conversational'])} ({m['conversational_trials']}) |")
+    L += ["", "## Noise and power (how many requests a per-stratum gate needs on this machine)", ""]
+    if res.get("noise_and_power"):
+        L += ["Identical requests: champion alone, same prompt, T and answer, across repeats (the machine's own "
+              "spread). Auto's spread: its per-request speed-ups within each (stratum, T) cell, what a cell's interval "
+              "is built from. A log-sd of 0.10 is about +-10% a request. The last columns: requests a cell needs for its "
+              "95% interval to clear the never-slower threshold when its true speed-up is 1.00x (auto rightly "
+              "choosing none) or 1.10x (normal approximation); below that, such a cell is inconclusive by design, "
+              "not by auto's behaviour.", "",
+              "| topology | identical requests: log-sd (dof) | auto per cell: log-sd (dof) | requests a cell | needed at 1.00x | needed at 1.10x |",
+              "|---|---|---|---|---|---|"]
+        for t, x in res["noise_and_power"].items():
+            sd = lambda v, d: "-" if v is None else f"{v:.3f} ({d})"
+            L.append(f"| {t} | {sd(x['identical_log_sd'], x['identical_dof'])} | {sd(x['auto_log_sd'], x['auto_dof'])} | "
+                     f"{_f(x['requests_per_cell'], '.0f')} | {_f(x['needed_at_1x'], '.0f')} | {_f(x['needed_at_1_1x'], '.0f')} |")
+    else:
+        L.append("No repeats in this run: no measure of its noise.")
     L += ["", "## Where a round's time goes (median ms per round; auto against champion alone)", ""]
     if res.get("round_phases"):
         L += ["models: the draft and the champion (their own timers); crossing: the rest of the session's call "

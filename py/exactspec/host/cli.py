@@ -150,6 +150,10 @@ def _add_bench_args(p):
     p.add_argument("--webgpu-samples", type=int, default=20, help="the same on WebGPU (0: none)")
     p.add_argument("--real-samples", type=int, default=20, help="the same for the real pair (0: none)")
     p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only)")
+    p.add_argument("--gate-repeats", type=int, default=0,
+                   help="passes of the gate's arms alone (champion alone, auto, auto's control) up to this many "
+                        "(WASM only): the per-stratum gates' cells need more requests than the other arms (the "
+                        "report's 'Noise and power')")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
     p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
