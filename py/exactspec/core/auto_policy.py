@@ -56,20 +56,24 @@ class Choice:
 
 
 class _Recent:
-    """A robust running estimate: the median of the last `window` values."""
+    """A robust running estimate: the median of the last `window` values, computed when read
+    (observe adds to several every round; choose reads them only on the rounds it weighs)."""
 
     def __init__(self, window: int):
-        self.window, self.values, self.median = window, [], None
+        self.window, self.values, self._median, self._stale = window, [], None, False
 
     def add(self, x: float) -> None:
         self.values.append(float(x))
         del self.values[:-self.window]
-        v = sorted(self.values)
-        n = len(v)
-        self.median = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+        self._stale = True
 
     def value(self):
-        return self.median
+        if self._stale:
+            v = sorted(self.values)
+            n = len(v)
+            self._median = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+            self._stale = False
+        return self._median
 
 
 class _Acceptance:
