@@ -254,7 +254,7 @@ def test_round_phases_split_a_round_per_arm_and_skip_runs_without_them():
         if phases:
             tm["phases"] = {"call": call, "choose": choose, "commit": commit, "emit": emit, "pause": pause}
         return {"topology": topology, "backend": "wasm", "arm": arm, "temperature": 0.0, "timing_ms": tm,
-                "stats": {"rounds": 0, "baseline_steps": rounds}}
+                "rounds": [[0, 0, 1, 0.0, 1.0]] * rounds}
     recs = [rec("none-spec", 4, 8.0, 0.0, 10.0, 0.0, 0.4, 1.2, 0.8),
             rec("none-spec", 2, 6.0, 0.0, 7.0, 0.0, 0.4, 0.6, 0.2),
             rec("auto", 5, 10.0, 1.0, 12.0, 1.0, 0.5, 1.5, 1.0),

@@ -234,7 +234,7 @@ def round_phases(records: list, topology: str, t: float, arms=("none", "none-spe
         per = []
         for r in records:
             ph = (r.get("timing_ms") or {}).get("phases")
-            n = (r.get("stats") or {}).get("rounds", 0) + (r.get("stats") or {}).get("baseline_steps", 0)
+            n = len(r.get("rounds") or ())      # one entry per decode round (the raw file's, as the checkpoints')
             if (topology_of(r) != topology or r["arm"] != arm or r["temperature"] != t or not ph or not n):
                 continue
             models = r["timing_ms"].get("draft", 0.0) + r["timing_ms"].get("verify", 0.0)
