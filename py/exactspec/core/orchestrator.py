@@ -422,10 +422,8 @@ class Orchestrator:
             run.stats["numeric_errors"] += 1
             err = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
             return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
-        t_commit = time.perf_counter()
-        run.phases["call"] += (t_commit - t_call) * 1000.0
+        run.phases["call"] += _ms(t_call)
         self._commit(run, out)
-        run.phases["commit"] += _ms(t_commit)      # emit's share is moved out of it in _emit
 
     def _auto_choice(self, run: _Run, remaining: int):
         """auto: search lookup's proposals (when the policy wants them), ask the policy, and
@@ -445,6 +443,7 @@ class Orchestrator:
 
     def _commit(self, run: _Run, out):
         """Commit a decided round to the authoritative cache, count it, tell the scheduler, emit it."""
+        t_commit = time.perf_counter()
         m, n_accepted, forced = len(out.proposals), out.n_accepted, list(out.forced)
         run.cache.append_provisional(forced + list(out.proposals))
         run.cache.commit_prefix(len(forced) + n_accepted)
@@ -475,6 +474,7 @@ class Orchestrator:
                       "draft_ms": round(out.draft_ms, 3), "verify_ms": round(out.verify_ms, 3)}
         if run.mode == "auto":
             round_info["auto"] = self._auto_observe(run, out, m, n_accepted, tokens)
+        run.phases["commit"] += _ms(t_commit)
         self._emit(run, tokens, sources, round_info)
 
     def _auto_observe(self, run: _Run, out, m: int, n_accepted: int, tokens: list) -> dict:
@@ -543,9 +543,7 @@ class Orchestrator:
             text[-1] += run.text.finish()
         run.send("tokens", {"token_ids": emitted, "text": "".join(text), "token_texts": text,
                             "sources": list(sources[:len(emitted)]), "round": round_info})
-        spent = _ms(t_emit)
-        run.phases["emit"] += spent
-        run.phases["commit"] -= spent             # _commit's timer includes this call
+        run.phases["emit"] += _ms(t_emit)
 
     def _result(self, run: _Run, prompt_ids) -> GenerationResult:
         st = dict(run.stats)
