@@ -160,7 +160,7 @@ def plan_run(opts, prompts: list) -> dict:
     wllama = opts.wllama and not opts.quick and "toy" in pairs and "wasm" in backends
     keys = arms_mod.schedule(prompts, [float(t) for t in opts.temperatures.split(",")], arms_by_topo,
                              {t: set(ids) for t, ids in ids_by_topo.items()}, wllama, opts.repeats,
-                             getattr(opts, "gate_repeats", 0))
+                             opts.gate_repeats)
     seeds = {}
     for topo in arms_by_topo:
         pair, backend = arms_mod.split_topology(topo)
@@ -217,7 +217,7 @@ def run_bench(opts) -> str:
             "strata_by_topology": {t: sorted({by_id[i]["stratum"] for i in ids}) for t, ids in pl["prompt_ids"].items()},
             "strata": sorted({p["stratum"] for p in prompts}), "wllama": pl["wllama"], "max_new_tokens": opts.max_new_tokens,
             "samples": opts.samples, "sample_seeds": pl["sample_seeds"], "quick": opts.quick, "repeats": opts.repeats}
-    if getattr(opts, "gate_repeats", 0) > opts.repeats:     # absent otherwise: earlier runs' plans stay equal
+    if opts.gate_repeats > opts.repeats:     # absent otherwise: earlier runs' plans stay equal
         plan["gate_repeats"] = opts.gate_repeats
     if os.path.exists(run_path):
         with open(run_path) as f:
@@ -425,7 +425,7 @@ def check_args(opts) -> None:
         raise ExactSpecError(E_BAD_ARGUMENT, f"--pairs {opts.pairs}: a comma-separated list of {', '.join(arms_mod.PAIRS)}")
     if opts.split not in ("dev", "test"):
         raise ExactSpecError(E_BAD_ARGUMENT, f"--split {opts.split}: dev or test")
-    if getattr(opts, "gate_repeats", 0) < 0:
+    if opts.gate_repeats < 0:
         raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats must be >= 0")
     if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,
                                                                              opts.real_per_stratum) < 1:
