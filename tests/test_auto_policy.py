@@ -232,26 +232,61 @@ def test_orchestrator_keeps_memory_per_sampling_policy():
     assert orch.generate([1, 2, 3], sampled).stats["auto"]["memory_rounds"] == 0
 
 
-def test_a_clear_none_is_held_a_few_rounds_and_a_lookup_match_ends_the_hold():
+def test_a_clear_none_is_held_a_few_rounds_and_only_a_winning_lookup_match_ends_the_hold():
     """None beaten by more than hold_margin: the next hold_rounds rounds repeat it without weighing
-    the options again (the per-round cost in Pyodide); a round where lookup has a match is weighed."""
+    the options again (the per-round cost in Pyodide). A round where lookup has a match is weighed
+    in full only when lookup alone would beat none by the margin (version 4; version 3 weighed every
+    round with a match): a known-bad lookup's match leaves the hold running, a known-good one ends it."""
     policy = AutoPolicy(calibration(d=40.0), 8, True, True)     # a draft that never pays
     weighed = []
     real = policy._verify
     policy._verify = lambda n: (weighed.append(n), real(n))[1]
+    full = []
+    real_upto = policy._verify_upto
+    policy._verify_upto = lambda top, v1: (full.append(top), real_upto(top, v1))[1]
+
+    def round_of_none(found=0):
+        c = policy.choose(200, found, 0)
+        policy.observe(c.method, c.k, c.k, 0, 20.5 if c.method == "none" else 63.0, 0.0, 20.0)
+        return c
+
     for _ in range(40):
         before = len(weighed)
-        c = policy.choose(200, 0, 0)
-        policy.observe(c.method, c.k, c.k, 0, 20.5 if c.method == "none" else 63.0, 0.0, 20.0)
+        c = round_of_none()
         if c.method == "none":
             assert c.info["reason"] in ("cheapest", "no_match")
         weighed.append(("round", len(weighed) > before))
     rounds_weighed = sum(1 for x in weighed if isinstance(x, tuple) and x[1])
     assert rounds_weighed <= 12          # hold_rounds = 3: one round in four weighed, and the first ones
-    for _ in range(3):                                          # lookup observed (decayed) twice: trusted
+
+    def hold_running():
+        for _ in range(20):
+            if policy._hold:
+                return
+            round_of_none()
+        raise AssertionError("no hold")
+
+    for _ in range(3):                   # lookup observed (decayed) three times, always wrong: trusted, bad
+        policy.observe_lookup([1, 2], [3, 4])
+    hold_running()
+    n_full, hold = len(full), policy._hold
+    c = round_of_none(found=4)
+    assert c.method == "none" and c.info["reason"] == "cheapest"
+    assert len(full) == n_full and policy._hold == hold - 1      # not weighed: the hold goes on
+    hold_running()                       # a hold begun with lookup known not to win searches less
+    assert policy._hold_quiet
+    policy.rounds_since_search = 0
+    assert not policy.wants_lookup()
+    policy.rounds_since_search = policy.params["lookup_search_every"]
+    assert policy.wants_lookup()
+    for _ in range(8):                   # now lookup is right every time: its match beats none
         policy.observe_lookup([1, 2], [1, 2])
+    hold_running()
     c = policy.choose(200, 4, 0)
-    assert c.method == "lookup" and c.info["reason"] == "cheapest"
+    assert c.method == "lookup" and c.info["reason"] == "cheapest" and len(full) > n_full
+    assert policy._hold == 0
+    policy.rounds_since_search = 0
+    assert policy.wants_lookup()         # no quiet hold: the search is cheap, it runs every round
 
 
 # --- the choice's report ----------------------------------------------------------------------
@@ -581,7 +616,8 @@ def decision_trace_hash() -> str:
     """Every choice (method, k and the whole info object) of simulated requests over a grid of worlds:
     acceptance, draft cost, V's slope, lookup matches of random lengths, a search skipped now and
     then, greedy and sampled, k_max 8 and 3, with and without a calibration and a draft; rounds
-    observed with jittered champion times. -> sha256 of the choices, in order."""
+    observed with jittered champion times. -> sha256 of the choices (with wants_lookup's answer
+    before each, since version 4: version 3's hash is of the trace without it), in order."""
     import hashlib
     import json
     h = hashlib.sha256()
@@ -595,8 +631,9 @@ def decision_trace_hash() -> str:
                     tokens, behind = 0, 0
                     while tokens < 256:
                         found = rng.choice([0, 0, 0, 0, 3, 6])
+                        wants = policy.wants_lookup()
                         c = policy.choose(256 - tokens, found, behind, searched=rng.random() < 0.8)
-                        h.update(json.dumps([c.method, c.k, c.info], sort_keys=True).encode())
+                        h.update(json.dumps([wants, c.method, c.k, c.info], sort_keys=True).encode())
                         k, acc = c.k, 0
                         while acc < k and rng.random() < a:
                             acc += 1
@@ -610,7 +647,7 @@ def decision_trace_hash() -> str:
     return h.hexdigest()
 
 
-PINNED_DECISIONS = {3: "d82a1416e6620b9d"}    # version -> decision_trace_hash()[:16]
+PINNED_DECISIONS = {3: "d82a1416e6620b9d", 4: "737d19ee611eafc9"}    # version -> decision_trace_hash()[:16]
 
 
 def test_the_policys_decisions_are_pinned_to_its_version():

@@ -23,10 +23,15 @@ its catch-up is charged in full to the round that drafts (version 2 spread it ov
 the draft then stayed in step; auto returns to none, and every return made it catch up again).
 Lookup's acceptance is learnt from every round where it had a match (observe_lookup): the
 committed tokens are champion-distributed whatever method ran, so comparing lookup's proposals
-with them is an unbiased observation of its acceptance, for free.
+with them is an unbiased observation of its acceptance, for free. Version 4: a lookup match during
+a hold of none ends the hold only when lookup alone would beat none by the margin (version 3 weighed
+every round with a match in full: on the toy pair in the browser ~0.1 ms a round, 5-7% of its step),
+and a hold that began with lookup known not to win even at k_max searches every
+`lookup_search_every` rounds only.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 METHODS = ("none", "draft", "lookup")
@@ -60,11 +65,10 @@ class _Recent:
     (observe adds to several every round; choose reads them only on the rounds it weighs)."""
 
     def __init__(self, window: int):
-        self.window, self.values, self._median, self._stale = window, [], None, False
+        self.values, self._median, self._stale = deque(maxlen=window), None, False
 
     def add(self, x: float) -> None:
         self.values.append(float(x))
-        del self.values[:-self.window]
         self._stale = True
 
     def value(self):
@@ -142,7 +146,7 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 3
+    name, version = "auto", 4
 
     def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
@@ -174,6 +178,7 @@ class AutoPolicy:
         self._probe_worst = 0.0               # the last probe's estimated worst-case extra (ms)
         self._hold, self._held = 0, None      # rounds left to repeat the held none choice, and it
         self._hold_len = self.params["hold_rounds"]   # the next hold's length (doubles while none keeps winning)
+        self._hold_quiet = False              # the hold began with lookup known not to win: it searches less
         self.v_cal = self._calibrated_v()
         self.memory = memory if (memory and self.has_draft) else None
         self.memory_rounds = 0                # draft rounds the memory stands for (capped at probes_first)
@@ -257,7 +262,10 @@ class AutoPolicy:
     def wants_lookup(self) -> bool:
         """Should the orchestrator search for lookup's proposals this round? Yes while the search
         is cheap (<= lookup_search_fraction of a step) or lookup won the last round, else every
-        lookup_search_every rounds (its acceptance stays observed)."""
+        lookup_search_every rounds (its acceptance stays observed); during a hold of none that began
+        with lookup known not to win even with a match of k_max, every lookup_search_every rounds too."""
+        if self._hold and self._hold_quiet:
+            return self.rounds_since_search >= self.params["lookup_search_every"]
         v1, l = self._verify(1), self._lookup_ms()
         if v1 is None or not self.lookup_cost.values and (self.calibration or {}).get("lookup_ms") is None:
             return True
@@ -272,14 +280,20 @@ class AutoPolicy:
         p = self.params
         if self.start_remaining is None:
             self.start_remaining = remaining
-        if self._hold and not lookup_len and remaining > 1:   # none by a wide margin: not weighed again yet
+        # none by a wide margin: not weighed again yet, unless lookup has a match that beats none alone
+        if self._hold and remaining > 1 and not (lookup_len and self._lookup_wins(remaining, lookup_len, searched)):
             self._hold -= 1
-            self._hold_len = min(2 * self._hold_len, p["hold_max"]) if not self._hold else self._hold_len
-            info = self._held.info
-            if info["reason"] in ("no_match", "no_draft"):     # which of the two: whether lookup searched now
-                info = {**info, "reason": "no_match" if searched else "no_draft"}
-            return self._pick("none", 0, info["reason"], info)
-        if self._hold:                  # lookup found a match during a hold: weigh it, from a short hold again
+            if not self._hold:
+                self._hold_len = min(2 * self._hold_len, p["hold_max"])
+            held = self._held
+            reason = held.info["reason"]
+            if reason in ("no_match", "no_draft"):     # which: whether lookup searched, matched now
+                reason = "cheapest" if lookup_len else "no_match" if searched else "no_draft"
+                if reason != held.info["reason"]:
+                    return self._pick("none", 0, reason, held.info)
+            self._chosen = ("none", 0, reason)      # the held choice itself (a Choice is immutable)
+            return held
+        if self._hold:                  # lookup's match beats none during a hold: weigh all, from a short hold again
             self._hold, self._hold_len = 0, p["hold_rounds"]
         cap = max(0, min(self.k_max, remaining - 1))       # a round emits at most k + 1 tokens
         o = self.overhead.value() or 0.0
@@ -336,9 +350,32 @@ class AutoPolicy:
         held = self._pick("none", 0, reason, info)
         if none_cost is not None and reason != "margin" and (not spec or min(spec)[0] >= none_cost * (1.0 + p["hold_margin"])):
             self._hold, self._held = self._hold_len, held      # the next rounds repeat it unless lookup matches
+            # and lookup searches only every lookup_search_every rounds if not even a match of k_max could win
+            self._hold_quiet = (self.acc["lookup"].evidence() >= p["lookup_evidence"]
+                                and not self._lookup_wins(remaining, self.k_max, searched))
         else:
             self._hold_len = p["hold_rounds"]
         return held
+
+    def _lookup_wins(self, remaining: int, lookup_len: int, searched: bool) -> bool:
+        """During a hold: would lookup's match, once its acceptance is known, beat none by the
+        margin at some k <= its length (the costs choose would give it)? Only then is the round
+        weighed in full; a match that cannot win leaves the hold running."""
+        p = self.params
+        top = min(self.k_max, remaining - 1, lookup_len)
+        if top < 1 or self.acc["lookup"].evidence() < p["lookup_evidence"]:
+            return False
+        v1 = self._verify(1)
+        if v1 is None:
+            return True
+        sunk = self._lookup_ms() if searched else 0.0
+        bar = (v1 + self._overhead("none") + sunk) * (1.0 - p["margin"])
+        g, oh = self.acc["lookup"].gains(top)[0], self._overhead("lookup")
+        for k in range(1, top + 1):
+            v = self._verify(k + 1)
+            if v is None or (v + oh + sunk) / g[k] < bar:
+                return True
+        return False
 
     def _probe(self, cap, lookup_len, behind, none_cost, o, sunk, draft_k=0, verify=None):
         """(method, k) of a probe that fits the budget, or None. A probe is a draft round while the
@@ -461,7 +498,10 @@ class AutoPolicy:
         self.overhead_m[method].add(outside)
         if self.v_cal is not None and n < len(self.v_cal) and self.v_cal[n]:
             self.v_ratio.add(verify_ms / self.v_cal[n])
-            self.v_ratio_n.setdefault(n, _Recent(self.params["window"])).add(verify_ms / self.v_cal[n])
+            own = self.v_ratio_n.get(n)
+            if own is None:
+                own = self.v_ratio_n[n] = _Recent(self.params["window"])
+            own.add(verify_ms / self.v_cal[n])
         else:
             self.v_seen.setdefault(n, _Recent(self.params["window"])).add(verify_ms)
         if method == "draft" and proposed > 0:
