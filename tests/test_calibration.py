@@ -1,19 +1,16 @@
 """web/orchestrator/calibrate.mjs under Node: V(n) interpolation, the measurement's order and 300 ms
 budget against a probe of known costs, the cache key, and the drift rule (two requests in a row)."""
-import json
-import subprocess
 from pathlib import Path
 
+from node_harness import run_module
+
 ROOT = Path(__file__).resolve().parents[1]
-CALIBRATE = (ROOT / "web" / "orchestrator" / "calibrate.mjs").as_uri()
+CALIBRATE = ROOT / "web" / "orchestrator" / "calibrate.mjs"
 
 
 def node(script: str):
-    """Run an ES module snippet with `cal` (calibrate.mjs) imported; it prints one JSON value."""
-    src = f'import * as cal from "{CALIBRATE}";\n{script}'
-    proc = subprocess.run(["node", "--input-type=module", "-e", src], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    """An ES module snippet with `cal` (calibrate.mjs) imported; it prints one JSON value."""
+    return run_module(CALIBRATE, "cal", script)
 
 
 # A probe whose verification of n rows takes base + per_row * n ms (busy-waiting, as the synchronous

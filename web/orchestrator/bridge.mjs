@@ -11,6 +11,7 @@ import { codedError, errorPayload, loadSchema, roundRecordLayout } from "../prot
 import { createSession } from "./session.mjs";
 import { chooseChampionBackend, openChampion } from "./champion_backends.mjs";
 import { batchVariantError, checkBatchInvariance } from "./batch_check.mjs";
+import { mailWaiting, shouldYield } from "./mailbox.mjs";
 
 export const MAX_BLOCK = 9;            // k <= 8 proposals + the pending token
 const FAULT_POINTS = ["championForward", "championRound", "draftForward", "draftPropose"];
@@ -196,7 +197,6 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
   // it synchronously and Python gets its record without an event-loop hop (~0.5 ms a round under
   // Pyodide). Only with no fault armed (a stall must wait) and a champion that has the twins.
   let lastYield = performance.now();     // when this worker's event loop last ran other tasks
-  const PAUSE_EVERY_MS = 10;
   const yielded = (value) => { lastYield = performance.now(); return value; };
   const sessionEnv = {
     layout, maxBlock: MAX_BLOCK,
@@ -250,7 +250,7 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
      *  of JSON {draft_failure: null | {code, message}}; a champion failure rejects, coded. */
     async begin(requestJson) {
       session = createSession(sessionEnv, JSON.parse(requestJson));
-      return JSON.stringify(await session.begin());
+      return yielded(JSON.stringify(await session.begin()));   // Python awaits it: the loop runs
     },
     /** One round (session.round): the record Int32Array at once when it ran synchronously, else a
      *  promise of it. Python awaits only a promise. */
@@ -301,11 +301,12 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       session = null;
       return JSON.stringify(counts);
     },
-    /** null while this worker's event loop ran less than PAUSE_EVERY_MS ago; else a promise that
-     *  lets it run (queued messages such as a cancel are handled) and then resolves. Python
-     *  awaits it between rounds, so synchronous rounds never starve the worker. */
+    /** null while no yield is due (mailbox.mjs shouldYield: with the page's mailbox, a message
+     *  waits or QUIET_MAX_MS passed since the worker's event loop last ran; without, PAUSE_EVERY_MS
+     *  passed); else a promise that lets it run (queued messages such as a cancel are handled) and
+     *  then resolves. Python awaits it between rounds, so synchronous rounds never starve the worker. */
     pause() {
-      if (performance.now() - lastYield < PAUSE_EVERY_MS) return null;
+      if (!shouldYield(performance.now() - lastYield, mailWaiting())) return null;
       return new Promise((resolve) => {
         const channel = new MessageChannel();
         channel.port1.onmessage = () => { channel.port1.close(); resolve(yielded(null)); };

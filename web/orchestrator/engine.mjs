@@ -20,6 +20,7 @@
 // Every worker and asset URL derives from baseUrl (default: web/, the folder above this module's),
 // so the engine runs from any path or origin.
 import { codedError, errorPayload, loadSchema, shown } from "../protocol.mjs";
+import { openMailbox, postCounted } from "./mailbox.mjs";
 
 /** How long a running request may hear nothing from the orchestrator worker (a backstop: every
  *  round and every refusal speaks well before this). */
@@ -147,6 +148,7 @@ export class Engine {
 
   _startWorker() {
     this.worker = startModuleWorker(this.workerUrl);
+    this.mail = openMailbox(this.worker);   // messages it has not received yet (mailbox.mjs), or null
     this.worker.onmessage = (ev) => this._onMessage(ev.data);
     this.worker.onerror = (ev) => this._kill(codedError("E_INTERNAL", `orchestrator worker failed: ${ev.message || "error event"}`));
   }
@@ -155,7 +157,7 @@ export class Engine {
    *  (a function, a DOM object, ...), so that no caller waits for an answer to a lost message. */
   _send(kind, request_id, epoch, payload) {
     try {
-      this.worker.postMessage({ kind, request_id, seq: this.seq++, epoch, payload });
+      postCounted(this.worker, this.mail, { kind, request_id, seq: this.seq++, epoch, payload });
     } catch (err) {
       throw codedError("E_BAD_ARGUMENT", `the ${kind} message cannot be sent to the worker (${err?.name ?? "Error"}: ${String(err?.message ?? err).split("\n")[0]})`);
     }

@@ -6,6 +6,7 @@ import { createOrchestratorHandler } from "./handler.mjs";
 import { createPyodideRuntime } from "./runtime.mjs";
 import { loadSchema } from "../protocol.mjs";
 import { installWorkerFetch } from "../fetch_progress.mjs";
+import { receive } from "./mailbox.mjs";
 
 // No top-level await: a message posted while this module is still evaluating would be lost.
 const post = (env) => self.postMessage(env);
@@ -19,4 +20,5 @@ const handlerReady = loadSchema().then(({ validate, codes }) => {
 handlerReady.catch((err) => post({ kind: "error", request_id: "", seq: 0, epoch: 0,
   payload: { code: err.code ?? "E_MODEL_LOAD", message: String(err.message ?? err), fatal: true } }));
 
-self.onmessage = (ev) => { handlerReady.then((h) => h.onMessage(ev.data)); };
+// the page's mailbox (mailbox.mjs) is taken here; every other message is counted received first
+self.onmessage = (ev) => { if (!receive(ev.data)) handlerReady.then((h) => h.onMessage(ev.data)); };
