@@ -158,3 +158,6 @@ def test_plan_with_gate_repeats_and_the_option_checked():
     assert {k[0] for k in extra} == {"toy-wasm", "real-wasm"}
     with pytest.raises(ExactSpecError):
         R.check_args(opts("--gate-repeats", "-1"))
+    with pytest.raises(ExactSpecError):
+        R.check_args(opts("--load-repeats", "0"))
+    assert opts().load_repeats == 3 and R.check_args(opts("--load-repeats", "1")) is None

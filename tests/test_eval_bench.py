@@ -16,7 +16,7 @@ from exactspec.core.auto_policy import AutoPolicy
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = "pytest-smoke"
 RUN_DIR = os.path.join(REPO, "build", "eval", RUN)
-ARGS = ["bench", "--run", RUN, "--split", "dev", "--quick", "--samples", "3", "--max-new-tokens", "6"]
+ARGS = ["bench", "--run", RUN, "--split", "dev", "--quick", "--samples", "3", "--max-new-tokens", "6", "--load-repeats", "2"]
 
 
 def bench(*args):
@@ -54,6 +54,9 @@ def test_every_load_is_recorded_with_its_breakdown_calibration_and_batch_check(s
     with open(os.path.join(RUN_DIR, "run.json")) as f:
         run = json.load(f)
     assert set(run["loads"]) == {"toy-wasm-warmup", "toy-wasm-alone", "toy-wasm-spec"}
+    # --load-repeats 2: each timed engine loaded once more, timed and unloaded
+    assert [len(run["loads"][f"toy-wasm-{r}"]["load_ms_repeats"]) for r in ("alone", "spec")] == [1, 1]
+    assert all(x > 0 for r in ("alone", "spec") for x in run["loads"][f"toy-wasm-{r}"]["load_ms_repeats"])
     for name, load in run["loads"].items():
         assert load["pair"] == "toy" and load["backend"] == "wasm" and load["topology"] == "toy-wasm"
         assert load["load_ms"] > 0 and load["timing_ms"]["total"] > 0

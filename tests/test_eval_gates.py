@@ -220,8 +220,9 @@ def _synthetic_run(run_dir):
            "test_split_runs": 1, "plan": {"split": "test", "split_sha256": "0" * 64, "gates_sha256": g_hash, "gates_version": 2,
                                           "prompts": sorted({f"{s}-{i}" for s in speed for i in range(2)}), "temperatures": [0.0, 1.0],
                                           "pairs": ["toy"], "strata": ["casual", "dialogue", "json", "summary"]},
-           "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0, "timing_ms": {"champion_load": 500.0}},
-                     "toy-wasm-spec": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1200.0,
+           "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0, "timing_ms": {"champion_load": 500.0},
+                                        "load_ms_repeats": [1100.0, 900.0]},
+                     "toy-wasm-spec": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1200.0, "load_ms_repeats": [1000.0, 1050.0],
                                        "timing_ms": {"champion_load": 500.0, "draft_load": 150.0},
                                        "draft_ready_ms": 1400.0, "draft_calibrated_ms": 1700.0}}}
     with open(os.path.join(run_dir, "run.json"), "w") as f:
@@ -260,6 +261,11 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     assert e2e["value"] == pytest.approx(math.exp(sum(map(math.log, want)) / 4))
     in_way = [(1000 + 2560) / (1700 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]   # the background draft in front
     assert f"Had a session's first request waited for all of it: {math.exp(sum(map(math.log, in_way)) / 4):.2f}x." in one
+    # beside the gate, each engine's median load (1000 and 1050 ms here) in the same statistic
+    at_median = [(1000 + 2560) / (1050 + 2560 / r) for r in (1.25, 1.25, 0.9, 1.1)]
+    assert "| toy-wasm-spec | 1200 (again: 1000, 1050) |" in one
+    assert (f"champion alone 1000 ms, champion + draft 1050 ms; not the gate, which gates_v2.json defines on the timed "
+            f"load): end to end {math.exp(sum(map(math.log, at_median)) / 4):.2f}x [") in one
     assert "the draft in the background: in at 1400, calibrated at 1700" in one
 
 
@@ -365,3 +371,19 @@ def test_end_to_end_with_a_background_draft_counts_the_load_to_ready_and_states_
     # break-even and the waterfall still charge the draft's own load when it came in the background
     assert A.draft_load_ms({"real-wasm-spec": {"timing_ms": {"draft_load": 0}, "draft_load_ms": 240.0}}, "real-wasm") == 240.0
     assert A.draft_load_ms({"real-wasm-spec": {"timing_ms": {"draft_load": 600.0}}}, "real-wasm") == 600.0
+
+
+def test_the_median_of_further_loads_is_reported_beside_the_gate_and_leaves_the_gate_alone():
+    """--load-repeats: each engine's further loads (load_ms_repeats) give the report a median load;
+    the gate's own statistic keeps the timed engine's one load (gates_v2.json)."""
+    rows = A.per_token_rows([x for s in ("casual", "dialogue") for x in _pairs("real-wasm", s, [1.1, 1.1])])
+    loads = {"real-wasm-alone": {"load_ms": 1000.0, "load_ms_repeats": [1200.0, 1100.0]},
+             "real-wasm-spec": {"load_ms": 3000.0, "load_ms_repeats": [1300.0, None, 1250.0]},
+             "toy-wasm-alone": {"load_ms": 500.0}}
+    med = A.loads_at_median(loads)
+    assert med["real-wasm-alone"]["load_ms"] == 1100.0 and med["real-wasm-spec"]["load_ms"] == 1300.0
+    assert med["toy-wasm-alone"] is loads["toy-wasm-alone"] and loads["real-wasm-spec"]["load_ms"] == 3000.0
+    gate = A.end_to_end_with_loads(rows, loads, "real-wasm", ["casual", "dialogue"], 256)
+    assert gate["value"] == pytest.approx((1000 + 2560) / (3000 + 2560 / 1.1))
+    at_median = A.end_to_end_with_loads(rows, med, "real-wasm", ["casual", "dialogue"], 256)
+    assert at_median["value"] == pytest.approx((1100 + 2560) / (1300 + 2560 / 1.1))

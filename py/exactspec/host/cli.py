@@ -154,6 +154,9 @@ def _add_bench_args(p):
                    help="passes of the gate's arms alone (champion alone, auto, auto's control) up to this many "
                         "(WASM only): the per-stratum gates' cells need more requests than the other arms (the "
                         "report's 'Noise and power')")
+    p.add_argument("--load-repeats", type=int, default=3,
+                   help="loads of each timed engine (champion alone, champion + draft): the first serves the run, "
+                        "the others are timed and unloaded; the report gives their median beside the gate's one load")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
     p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
