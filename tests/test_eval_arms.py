@@ -159,5 +159,15 @@ def test_plan_with_gate_repeats_and_the_option_checked():
     with pytest.raises(ExactSpecError):
         R.check_args(opts("--gate-repeats", "-1"))
     with pytest.raises(ExactSpecError):
+        R.check_args(opts("--toy-gate-repeats", "-1"))
+    # the toy pair's own gate passes: toy-wasm's gate arms to 9, real-wasm's still to 5, nothing else added
+    toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "9"), test)
+    reps = lambda keys, topo: sorted({k[4] for k in keys if k[0] == topo})
+    assert reps(toy["keys"], "toy-wasm") == list(range(9)) and reps(toy["keys"], "real-wasm") == list(range(5))
+    assert [k for k in toy["keys"] if k[4] < 5] == more["keys"]
+    assert {k[1] for k in toy["keys"] if k[4] >= 5} == set(A.GATE_ARMS)
+    none_for_toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "0"), test)["keys"]
+    assert sorted(none_for_toy) == sorted(k for k in more["keys"] if k[0] != "toy-wasm" or k[4] < 2)   # (rows rotate by length)
+    with pytest.raises(ExactSpecError):
         R.check_args(opts("--load-repeats", "0"))
     assert opts().load_repeats == 3 and R.check_args(opts("--load-repeats", "1")) is None

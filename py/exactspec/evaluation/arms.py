@@ -84,21 +84,25 @@ GATE_ARMS = ("none", "auto", "none-spec")   # the arms the per-stratum gates (an
 
 
 def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_topology: dict, wllama: bool,
-             repeats: int = 1, gate_repeats: int = 0) -> list:
+             repeats: int = 1, gate_repeats: int | dict = 0) -> list:
     """Interleaved request keys (topology, arm, prompt id, temperature, repeat): per repeat, prompt
     and temperature every topology's arms once, their order rotated by the prompt's index so that
     drift falls on all alike. A topology runs only the prompts in ids_by_topology[topology] (a
     webgpu topology: only repeat 0); wllama ("toy-wllama") runs toy-wasm's prompts without the
     chat template. Repeats from `repeats` to `gate_repeats` (when larger) run GATE_ARMS alone, on
-    WASM topologies: more requests for the per-stratum gates' cells, whose intervals need them."""
+    WASM topologies: more requests for the per-stratum gates' cells, whose intervals need them;
+    a dict gives each topology its own (absent: 0)."""
+    gate_of = gate_repeats if isinstance(gate_repeats, dict) else {t: gate_repeats for t in arms_by_topology}
     keys = []
-    for rep in range(max(repeats, gate_repeats)):
+    for rep in range(max(repeats, *gate_of.values(), 0)):
         extra = rep >= repeats
         for i, p in enumerate(prompts):
             for t in temperatures:
                 row = []
                 for topo, arms in arms_by_topology.items():
                     if p["id"] not in ids_by_topology.get(topo, ()) or (rep > 0 and split_topology(topo)[1] == "webgpu"):
+                        continue
+                    if extra and rep >= gate_of.get(topo, 0):
                         continue
                     row += [(topo, arm, p["id"], t, rep) for arm in arms if not extra or arm in GATE_ARMS]
                 if wllama and not extra and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):

@@ -160,7 +160,7 @@ def plan_run(opts, prompts: list) -> dict:
     wllama = opts.wllama and not opts.quick and "toy" in pairs and "wasm" in backends
     keys = arms_mod.schedule(prompts, [float(t) for t in opts.temperatures.split(",")], arms_by_topo,
                              {t: set(ids) for t, ids in ids_by_topo.items()}, wllama, opts.repeats,
-                             opts.gate_repeats)
+                             {t: gate_repeats_of(opts, t) for t in arms_by_topo})
     seeds = {}
     for topo in arms_by_topo:
         pair, backend = arms_mod.split_topology(topo)
@@ -169,6 +169,13 @@ def plan_run(opts, prompts: list) -> dict:
             seeds[topo] = n
     return {"prompts": prompts, "pairs": pairs, "arms": arms_by_topo, "prompt_ids": ids_by_topo, "not_run": not_run,
             "wllama": wllama, "keys": keys, "sample_seeds": seeds}
+
+
+def gate_repeats_of(opts, topo: str) -> int:
+    """The topology's --gate-repeats: the toy pair's own --toy-gate-repeats when given (its requests
+    are short and noisy: its cells need more of them), else --gate-repeats."""
+    toy = opts.toy_gate_repeats
+    return toy if toy is not None and arms_mod.split_topology(topo)[0] == "toy" else opts.gate_repeats
 
 
 def estimate_ms(keys: list, by_id: dict, sample_keys: list, sample_prompts: dict, max_new_tokens: int | None) -> float:
@@ -219,6 +226,8 @@ def run_bench(opts) -> str:
             "samples": opts.samples, "sample_seeds": pl["sample_seeds"], "quick": opts.quick, "repeats": opts.repeats}
     if opts.gate_repeats > opts.repeats:     # absent otherwise: earlier runs' plans stay equal
         plan["gate_repeats"] = opts.gate_repeats
+    if opts.toy_gate_repeats is not None:
+        plan["toy_gate_repeats"] = opts.toy_gate_repeats
     if os.path.exists(run_path):
         with open(run_path) as f:
             before = json.load(f)
@@ -439,8 +448,8 @@ def check_args(opts) -> None:
         raise ExactSpecError(E_BAD_ARGUMENT, f"--split {opts.split}: dev or test")
     if opts.load_repeats < 1:
         raise ExactSpecError(E_BAD_ARGUMENT, "--load-repeats must be >= 1")
-    if opts.gate_repeats < 0:
-        raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats must be >= 0")
+    if opts.gate_repeats < 0 or (opts.toy_gate_repeats is not None and opts.toy_gate_repeats < 0):
+        raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats and --toy-gate-repeats must be >= 0")
     if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,
                                                                              opts.real_per_stratum) < 1:
         raise ExactSpecError(E_BAD_ARGUMENT, "--samples, --webgpu-samples and --real-samples must be >= 0; "

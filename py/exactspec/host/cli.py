@@ -154,6 +154,8 @@ def _add_bench_args(p):
                    help="passes of the gate's arms alone (champion alone, auto, auto's control) up to this many "
                         "(WASM only): the per-stratum gates' cells need more requests than the other arms (the "
                         "report's 'Noise and power')")
+    p.add_argument("--toy-gate-repeats", type=int, default=None,
+                   help="the toy pair's own --gate-repeats (default: --gate-repeats): its short requests are noisier")
     p.add_argument("--load-repeats", type=int, default=3,
                    help="loads of each timed engine (champion alone, champion + draft): the first serves the run, "
                         "the others are timed and unloaded; the report gives their median beside the gate's one load")
