@@ -58,12 +58,15 @@ def _cached(rt):
 
 
 def _wait_cached(rt, shas, timeout_s=30):
-    """The cache list once it holds every sha256 in `shas` (the worker files copies after ready)."""
+    """The cache list once it holds every sha256 in `shas` (the worker files copies after ready);
+    fails naming what is missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         listed = _cached(rt)
-        if set(shas) <= {m["sha256"] for m in listed} or time.monotonic() > deadline:
+        missing = set(shas) - {m["sha256"] for m in listed}
+        if not missing:
             return listed
+        assert time.monotonic() < deadline, f"not filed after {timeout_s} s: {sorted(missing)}; listed: {listed}"
         time.sleep(0.2)
 
 
@@ -352,7 +355,7 @@ LAYER = """async () => {
         const bytes = new Uint8Array(m.noteArtifact(res, await res.arrayBuffer()));
         return { state, sha: await m.artifactIdentity(bytes) };
     };
-    const ctx = { m, read, setOffline: (v) => { offline = v; }, log };
+    const ctx = { m, read, layer, setOffline: (v) => { offline = v; }, log };
     return await (SCRIPT)(ctx);
 }"""
 
@@ -361,6 +364,7 @@ LAYER = """async () => {
 def served_weights(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "a.safetensors").write_bytes(bytes(range(256)) * 4000)   # ~1 MB
+    (tmp_path / "w" / "b.safetensors").write_bytes(bytes(range(255, -1, -1)) * 1000)
     server = StaticServer(mounts={"/models/w/": str(tmp_path / "w")})
     try:
         yield server
@@ -405,3 +409,85 @@ def test_a_reader_that_stops_early_stores_nothing(chromium_browser, served_weigh
     assert out["probe"]["state"] == "miss" and out["afterProbe"] == []
     assert [m["sha256"] for m in out["listed"]] == [out["whole"]["sha"]]
     assert not any("/pending/" in k for k in out["keys"])        # the filed copy's pending entry is gone
+
+
+def test_a_young_unreferenced_copy_survives_another_files_prune_and_an_old_one_does_not(chromium_browser, served_weights):  # noqa: F811
+    """A filing writes its blob, then its index entry; between the two the blob is unreferenced.
+    A load of another file that finds its own entry stale prunes unreferenced blobs: it must spare
+    one filed less than FILING_GRACE_MS ago (CI once lost the champion's copy so, to the draft's
+    prune), and a later load's sweep removes it once old."""
+    out = _in_page(chromium_browser, served_weights, """async ({ m, read }) => {
+        const KEY = 'https://exactspec.invalid/', c = await caches.open(m.CACHE_NAME);
+        const a = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        const aEntry = (await c.keys()).find((r) => r.url.startsWith(KEY + 'url/')).url;
+        await c.delete(aEntry);                                       // a: blob filed, entry not yet
+        const bEntry = aEntry.replace('a.safetensors', 'b.safetensors');   // b: an entry whose blob is gone
+        await c.put(bEntry, new Response(JSON.stringify({ sha256: '0'.repeat(64), bytes: 256000, url: '/models/w/b.safetensors' })));
+        const b = await read('/models/w/b.safetensors');              // finds its entry stale: prunes
+        await m.weightCacheIdle();
+        const bEntryNow = await (await c.match(bEntry)).json();
+        const young = await m.listCachedModels();
+        const blob = await c.match(KEY + 'sha256/' + a.sha);          // the same copy, filed 11 minutes ago
+        if (!blob) return { a, b, bEntryNow, young };                 // pruned while young: the bug
+        await c.put(KEY + 'sha256/' + a.sha, new Response(await blob.arrayBuffer(), { headers: {
+            'content-length': blob.headers.get('content-length'), 'x-exactspec-filed-at': String(Date.now() - 660e3) } }));
+        const later = m.weightCacheFetch(fetch);                      // a later load: its first fetch sweeps
+        later.setEnabled(true);
+        const again = await later.fetch('/models/w/b.safetensors');
+        await again.arrayBuffer();
+        return { a, b, bEntryNow, young, state: again.headers.get(m.CACHE_HEADER), old: await m.listCachedModels() };
+    }""")
+    assert out["b"]["state"] == "miss" and out["bEntryNow"]["sha256"] == out["b"]["sha"]   # the stale entry replaced
+    assert sorted((m["sha256"], m["name"]) for m in out["young"]) == sorted([(out["a"]["sha"], None), (out["b"]["sha"], "w/b.safetensors")])
+    assert out["state"] == "hit"
+    assert [m["sha256"] for m in out["old"]] == [out["b"]["sha"]]
+
+
+def test_a_forget_while_a_copy_is_read_is_not_undone_by_its_filing(chromium_browser, served_weights):  # noqa: F811
+    """A load reading a file when the user forgets it (or everything) must not bring it back: the
+    filing, in whichever worker, sees the forget and undoes itself; a read after the forget files."""
+    out = _in_page(chromium_browser, served_weights, """async ({ m, read, layer }) => {
+        const c = await caches.open(m.CACHE_NAME);
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const pendingKey = async () => {                       // the pending copy, once it is whole
+            for (let i = 0; i < 250; i++) {
+                const k = (await c.keys()).find((r) => r.url.includes('/pending/'));
+                if (k) return k;
+                await sleep(20);
+            }
+            throw new Error('no pending copy after 5 s');
+        };
+        const startRead = async () => {                        // read whole, its filing not yet asked
+            const res = await layer.fetch('/models/w/a.safetensors');
+            return new Uint8Array(m.noteArtifact(res, await res.arrayBuffer()));
+        };
+        const first = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        await m.forgetCachedModel(null);                        // its sha256 known; the next read a miss
+        await sleep(10);                                        // a read that begins after a forget files
+        let bytes = await startRead();                          // forget one, while a copy is read
+        await pendingKey();
+        await m.forgetCachedModel(first.sha);
+        await m.artifactIdentity(bytes);
+        await m.weightCacheIdle();
+        const afterOne = await m.listCachedModels();
+        bytes = await startRead();                              // forget all, while a copy is read
+        const key = await pendingKey(), saved = await (await c.match(key)).arrayBuffer();
+        await m.forgetCachedModel(null);
+        // Forget all also drops pending entries; another worker past reading its pending copy
+        // (the race CI hit) is this one with its copy put back
+        await c.put(key, new Response(saved, { headers: { 'content-length': String(saved.byteLength) } }));
+        await m.artifactIdentity(bytes);
+        await m.weightCacheIdle();
+        const afterAll = await m.listCachedModels();
+        await sleep(10);
+        const third = await read('/models/w/a.safetensors');   // after the forget: filed
+        await m.weightCacheIdle();
+        return { first, afterOne, afterAll, third, listed: await m.listCachedModels(),
+                 keys: (await c.keys()).map((r) => r.url) };
+    }""")
+    assert out["afterOne"] == [] and out["afterAll"] == []
+    assert out["third"]["state"] == "miss" and out["third"]["sha"] == out["first"]["sha"]
+    assert [(m["sha256"], m["name"]) for m in out["listed"]] == [(out["first"]["sha"], "w/a.safetensors")]
+    assert not any("/pending/" in k for k in out["keys"])

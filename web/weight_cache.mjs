@@ -21,12 +21,15 @@ export const CACHE_NAME = "exactspec-weights-v1";
  *  it is read) | "not-stored" (no length, or not enough storage quota). */
 export const CACHE_HEADER = "x-exactspec-cache";
 const TICKET_HEADER = "x-exactspec-cache-ticket";
-const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER];
+const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER, "x-exactspec-filed-at"];
 const KEY_ORIGIN = "https://exactspec.invalid/";       // cache keys only: never fetched
 const blobKey = (sha256) => `${KEY_ORIGIN}sha256/${sha256}`;
 const indexKey = (url) => `${KEY_ORIGIN}url/${encodeURIComponent(url)}`;
 const PENDING = `${KEY_ORIGIN}pending/`;
 const PENDING_MAX_AGE_MS = 3600e3;       // a pending copy older than this (a load that died) is dropped
+const FILING_GRACE_MS = 600e3;           // an unreferenced blob younger than this may be mid-filing: kept
+const FILED_AT_HEADER = "x-exactspec-filed-at";   // on a blob: Date.now() when it was filed
+const forgottenKey = (sha256) => `${KEY_ORIGIN}forgotten/${sha256 ?? "all"}`;   // {at}: a forget's time
 const WEIGHT_FILE = /\.(gguf|safetensors)$|\/pyodide_snapshot\/snapshot\.bin$/i;   // and Pyodide's memory snapshot (31 MB)
 const SHA256 = /^[0-9a-f]{64}$/;
 
@@ -140,10 +143,11 @@ async function storeWhileRead(cache, url, res) {
       stopStoring(reason ?? new Error("cancelled"));
     },
   });
-  const pending = `${PENDING}${Date.now()}/${globalThis.crypto.randomUUID()}`;
+  const started = Date.now();           // a forget after this undoes the filing (file)
+  const pending = `${PENDING}${started}/${globalThis.crypto.randomUUID()}`;
   const stored = cache.put(pending, new Response(toStore, { headers: { "content-length": String(v.bytes) } }))
     .then(() => true, () => { storing = false; return false; });
-  const id = ticket({ kind: "store", url, cache, pending, stored, validators: v });
+  const id = ticket({ kind: "store", url, cache, pending, stored, validators: v, started });
   return reheader(res, { [CACHE_HEADER]: "miss", [TICKET_HEADER]: id }, consumer);
 }
 
@@ -159,6 +163,7 @@ export function weightCacheFetch(baseFetch, { open = openWeightCache } = {}) {
     if (cache && !swept) {
       swept = true;
       await dropStalePending(cache).catch(() => {});
+      await pruneUnreferenced(cache).catch(() => {});
     }
     if (!cache) return reheader(await baseFetch(input, init), {});
     const hit = await serveCached(cache, url, baseFetch).catch(() => null);
@@ -209,16 +214,38 @@ async function settle(t, identity) {
   return identity;
 }
 
-/** The pending copy of a store ticket under its sha256, and url's index entry pointing there. */
+/** The pending copy of a store ticket under its sha256, and url's index entry pointing there. The
+ *  blob is written first (a prune spares it while young: FILING_GRACE_MS). A forget of this sha256,
+ *  or of everything, after the copy began (another page's Forget, in any worker) undoes the filing:
+ *  what the user forgot does not come back from a load that was reading when they asked. */
 async function file(t, sha256) {
   if (!(await t.stored)) return;
   const copy = await t.cache.match(t.pending);
   if (!copy) return;
-  await t.cache.put(blobKey(sha256), new Response(copy.body, { headers: { "content-length": String(t.validators.bytes) } }));
+  const filedAt = String(Date.now()), storedAt = new Date().toISOString();
+  await t.cache.put(blobKey(sha256), new Response(copy.body, { headers: { "content-length": String(t.validators.bytes),
+    [FILED_AT_HEADER]: filedAt } }));
   await t.cache.put(indexKey(t.url), new Response(JSON.stringify({ sha256, bytes: t.validators.bytes, etag: t.validators.etag,
-    last_modified: t.validators.last_modified, url: t.url, name: nameOf(t.url), stored_at: new Date().toISOString() }),
+    last_modified: t.validators.last_modified, url: t.url, name: nameOf(t.url), stored_at: storedAt }),
   { headers: { "content-type": "application/json" } }));
   await t.cache.delete(t.pending);
+  if (await forgottenSince(t.cache, sha256, t.started)) {
+    if ((await readIndex(t.cache, t.url))?.stored_at === storedAt) await t.cache.delete(indexKey(t.url));
+    const blob = await t.cache.match(blobKey(sha256));
+    if (blob?.headers.get(FILED_AT_HEADER) === filedAt && !(await inventory(t.cache)).refs.has(sha256)) {
+      await t.cache.delete(blobKey(sha256));
+    }
+  }
+}
+
+/** Whether sha256, or everything, was forgotten at or after `since` (ms). */
+async function forgottenSince(cache, sha256, since) {
+  for (const key of [forgottenKey(sha256), forgottenKey(null)]) {
+    const res = await cache.match(key);
+    const at = res ? Number((await res.json().catch(() => null))?.at) : NaN;
+    if (at >= since) return true;
+  }
+  return false;
 }
 
 /** Resolves once every copy read so far is filed (tests and benches, before a second load). */
@@ -234,24 +261,29 @@ async function dropStalePending(cache) {
   }
 }
 
-/** Blobs no index entry points at any more (a file that changed on its server). */
-async function pruneUnreferenced(cache) {
-  const { blobs, refs } = await inventory(cache);
-  for (const sha256 of blobs.keys()) if (!refs.has(sha256)) await cache.delete(blobKey(sha256));
+/** Blobs no index entry points at any more (a file that changed on its server, a filing undone or
+ *  cut short), once older than FILING_GRACE_MS: a younger one may be a filing between its blob and
+ *  its index entry (in this worker or another), which a load of another file must not remove. */
+async function pruneUnreferenced(cache, now = Date.now()) {
+  const { blobs, refs, filedAt } = await inventory(cache);
+  for (const sha256 of blobs.keys()) {
+    if (!refs.has(sha256) && !(now - filedAt.get(sha256) < FILING_GRACE_MS)) await cache.delete(blobKey(sha256));
+  }
 }
 
 async function inventory(cache) {
-  const blobs = new Map(), refs = new Map();   // sha256 -> bytes; sha256 -> [index meta]
+  const blobs = new Map(), refs = new Map(), filedAt = new Map();   // sha256 -> bytes; -> [index meta]; -> ms (NaN: unknown)
   for (const req of await cache.keys()) {
     if (req.url.startsWith(`${KEY_ORIGIN}sha256/`)) {
-      const res = await cache.match(req);
-      blobs.set(req.url.slice(`${KEY_ORIGIN}sha256/`.length), Number(res?.headers.get("content-length") ?? 0));
+      const res = await cache.match(req), sha256 = req.url.slice(`${KEY_ORIGIN}sha256/`.length);
+      blobs.set(sha256, Number(res?.headers.get("content-length") ?? 0));
+      filedAt.set(sha256, Number(res?.headers.get(FILED_AT_HEADER) ?? NaN));
     } else if (req.url.startsWith(`${KEY_ORIGIN}url/`)) {
       const meta = await readIndex(cache, decodeURIComponent(req.url.slice(`${KEY_ORIGIN}url/`.length)));
       if (meta) refs.set(meta.sha256, [...(refs.get(meta.sha256) ?? []), meta]);
     }
   }
-  return { blobs, refs };
+  return { blobs, refs, filedAt };
 }
 
 async function forgetIn(cache, sha256) {
@@ -279,7 +311,12 @@ export async function forgetCachedModel(sha256 = null) {
   }
   const cache = await openWeightCache();
   if (!cache) return;
-  if (sha256 !== null) return forgetIn(cache, sha256);
-  await forgetDerived();
-  for (const req of await cache.keys()) await cache.delete(req);   // the entries, not the cache a worker may hold open
+  if (sha256 !== null) {
+    await forgetIn(cache, sha256);
+  } else {
+    await forgetDerived();
+    for (const req of await cache.keys()) await cache.delete(req);   // the entries, not the cache a worker may hold open
+  }
+  // a filing in flight (a load reading now, in any worker) sees this and undoes itself (file)
+  await cache.put(forgottenKey(sha256), new Response(JSON.stringify({ at: Date.now() }), { headers: { "content-type": "application/json" } }));
 }
