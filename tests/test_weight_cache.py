@@ -491,3 +491,31 @@ def test_a_forget_while_a_copy_is_read_is_not_undone_by_its_filing(chromium_brow
     assert out["third"]["state"] == "miss" and out["third"]["sha"] == out["first"]["sha"]
     assert [(m["sha256"], m["name"]) for m in out["listed"]] == [(out["first"]["sha"], "w/a.safetensors")]
     assert not any("/pending/" in k for k in out["keys"])
+
+
+def test_a_filing_cut_short_after_a_forget_is_neither_listed_nor_served(chromium_browser, served_weights):  # noqa: F811
+    """A page closed mid-filing (CI's forget-then-close) can leave a blob and index entry written
+    after the forget but before the filing could undo itself. Both carry their read's start, which
+    the forget came after: the next load reads the network, and the list leaves the copy out."""
+    out = _in_page(chromium_browser, served_weights, """async ({ m, read }) => {
+        const KEY = 'https://exactspec.invalid/', c = await caches.open(m.CACHE_NAME);
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const first = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        const saved = [];
+        for (const req of (await c.keys()).filter((r) => r.url.includes('/url/') || r.url.includes('/sha256/'))) {
+            const res = await c.match(req);
+            saved.push([req.url, await res.arrayBuffer(), [...res.headers]]);
+        }
+        await sleep(5);
+        await m.forgetCachedModel(null);
+        for (const [url, body, headers] of saved) await c.put(url, new Response(body, { headers }));   // the dead filing's writes
+        const afterForget = await m.listCachedModels();
+        const second = await read('/models/w/a.safetensors');
+        await m.weightCacheIdle();
+        return { first, afterForget, second, listed: await m.listCachedModels(), savedKeys: saved.map(([u]) => u) };
+    }""")
+    assert any("/url/" in k for k in out["savedKeys"]) and any("/sha256/" in k for k in out["savedKeys"])
+    assert out["afterForget"] == []
+    assert out["second"]["state"] == "miss" and out["second"]["sha"] == out["first"]["sha"]
+    assert [(m["sha256"], m["name"]) for m in out["listed"]] == [(out["first"]["sha"], "w/a.safetensors")]

@@ -21,7 +21,7 @@ export const CACHE_NAME = "exactspec-weights-v1";
  *  it is read) | "not-stored" (no length, or not enough storage quota). */
 export const CACHE_HEADER = "x-exactspec-cache";
 const TICKET_HEADER = "x-exactspec-cache-ticket";
-const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER, "x-exactspec-filed-at"];
+const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER, "x-exactspec-filed-at", "x-exactspec-read-started"];
 const KEY_ORIGIN = "https://exactspec.invalid/";       // cache keys only: never fetched
 const blobKey = (sha256) => `${KEY_ORIGIN}sha256/${sha256}`;
 const indexKey = (url) => `${KEY_ORIGIN}url/${encodeURIComponent(url)}`;
@@ -29,6 +29,7 @@ const PENDING = `${KEY_ORIGIN}pending/`;
 const PENDING_MAX_AGE_MS = 3600e3;       // a pending copy older than this (a load that died) is dropped
 const FILING_GRACE_MS = 600e3;           // an unreferenced blob younger than this may be mid-filing: kept
 const FILED_AT_HEADER = "x-exactspec-filed-at";   // on a blob: Date.now() when it was filed
+const STARTED_HEADER = "x-exactspec-read-started";  // on a blob: Date.now() when the read it came from began
 const forgottenKey = (sha256) => `${KEY_ORIGIN}forgotten/${sha256 ?? "all"}`;   // {at}: a forget's time
 const WEIGHT_FILE = /\.(gguf|safetensors)$|\/pyodide_snapshot\/snapshot\.bin$/i;   // and Pyodide's memory snapshot (31 MB)
 const SHA256 = /^[0-9a-f]{64}$/;
@@ -91,7 +92,9 @@ async function readIndex(cache, url) {
   if (!res) return null;
   try {
     const meta = await res.json();
-    return SHA256.test(meta?.sha256) && Number.isSafeInteger(meta.bytes) ? meta : null;
+    if (!(SHA256.test(meta?.sha256) && Number.isSafeInteger(meta.bytes))) return null;
+    meta.started = Number(meta.started ?? Date.parse(meta.stored_at));   // NaN: unknown (a forget covers it)
+    return meta;
   } catch {
     return null;
   }
@@ -107,7 +110,8 @@ function ticket(entry) {
 async function serveCached(cache, url, baseFetch) {
   const meta = await readIndex(cache, url);
   if (!meta) return null;
-  const body = await cache.match(blobKey(meta.sha256));
+  const forgotten = await forgottenSince(cache, meta.sha256, meta.started);   // a filing a forget cut short
+  const body = forgotten ? null : await cache.match(blobKey(meta.sha256));
   const state = body ? await revalidate(url, meta, baseFetch) : "changed";
   if (state === "changed") {
     await cache.delete(indexKey(url));
@@ -217,16 +221,18 @@ async function settle(t, identity) {
 /** The pending copy of a store ticket under its sha256, and url's index entry pointing there. The
  *  blob is written first (a prune spares it while young: FILING_GRACE_MS). A forget of this sha256,
  *  or of everything, after the copy began (another page's Forget, in any worker) undoes the filing:
- *  what the user forgot does not come back from a load that was reading when they asked. */
+ *  what the user forgot does not come back from a load that was reading when they asked. Both carry
+ *  the read's start, so a filing cut short before its undo (its page closed) is still forgotten:
+ *  read, listed and pruned as absent (forgottenSince). */
 async function file(t, sha256) {
   if (!(await t.stored)) return;
   const copy = await t.cache.match(t.pending);
   if (!copy) return;
   const filedAt = String(Date.now()), storedAt = new Date().toISOString();
   await t.cache.put(blobKey(sha256), new Response(copy.body, { headers: { "content-length": String(t.validators.bytes),
-    [FILED_AT_HEADER]: filedAt } }));
+    [FILED_AT_HEADER]: filedAt, [STARTED_HEADER]: String(t.started) } }));
   await t.cache.put(indexKey(t.url), new Response(JSON.stringify({ sha256, bytes: t.validators.bytes, etag: t.validators.etag,
-    last_modified: t.validators.last_modified, url: t.url, name: nameOf(t.url), stored_at: storedAt }),
+    last_modified: t.validators.last_modified, url: t.url, name: nameOf(t.url), stored_at: storedAt, started: t.started }),
   { headers: { "content-type": "application/json" } }));
   await t.cache.delete(t.pending);
   if (await forgottenSince(t.cache, sha256, t.started)) {
@@ -238,12 +244,13 @@ async function file(t, sha256) {
   }
 }
 
-/** Whether sha256, or everything, was forgotten at or after `since` (ms). */
+/** Whether sha256, or everything, was forgotten at or after `since` (ms; NaN, unknown: whenever a
+ *  forget was). */
 async function forgottenSince(cache, sha256, since) {
   for (const key of [forgottenKey(sha256), forgottenKey(null)]) {
     const res = await cache.match(key);
     const at = res ? Number((await res.json().catch(() => null))?.at) : NaN;
-    if (at >= since) return true;
+    if (at >= since || (Number.isFinite(at) && Number.isNaN(since))) return true;
   }
   return false;
 }
@@ -261,29 +268,35 @@ async function dropStalePending(cache) {
   }
 }
 
-/** Blobs no index entry points at any more (a file that changed on its server, a filing undone or
- *  cut short), once older than FILING_GRACE_MS: a younger one may be a filing between its blob and
- *  its index entry (in this worker or another), which a load of another file must not remove. */
+/** Blobs no live index entry points at any more (a file that changed on its server, a filing undone
+ *  or cut short): a forgotten one at once, any other once older than FILING_GRACE_MS (a younger one
+ *  may be a filing between its blob and its index entry, in this worker or another, which a load of
+ *  another file must not remove). */
 async function pruneUnreferenced(cache, now = Date.now()) {
-  const { blobs, refs, filedAt } = await inventory(cache);
+  const { blobs, refs, filedAt, forgotten } = await inventory(cache);
   for (const sha256 of blobs.keys()) {
-    if (!refs.has(sha256) && !(now - filedAt.get(sha256) < FILING_GRACE_MS)) await cache.delete(blobKey(sha256));
+    const young = now - filedAt.get(sha256) < FILING_GRACE_MS;
+    if (!refs.has(sha256) && (forgotten.has(sha256) || !young)) await cache.delete(blobKey(sha256));
   }
 }
 
+/** What the cache holds, with whatever a later forget covers left out of refs (index entries) and
+ *  marked in `forgotten` (blobs). */
 async function inventory(cache) {
-  const blobs = new Map(), refs = new Map(), filedAt = new Map();   // sha256 -> bytes; -> [index meta]; -> ms (NaN: unknown)
+  const blobs = new Map(), refs = new Map(), filedAt = new Map(), forgotten = new Set();   // sha256 -> bytes; -> [index meta]; -> ms (NaN: unknown)
   for (const req of await cache.keys()) {
     if (req.url.startsWith(`${KEY_ORIGIN}sha256/`)) {
       const res = await cache.match(req), sha256 = req.url.slice(`${KEY_ORIGIN}sha256/`.length);
       blobs.set(sha256, Number(res?.headers.get("content-length") ?? 0));
       filedAt.set(sha256, Number(res?.headers.get(FILED_AT_HEADER) ?? NaN));
+      const started = Number(res?.headers.get(STARTED_HEADER) ?? res?.headers.get(FILED_AT_HEADER) ?? NaN);
+      if (await forgottenSince(cache, sha256, started)) forgotten.add(sha256);
     } else if (req.url.startsWith(`${KEY_ORIGIN}url/`)) {
       const meta = await readIndex(cache, decodeURIComponent(req.url.slice(`${KEY_ORIGIN}url/`.length)));
-      if (meta) refs.set(meta.sha256, [...(refs.get(meta.sha256) ?? []), meta]);
+      if (meta && !(await forgottenSince(cache, meta.sha256, meta.started))) refs.set(meta.sha256, [...(refs.get(meta.sha256) ?? []), meta]);
     }
   }
-  return { blobs, refs, filedAt };
+  return { blobs, refs, filedAt, forgotten };
 }
 
 async function forgetIn(cache, sha256) {
@@ -296,8 +309,8 @@ async function forgetIn(cache, sha256) {
 export async function listCachedModels() {
   const cache = await openWeightCache();
   if (!cache) return [];
-  const { blobs, refs } = await inventory(cache);
-  return [...blobs].map(([sha256, bytes]) => {
+  const { blobs, refs, forgotten } = await inventory(cache);
+  return [...blobs].filter(([sha256]) => refs.has(sha256) || !forgotten.has(sha256)).map(([sha256, bytes]) => {
     const metas = (refs.get(sha256) ?? []).sort((a, b) => String(b.stored_at).localeCompare(String(a.stored_at)));
     return { sha256, bytes, name: metas[0]?.name ?? null, urls: metas.map((m) => m.url), stored_at: metas[0]?.stored_at ?? null };
   }).sort((a, b) => b.bytes - a.bytes);
