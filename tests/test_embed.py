@@ -120,7 +120,8 @@ def test_embed_example_generates_from_a_second_origin(chromium_browser, second_o
         page.click("#go")
         page.wait_for_function("() => !!window.embedResult")
         result = page.evaluate("() => window.embedResult")
-        assert result["finish_reason"] == "length" and result["n"] == 24 and result["text"].strip()
+        assert result["error"] is None and result["finish_reason"] == "length", (result, log)
+        assert result["n"] == 24 and result["text"].strip()
         assert "champion_artifact_hash" in result["receipt_keys"]
         assert result["text"] == page.text_content("#output")
         assert not [m for m in log if m[0] in ("error", "pageerror")], log

@@ -130,6 +130,44 @@ def test_a_request_sent_at_once_keeps_the_cpu_and_the_background_draft_starts_af
     assert rt.page.evaluate("() => window.exactspecRunner.info().info.draft")["placement"] == "inline"
 
 
+def test_a_background_draft_that_arrives_during_a_request_leaves_that_request_as_it_began(pair):
+    """The draft's load begins while the engine is idle, and a long "auto" request sent then is
+    still running when the draft lands in the champion's instance (CI's embed page, once: the
+    draft's load reset the running request's CPU session, "roundNow before beginNow"). The request
+    ends as it began, without the draft, with the champion's greedy answer; the next one speculates.
+    Tried up to three times for the overlap (~0.3-0.6 s of a ~1.5 s request here); fails without it."""
+    rt, _ = pair
+    request = {"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 480, "speculate": "auto"}}
+    overlapped = []
+    for _ in range(3):
+        rt.page.evaluate(RECORD_PROGRESS)
+        got = rt.page.evaluate("""async ([m, o, p]) => {
+            await window.exactspecRunner.load(m, o);
+            const seen = () => window.progressSeen.find((e) => e.stage === "draft_ready");
+            while (!window.progressSeen.some((e) => e.stage === "draft_start")) await new Promise((r) => setTimeout(r, 5));
+            const out = await window.exactspecRunner.generate(p);
+            const end = performance.now();
+            while (!seen()) await new Promise((r) => setTimeout(r, 20));
+            return {out, end, ready: seen()};
+        }""", [WITH_MANIFEST, {**LATE, "draftDelayMs": 0}, request])
+        during = got["out"]["result"]
+        assert during["error"] is None, during["error"]
+        assert got["ready"]["draft_error"] is None
+        if got["ready"]["t"] < got["end"]:
+            overlapped.append(during)
+            break
+    assert overlapped, "the draft never arrived during the request in three tries"
+    assert overlapped[0]["stats"]["auto"]["rounds_by_method"]["draft"] == 0         # begun without it
+    alone = answer_with(rt, {**request, "config": {**request["config"], "speculate": "none"}})
+    assert overlapped[0]["token_ids"] == alone["token_ids"]
+    after = answer_with(rt, {**request, "config": {**request["config"], "speculate": "draft"}})
+    assert after["error"] is None and after["token_ids"] == alone["token_ids"] and after["stats"]["rounds"] > 0
+
+
+def answer_with(rt, request):
+    return rt.page.evaluate("(p) => window.exactspecRunner.generate(p)", request)["result"]
+
+
 def test_a_late_draft_that_fails_the_pair_check_is_refused_naming_the_field(pair):
     rt, root = pair
     with Damage(root / "draft" / "generation_config.json", edit_json(lambda g: g.update(eos_token_id=[7]))):

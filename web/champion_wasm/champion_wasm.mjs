@@ -553,7 +553,9 @@ export class WasmChampion {
    *  seed [lo, hi], contextIds, greedy). */
   beginNow(args) {
     this._alive();
-    this._session ??= new CpuSession(this, this.draft);
+    // over the draft it has now: one loaded into this instance during a request (a background
+    // draft) leaves that request's session as it began, and joins the next
+    if (this._session?.draft !== this.draft) this._session = new CpuSession(this, this.draft);
     this._session.beginNow(args);
   }
 

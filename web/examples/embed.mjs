@@ -17,10 +17,10 @@ async function main() {
     $("output").textContent = "";
     const result = await engine.generate($("prompt").value, { speculate: "auto", temperature: 0, max_new_tokens: 24 },
       (ev) => { if (ev.kind === "tokens") $("output").textContent += ev.payload.text; });
-    $("status").textContent = `${result.finish_reason}: ${result.token_ids.length} tokens, ` +
-      `${result.stats.accepted} of ${result.stats.proposed} proposals accepted`;
+    $("status").textContent = result.error ? `${result.error.code}: ${result.error.message}` :
+      `${result.finish_reason}: ${result.token_ids.length} tokens, ${result.stats.accepted} of ${result.stats.proposed} proposals accepted`;
     window.embedResult = { text: result.text, finish_reason: result.finish_reason, n: result.token_ids.length,
-      receipt_keys: Object.keys(result.receipt) };
+      receipt_keys: Object.keys(result.receipt), error: result.error ?? null };
     $("go").disabled = false;
   };
   window.embedReady = true;

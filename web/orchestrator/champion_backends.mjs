@@ -265,8 +265,9 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     cpuDraft: () => champion.draft,
     /** The draft loaded into this champion's instance (one CPU module) -> the Draft. */
     async loadDraft({ modelUrl, configJson }) {
+      // a request may be running (a background draft): its CPU session keeps the draft it began
+      // with (none); the next beginNow builds one over this draft
       champion.draft = await createDraft({ modelUrl, configJson, instance: { exports: champion.wasm, memory: champion.memory } });
-      champion._session = null;         // the next beginNow builds its CPU session over this draft
       return champion.draft;
     },
     loseDevice() { backend.lost = true; },
