@@ -95,6 +95,23 @@ console.log(JSON.stringify({ c, log: p.log }));
     assert all(x is not None for x in c["verify_ms"][1:])
 
 
+def test_a_device_too_slow_for_any_second_point_still_times_v2_past_the_budget():
+    """~150 ms a step (SwiftShader on a busy machine: test-split run #7's WebGPU spec engine timed
+    V(1) alone, read V(n) = n x V(1), and auto kept the draft off, 1.12x against draft k = 4's
+    1.59x): V(2) is timed anyway, one round past the budget, so V's slope is measured, here ~flat."""
+    out = node(PROBE + """
+const p = probe({ base: 150, perRow: 1 });
+const c = await cal.measureCalibration(p, { backend: "webgpu", key: "k", vocabSize: 100 });
+console.log(JSON.stringify({ c, log: p.log }));
+""")
+    c, log = out["c"], out["log"]
+    assert log == ["prefill", "V1", "V2"], log
+    assert sorted(c["measured_n"]) == [1, 2] and "V(9)" in c["skipped"]
+    assert c["ms"] <= 300 + 2 * 160, c                                 # at most one round past the budget
+    v = c["verify_ms"]
+    assert v[9] < 2 * v[1], v                                          # not n x V(1)
+
+
 def test_the_key_is_a_sha256_of_the_identity_and_changes_with_any_part():
     out = node("""
 const parts = { champion: "c1", draft: "d1", backend: "wasm", matmul: "q8act-v1", threads: "2", hardware_class: "h", adapter: "", user_agent: "ua" };
