@@ -57,6 +57,7 @@ def test_every_load_is_recorded_with_its_breakdown_calibration_and_batch_check(s
     # --load-repeats 2: each timed engine loaded once more, timed and unloaded
     assert [len(run["loads"][f"toy-wasm-{r}"]["load_ms_repeats"]) for r in ("alone", "spec")] == [1, 1]
     assert all(x > 0 for r in ("alone", "spec") for x in run["loads"][f"toy-wasm-{r}"]["load_ms_repeats"])
+    assert all(t["total"] > 0 and "pyodide" in t for r in ("alone", "spec") for t in run["loads"][f"toy-wasm-{r}"]["timing_ms_repeats"])
     for name, load in run["loads"].items():
         assert load["pair"] == "toy" and load["backend"] == "wasm" and load["topology"] == "toy-wasm"
         assert load["load_ms"] > 0 and load["timing_ms"]["total"] > 0

@@ -220,10 +220,13 @@ def _synthetic_run(run_dir):
            "test_split_runs": 1, "plan": {"split": "test", "split_sha256": "0" * 64, "gates_sha256": g_hash, "gates_version": 2,
                                           "prompts": sorted({f"{s}-{i}" for s in speed for i in range(2)}), "temperatures": [0.0, 1.0],
                                           "pairs": ["toy"], "strata": ["casual", "dialogue", "json", "summary"]},
-           "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0, "timing_ms": {"champion_load": 500.0},
-                                        "load_ms_repeats": [1100.0, 900.0]},
+           "loads": {"toy-wasm-alone": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1000.0,
+                                        "timing_ms": {"champion_load": 500.0, "pyodide": 300.0},
+                                        "load_ms_repeats": [1100.0, 900.0],
+                                        "timing_ms_repeats": [{"champion_load": 520.0, "pyodide": 280.0}, {"champion_load": 480.0, "pyodide": 310.0}]},
                      "toy-wasm-spec": {"pair": "toy", "backend": "wasm", "topology": "toy-wasm", "load_ms": 1200.0, "load_ms_repeats": [1000.0, 1050.0],
-                                       "timing_ms": {"champion_load": 500.0, "draft_load": 150.0},
+                                       "timing_ms_repeats": [{"champion_load": 510.0, "pyodide": 700.0, "draft_load": 0.0}, None],
+                                       "timing_ms": {"champion_load": 500.0, "draft_load": 150.0, "pyodide": 600.0},
                                        "draft_ready_ms": 1400.0, "draft_calibrated_ms": 1700.0}}}
     with open(os.path.join(run_dir, "run.json"), "w") as f:
         json.dump(run, f)
@@ -267,6 +270,10 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     assert (f"champion alone 1000 ms, champion + draft 1050 ms; not the gate, which gates_v2.json defines on the timed "
             f"load): end to end {math.exp(sum(map(math.log, at_median)) / 4):.2f}x [") in one
     assert "the draft in the background: in at 1400, calibrated at 1700" in one
+    # which stage a slower engine loses time in: medians over each engine's loads, largest gap first
+    # (alone: pyodide 300, 280, 310 -> 300; spec: 600, 700 -> 650; a repeat without a breakdown skipped)
+    assert "toy-wasm: stages to ready, median over each engine's loads (champion alone / champion + draft, ms): " \
+           "pyodide 300 / 650, champion_load 500 / 505." in one
 
 
 def _pairs(topology, stratum, ratios, t=1.0, arm="auto", mismatch=False):

@@ -238,7 +238,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "gates_version": gates_doc["version"], "gates_sha256": g_hash, "topologies_run": topologies,
            "identities": identities(records, run_info),
            "loads": {k: {kk: v.get(kk) for kk in ("pair", "backend", "topology", "load_ms", "timing_ms", "draft_ready_ms",
-                                                  "draft_calibrated_ms", "load_ms_repeats") if kk in v or kk in ("load_ms", "timing_ms")}
+                                                  "draft_calibrated_ms", "load_ms_repeats", "timing_ms_repeats")
+                                    if kk in v or kk in ("load_ms", "timing_ms")}
                      for k, v in loads.items()},
            "calibration": {k: (v.get("calibration") or (v.get("info") or {}).get("calibration")) for k, v in loads.items()},
            "batch_check": {k: (v.get("batch_check") or (v.get("info") or {}).get("batch_check")) for k, v in loads.items()},
@@ -343,6 +344,23 @@ def _value(v, fmt=".3g"):
 def _not_run(nr: dict) -> str:
     why = str(nr.get("why") or "")
     return why if why.startswith("not run") else f"not run: {why}"
+
+
+def load_stage_medians(alone: dict, spec: dict) -> list:
+    """[(stage, alone's median ms, spec's median ms)] over each engine's timed load and its repeats
+    (timing_ms, timing_ms_repeats: ready.timing_ms), for the stages both report, largest gap first;
+    [] when neither engine was loaded again (one load each says nothing a table of loads does not)."""
+    def medians(v):
+        runs = [v.get("timing_ms")] + list(v.get("timing_ms_repeats") or [])
+        runs = [t for t in runs if isinstance(t, dict)]
+        keys = set().union(*runs) if runs else set()
+        return {k: M.median([t[k] for t in runs if isinstance(t.get(k), (int, float))]) for k in keys
+                if any(isinstance(t.get(k), (int, float)) for t in runs)}
+    if not (alone.get("timing_ms_repeats") or spec.get("timing_ms_repeats")):
+        return []
+    a, b = medians(alone), medians(spec)
+    rows = [(k, a[k], b[k]) for k in set(a) & set(b)]
+    return sorted(rows, key=lambda r: (-abs(r[2] - r[1]), r[0]))
 
 
 def headline(res: dict) -> list:
@@ -473,6 +491,10 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                      f"{_f(med.get('load_alone_ms'), '.0f')} ms, champion + draft {_f(med.get('load_spec_ms'), '.0f')} ms; "
                      f"not the gate, which gates_v2.json defines on the timed load): end to end {_f(med.get('value'))}x "
                      f"{_ci(med.get('ci'))}.")
+        stages = load_stage_medians(res["loads"].get(f"{t}-alone") or {}, res["loads"].get(f"{t}-spec") or {})
+        if stages:
+            L.append(f"\n{t}: stages to ready, median over each engine's loads (champion alone / champion + draft, ms): "
+                     + ", ".join(f"{k} {_f(a, '.0f')} / {_f(b, '.0f')}" for k, a, b in stages) + ".")
     L += ["", "## Cold and warm (first prompt, T = 0: champion alone vs the champion + draft engine's cold request)", "",
           "| topology | cold T_baseline ms | cold T_spec ms | cold speed-up | warm T_baseline ms | warm T_spec ms | warm speed-up |",
           "|---|---|---|---|---|---|---|"]
