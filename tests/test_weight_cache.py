@@ -58,12 +58,13 @@ def _cached(rt):
 
 
 def _wait_cached(rt, shas, timeout_s=30):
-    """The cache list once it holds every sha256 in `shas` (the worker files copies after ready);
-    fails naming what is missing after timeout_s."""
+    """The cache list once it holds every sha256 in `shas` with a URL pointing at it (the worker
+    files copies after ready, each blob before its index entry: a blob listed without its URL is a
+    filing half done); fails naming what is missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         listed = _cached(rt)
-        missing = set(shas) - {m["sha256"] for m in listed}
+        missing = set(shas) - {m["sha256"] for m in listed if m["urls"]}
         if not missing:
             return listed
         assert time.monotonic() < deadline, f"not filed after {timeout_s} s: {sorted(missing)}; listed: {listed}"
