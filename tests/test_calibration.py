@@ -112,6 +112,21 @@ console.log(JSON.stringify({ c, log: p.log }));
     assert v[9] < 2 * v[1], v                                          # not n x V(1)
 
 
+def test_a_slow_champion_still_times_the_draft_once():
+    """~80 ms a step with a cheap draft (a dev run on SwiftShader's WebGPU: the calibration spent
+    its budget on V(1) and V(2), left the draft's costs null, and auto never drafted): one catch-up
+    pair and one proposal are timed whatever the budget."""
+    out = node(PROBE + """
+const p = probe({ base: 80, perRow: 1, d: 0.5, c: 0.2 });
+const c = await cal.measureCalibration(p, { backend: "webgpu", key: "k", vocabSize: 100 });
+console.log(JSON.stringify({ c, log: p.log }));
+""")
+    c, log = out["c"], out["log"]
+    assert log[:3] == ["prefill", "V1", "V2"] and log[3:5] == ["catchup", "catchup"] and "propose" in log, log
+    assert c["draft_ms_per_proposal"] >= 0.49 and c["draft_catchup_ms_per_token"] is not None, c
+    assert c["ms"] <= 300 + 160, c
+
+
 def test_the_key_is_a_sha256_of_the_identity_and_changes_with_any_part():
     out = node("""
 const parts = { champion: "c1", draft: "d1", backend: "wasm", matmul: "q8act-v1", threads: "2", hardware_class: "h", adapter: "", user_agent: "ua" };
