@@ -185,6 +185,11 @@ def test_a_cached_entry_is_used_only_for_its_own_key_and_version():
     out = node("""
 const e = { version: 1, key: "k", verify_ms: [null, 1, 2, 3, 4, 5, 6, 7, 8, 9] };
 console.log(JSON.stringify([cal.usableCached(e, "k"), cal.usableCached(e, "other"), cal.usableCached({ ...e, version: 0 }, "k"),
-  cal.usableCached(null, "k"), cal.usableCached({ ...e, verify_ms: [null] }, "k")]));
+  cal.usableCached(null, "k"), cal.usableCached({ ...e, verify_ms: [null] }, "k"),
+  // an earlier budget rule's incomplete entries: V(1) alone; the draft loaded but its costs untimed
+  cal.usableCached({ ...e, measured_n: [1] }, "k"), cal.usableCached({ ...e, measured_n: [1, 2] }, "k"),
+  cal.usableCached({ ...e, draft_ms_per_proposal: null }, "k", { hasDraft: true }),
+  cal.usableCached({ ...e, draft_ms_per_proposal: 0.3 }, "k", { hasDraft: true }),
+  cal.usableCached({ ...e, draft_ms_per_proposal: null }, "k")]));
 """)
-    assert out == [True, False, False, False, False]
+    assert out == [True, False, False, False, False, False, True, False, True, True]

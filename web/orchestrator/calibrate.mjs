@@ -268,10 +268,14 @@ export async function openCalibrationCache(idb = globalThis.indexedDB) {
   };
 }
 
-/** A cached entry fit to serve `key`: this version, this key, the fields present. */
-export function usableCached(entry, key) {
+/** A cached entry fit to serve `key`: this version, this key, the fields present, and not one of
+ *  the incomplete measurements an earlier budget rule left (V(1) alone: no slope; a draft loaded,
+ *  `hasDraft`, but its costs untimed: auto would never draft), which are measured again. */
+export function usableCached(entry, key, { hasDraft = false } = {}) {
   return !!entry && entry.version === CALIBRATION_VERSION && entry.key === key && Array.isArray(entry.verify_ms) &&
-    entry.verify_ms.length === 10 && entry.verify_ms[1] > 0;
+    entry.verify_ms.length === 10 && entry.verify_ms[1] > 0 &&
+    !(Array.isArray(entry.measured_n) && entry.measured_n.length < 2) &&
+    !(hasDraft && !(entry.draft_ms_per_proposal > 0));
 }
 
 /** Counts requests in a row whose drift lies outside DRIFT_RANGE; observe(drift) -> true on the

@@ -228,7 +228,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       let out = null, spot = null;
       if (cache && mode !== "force") {      // a cached entry, if V(1) timed now agrees with it
         const entry = await cache.get(key).catch(() => null);
-        if (usableCached(entry, key)) {
+        if (usableCached(entry, key, { hasDraft: !!draft })) {
           spot = await spotCheck(built.calibrationProbe(), entry, how);
           if (withinDrift(spot.ratio)) out = { ...entry, source: "cache", cache: "hit", spot_check: spot };
         }
