@@ -21,7 +21,6 @@ export const CACHE_NAME = "exactspec-weights-v1";
  *  it is read) | "not-stored" (no length, or not enough storage quota). */
 export const CACHE_HEADER = "x-exactspec-cache";
 const TICKET_HEADER = "x-exactspec-cache-ticket";
-const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER, "x-exactspec-filed-at", "x-exactspec-read-started"];
 const KEY_ORIGIN = "https://exactspec.invalid/";       // cache keys only: never fetched
 const blobKey = (sha256) => `${KEY_ORIGIN}sha256/${sha256}`;
 const indexKey = (url) => `${KEY_ORIGIN}url/${encodeURIComponent(url)}`;
@@ -30,6 +29,7 @@ const PENDING_MAX_AGE_MS = 3600e3;       // a pending copy older than this (a lo
 const FILING_GRACE_MS = 600e3;           // an unreferenced blob younger than this may be mid-filing: kept
 const FILED_AT_HEADER = "x-exactspec-filed-at";   // on a blob: Date.now() when it was filed
 const STARTED_HEADER = "x-exactspec-read-started";  // on a blob: Date.now() when the read it came from began
+const OUR_HEADERS = [CACHE_HEADER, TICKET_HEADER, FILED_AT_HEADER, STARTED_HEADER];
 const forgottenKey = (sha256) => `${KEY_ORIGIN}forgotten/${sha256 ?? "all"}`;   // {at}: a forget's time
 const WEIGHT_FILE = /\.(gguf|safetensors)$|\/pyodide_snapshot\/snapshot\.bin$/i;   // and Pyodide's memory snapshot (31 MB)
 const SHA256 = /^[0-9a-f]{64}$/;
@@ -246,13 +246,22 @@ async function file(t, sha256) {
 
 /** Whether sha256, or everything, was forgotten at or after `since` (ms; NaN, unknown: whenever a
  *  forget was). */
-async function forgottenSince(cache, sha256, since) {
-  for (const key of [forgottenKey(sha256), forgottenKey(null)]) {
-    const res = await cache.match(key);
-    const at = res ? Number((await res.json().catch(() => null))?.at) : NaN;
-    if (at >= since || (Number.isFinite(at) && Number.isNaN(since))) return true;
-  }
-  return false;
+const forgottenSince = (cache, sha256, since) => forgetMarkers(cache)(sha256, since);
+
+/** forgottenSince over one cache with each forget marker read once (an inventory asks per entry). */
+function forgetMarkers(cache) {
+  const read = new Map();                // marker key -> promise of its time (NaN: none)
+  const at = (key) => {
+    if (!read.has(key)) read.set(key, cache.match(key).then((res) => (res ? res.json() : null)).then((m) => Number(m?.at), () => NaN));
+    return read.get(key);
+  };
+  return async (sha256, since) => {
+    for (const key of [forgottenKey(sha256), forgottenKey(null)]) {
+      const t = await at(key);
+      if (t >= since || (Number.isFinite(t) && Number.isNaN(since))) return true;
+    }
+    return false;
+  };
 }
 
 /** Resolves once every copy read so far is filed (tests and benches, before a second load). */
@@ -284,16 +293,17 @@ async function pruneUnreferenced(cache, now = Date.now()) {
  *  marked in `forgotten` (blobs). */
 async function inventory(cache) {
   const blobs = new Map(), refs = new Map(), filedAt = new Map(), forgotten = new Set();   // sha256 -> bytes; -> [index meta]; -> ms (NaN: unknown)
+  const forgottenAfter = forgetMarkers(cache);
   for (const req of await cache.keys()) {
     if (req.url.startsWith(`${KEY_ORIGIN}sha256/`)) {
       const res = await cache.match(req), sha256 = req.url.slice(`${KEY_ORIGIN}sha256/`.length);
       blobs.set(sha256, Number(res?.headers.get("content-length") ?? 0));
       filedAt.set(sha256, Number(res?.headers.get(FILED_AT_HEADER) ?? NaN));
       const started = Number(res?.headers.get(STARTED_HEADER) ?? res?.headers.get(FILED_AT_HEADER) ?? NaN);
-      if (await forgottenSince(cache, sha256, started)) forgotten.add(sha256);
+      if (await forgottenAfter(sha256, started)) forgotten.add(sha256);
     } else if (req.url.startsWith(`${KEY_ORIGIN}url/`)) {
       const meta = await readIndex(cache, decodeURIComponent(req.url.slice(`${KEY_ORIGIN}url/`.length)));
-      if (meta && !(await forgottenSince(cache, meta.sha256, meta.started))) refs.set(meta.sha256, [...(refs.get(meta.sha256) ?? []), meta]);
+      if (meta && !(await forgottenAfter(meta.sha256, meta.started))) refs.set(meta.sha256, [...(refs.get(meta.sha256) ?? []), meta]);
     }
   }
   return { blobs, refs, filedAt, forgotten };
