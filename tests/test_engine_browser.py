@@ -39,10 +39,10 @@ def load(rt, models):
     return rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)", [models, FAST_LOAD])
 
 
-def answer(rt, mode):
-    out = rt.page.evaluate("(p) => window.exactspecRunner.generate(p)",
-                           {**PAYLOAD, "config": {**PAYLOAD["config"], "speculate": mode}})
-    return out
+def answer(rt, mode, request=PAYLOAD):
+    """The runner's whole reply ({result} or {refused}) to `request` with speculate = mode."""
+    return rt.page.evaluate("(p) => window.exactspecRunner.generate(p)",
+                            {**request, "config": {**request["config"], "speculate": mode}})
 
 
 class Damage:
@@ -158,14 +158,10 @@ def test_a_background_draft_that_arrives_during_a_request_leaves_that_request_as
             break
     assert overlapped, "the draft never arrived during the request in three tries"
     assert overlapped[0]["stats"]["auto"]["rounds_by_method"]["draft"] == 0         # begun without it
-    alone = answer_with(rt, {**request, "config": {**request["config"], "speculate": "none"}})
+    alone = answer(rt, "none", request)["result"]
     assert overlapped[0]["token_ids"] == alone["token_ids"]
-    after = answer_with(rt, {**request, "config": {**request["config"], "speculate": "draft"}})
+    after = answer(rt, "draft", request)["result"]
     assert after["error"] is None and after["token_ids"] == alone["token_ids"] and after["stats"]["rounds"] > 0
-
-
-def answer_with(rt, request):
-    return rt.page.evaluate("(p) => window.exactspecRunner.generate(p)", request)["result"]
 
 
 def test_a_late_draft_that_fails_the_pair_check_is_refused_naming_the_field(pair):
