@@ -78,6 +78,9 @@ SLOW_TESTS = {
     "test_exact_enumeration.py::test_round_edge_cases_first_rejection_closed_form[3-6]",
     "test_tokenizer.py::test_single_word_boundaries_match_tokenizers_for_every_code_point",
     "test_tokenizer_families.py::test_regex_translation_covers_every_code_point_like_oniguruma",
+    # Pyodide booted in Node for the orchestrator's per-round cost (tools/bench/round_overhead.mjs)
+    "test_round_overhead.py::test_the_node_runner_measures_in_pyodide",
+    "test_round_overhead.py::test_the_node_runner_compares_against_another_tree",
     # Node runs of the shipped or mid-size models, thousands of decide rounds
     "test_wasm_real_models.py",
     "test_wasm_build_outputs.py::test_build_writes_only_the_cpu_module",   # four clang builds

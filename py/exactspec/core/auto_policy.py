@@ -264,13 +264,15 @@ class AutoPolicy:
         is cheap (<= lookup_search_fraction of a step) or lookup won the last round, else every
         lookup_search_every rounds (its acceptance stays observed); during a hold of none that began
         with lookup known not to win even with a match of k_max, every lookup_search_every rounds too."""
+        due = self.rounds_since_search >= self.params["lookup_search_every"]
         if self._hold and self._hold_quiet:
-            return self.rounds_since_search >= self.params["lookup_search_every"]
-        v1, l = self._verify(1), self._lookup_ms()
+            return due
+        if due or self.last_method == "lookup":     # yes whatever the costs say: not estimated
+            return True
+        v1 = self._verify(1)
         if v1 is None or not self.lookup_cost.values and (self.calibration or {}).get("lookup_ms") is None:
             return True
-        return (l <= self.params["lookup_search_fraction"] * v1 or self.last_method == "lookup"
-                or self.rounds_since_search >= self.params["lookup_search_every"])
+        return self._lookup_ms() <= self.params["lookup_search_fraction"] * v1
 
     # ---- the choice --------------------------------------------------------------------------
     def choose(self, remaining: int, lookup_len: int, draft_behind: int, searched: bool = True) -> Choice:

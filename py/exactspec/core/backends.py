@@ -475,6 +475,7 @@ class _NgramIndex:
         self.ns = range(min_n, max_n + 1)
         self.latest = {n: {} for n in self.ns}
         self.earlier = {n: {} for n in self.ns}
+        self._tables = [(n, self.latest[n], self.earlier[n]) for n in self.ns]   # add's loop
         self.tokens, self.seen, self.last = None, 0, None
 
     def extends(self, tokens) -> bool:
@@ -483,14 +484,14 @@ class _NgramIndex:
 
     def add(self, tokens) -> None:
         for end in range(self.seen, len(tokens)):
-            for n in self.ns:
+            for n, latest, earlier in self._tables:
                 start = end - n + 1
                 if start < 0:
                     continue
                 key = tuple(tokens[start:end + 1])
-                latest = self.latest[n]
-                if key in latest:
-                    self.earlier[n][key] = latest[key]
+                before = latest.get(key)
+                if before is not None:
+                    earlier[key] = before
                 latest[key] = start
         self.tokens, self.seen = tokens, len(tokens)
         self.last = tokens[-1] if tokens else None

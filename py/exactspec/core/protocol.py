@@ -24,6 +24,7 @@ PROMPT_FIELDS = {k: v for k, v in _REQUEST_TABLE.items() if "prompt" in v}      
 REQUEST_FIELDS = {k: v for k, v in _REQUEST_TABLE.items() if "prompt" not in v}  # flags, with defaults
 MESSAGE_ROLES = tuple(PROMPT_FIELDS["messages"]["roles"])
 CONFIG_OPTIONS = {k: v for k, v in SCHEMA["generate_config"].items() if not k.startswith("_")}
+_ENVELOPE_FIELDS = frozenset(SCHEMA["envelope"])
 
 
 def make_envelope(kind: str, request_id: str, seq: int, epoch: int, payload: dict) -> dict:
@@ -33,7 +34,7 @@ def make_envelope(kind: str, request_id: str, seq: int, epoch: int, payload: dic
 
 
 def validate_envelope(env) -> None:
-    if not isinstance(env, dict) or set(env) != set(SCHEMA["envelope"]):
+    if not isinstance(env, dict) or env.keys() != _ENVELOPE_FIELDS:
         raise ExactSpecError(E_PROTOCOL, f"envelope fields must be {SCHEMA['envelope']}")
     if not isinstance(env["kind"], str) or env["kind"] not in KINDS:   # a list or dict is unhashable
         raise ExactSpecError(E_PROTOCOL, f"unknown message kind {env['kind']!r}")

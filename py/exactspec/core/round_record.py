@@ -38,40 +38,47 @@ class RoundOutcome:
     diagnostics: dict = field(default_factory=dict)
 
 
-def _f32(word: int) -> float:
-    return struct.unpack("<f", struct.pack("<i", word))[0]
-
-
 def _f32_word(x: Optional[float]) -> int:
     return struct.unpack("<i", struct.pack("<f", float("nan") if x is None else x))[0]
 
 
+def _protocol_error(message: str):
+    from .errors import E_PROTOCOL, ExactSpecError
+    return ExactSpecError(E_PROTOCOL, message)
+
+
+# decode's word positions and tables, looked up once (it runs every round, in Pyodide)
+_N_FORCED, _N_PROPOSED, _STATUS, _ERROR = AT["n_forced"], AT["n_proposed"], AT["status"], AT["decision_error"]
+_ENDED, _ACCEPTED, _NEXT, _REJECTED = AT["ended_by"], AT["n_accepted"], AT["next_token"], AT["rejected_at"]
+_DRAFT_US, _VERIFY_US, _DIAG = AT["draft_us"], AT["verify_us"], AT["diag_score"]
+assert (AT["diag_u"], AT["diag_a"]) == (_DIAG + 1, _DIAG + 2)      # score, u, a: three f32 words in a row
+_ENDED_BY, _ENDED_MASK, _NEAR_TOP_P = LAYOUT["ended_by"], LAYOUT["ended_by_mask"], LAYOUT["near_top_p_flag"]
+_DECISION_ERRORS = LAYOUT["decision_errors"]
+_DIAG_WORDS, _DIAG_FLOATS = struct.Struct("<3i"), struct.Struct("<3f")
+
+
 def decode(words) -> RoundOutcome:
     """A record (a sequence of int32 words) -> RoundOutcome; a malformed one is E_PROTOCOL."""
-    from .errors import E_PROTOCOL, ExactSpecError
     w = [int(x) for x in words]
-    if (len(w) < FIXED_WORDS or w[AT["n_forced"]] < 0 or w[AT["n_proposed"]] < 0
-            or len(w) != FIXED_WORDS + w[AT["n_forced"]] + w[AT["n_proposed"]]):
-        raise ExactSpecError(E_PROTOCOL, f"a round record needs {FIXED_WORDS} words + n_forced + n_proposed ids, "
-                                         f"got {len(w)}")
-    n_forced = w[AT["n_forced"]]
-    status = _STATUS_NAMES.get(w[AT["status"]])
-    error_index = w[AT["decision_error"]]
-    if status is None or not 0 <= error_index < len(LAYOUT["decision_errors"]):
-        raise ExactSpecError(E_PROTOCOL, f"round record: status {w[AT['status']]}, decision error {error_index}")
-    ended = w[AT["ended_by"]]
-
-    def none(v):
-        return None if v < 0 else v
+    if (len(w) < FIXED_WORDS or w[_N_FORCED] < 0 or w[_N_PROPOSED] < 0
+            or len(w) != FIXED_WORDS + w[_N_FORCED] + w[_N_PROPOSED]):
+        raise _protocol_error(f"a round record needs {FIXED_WORDS} words + n_forced + n_proposed ids, got {len(w)}")
+    n_forced = w[_N_FORCED]
+    status = _STATUS_NAMES.get(w[_STATUS])
+    error_index = w[_ERROR]
+    if status is None or not 0 <= error_index < len(_DECISION_ERRORS):
+        raise _protocol_error(f"round record: status {w[_STATUS]}, decision error {error_index}")
+    ended = w[_ENDED]
+    next_token, rejected_at = w[_NEXT], w[_REJECTED]
+    score, u, a = _DIAG_FLOATS.unpack(_DIAG_WORDS.pack(w[_DIAG], w[_DIAG + 1], w[_DIAG + 2]))
     return RoundOutcome(
         status=status, proposals=tuple(w[FIXED_WORDS + n_forced:]), forced=tuple(w[FIXED_WORDS:FIXED_WORDS + n_forced]),
-        n_accepted=w[AT["n_accepted"]],
-        next_token=none(w[AT["next_token"]]), rejected_at=none(w[AT["rejected_at"]]),
-        ended_by=LAYOUT["ended_by"][ended & LAYOUT["ended_by_mask"]] or None,
-        error_code=LAYOUT["decision_errors"][error_index] or None,
-        draft_ms=w[AT["draft_us"]] / 1000.0, verify_ms=w[AT["verify_us"]] / 1000.0,
-        diagnostics={"score": _f32(w[AT["diag_score"]]), "u": _f32(w[AT["diag_u"]]), "a": _f32(w[AT["diag_a"]]),
-                     "near_top_p": bool(ended & LAYOUT["near_top_p_flag"])})
+        n_accepted=w[_ACCEPTED],
+        next_token=None if next_token < 0 else next_token, rejected_at=None if rejected_at < 0 else rejected_at,
+        ended_by=_ENDED_BY[ended & _ENDED_MASK] or None,
+        error_code=_DECISION_ERRORS[error_index] or None,
+        draft_ms=w[_DRAFT_US] / 1000.0, verify_ms=w[_VERIFY_US] / 1000.0,
+        diagnostics={"score": score, "u": u, "a": a, "near_top_p": bool(ended & _NEAR_TOP_P)})
 
 
 def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0,

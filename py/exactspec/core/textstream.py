@@ -22,6 +22,7 @@ class TextAssembler:
         self.stream = stream       # a streaming decoder, or None: decode(ids) per token
         self.streamed = ""         # stream mode: the text of every complete character so far
         self.stop_strings = tuple(s for s in stop_strings if s)
+        self._longest_stop = max((len(s) for s in self.stop_strings), default=0)
         self.ids: list[int] = []
         self.released = 0          # characters of the decoded text already released
         self.stopped = False
@@ -46,8 +47,10 @@ class TextAssembler:
             text = self.streamed
         else:
             text = self.decode(self.ids)
-        search_from = max(0, self.released - max((len(s) for s in self.stop_strings), default=0))
-        hits = [i for i in (text.find(s, search_from) for s in self.stop_strings) if i >= 0]
+        hits = ()
+        if self.stop_strings:
+            search_from = max(0, self.released - self._longest_stop)
+            hits = [i for i in (text.find(s, search_from) for s in self.stop_strings) if i >= 0]
         if hits:
             cut = min(hits)
             self.stopped = True
