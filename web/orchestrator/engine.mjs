@@ -278,8 +278,12 @@ export class Engine {
     for (const [id, c] of this.control) { clearTimeout(c.timer); c.reject(error); this.control.delete(id); }
   }
 
-  _onMessage(env) {
-    try { this.schema.validate(env); } catch { this.invalidDropped++; return; }
+  _onMessage(data) {
+    let env = data;
+    try {
+      if (typeof data === "string") env = JSON.parse(data);   // a request's events come as JSON text
+      this.schema.validate(env);
+    } catch { this.invalidDropped++; return; }
     const c = this.control.get(env.request_id);
     if (c) {
       if (env.kind === "progress" && !["fault_armed", "memory", "terminated"].includes(env.payload.stage)) {
