@@ -32,6 +32,10 @@ SAMPLE_POSITIONS = 4       # the first 4 answer tokens of every sample are recor
 # probe_min_remaining = 8 tokens left: with 5, test run #1's auto samples were champion-alone rounds,
 # identical to champion alone's by construction, so their test could not fail)
 SAMPLE_NEW_TOKENS = 12
+# seconds the page idles before each timed load: champion alone's engine has just served its cold
+# request when the spec engine's first load starts, and its idle-time work would share the CPU with
+# that load (runs #6-#8: the spec engine's first Pyodide start 1.0-1.4 s, 0.5 s in its repeats)
+LOAD_SETTLE_S = 3.0
 # the real pair on the WebGPU champion: SwiftShader here runs it at ~2 s a token (docs/gpu.md)
 REAL_WEBGPU_NOT_RUN = ("not run: the WebGPU champion is SwiftShader (software) here, ~2 s a token for SmolLM2-135M "
                        "(docs/gpu.md): its arms would take over an hour against the run's 20 min; "
@@ -228,6 +232,8 @@ def run_bench(opts) -> str:
         plan["gate_repeats"] = opts.gate_repeats
     if opts.toy_gate_repeats is not None:
         plan["toy_gate_repeats"] = opts.toy_gate_repeats
+    if not opts.quick:                       # runs before it had none (a quick run's plan is unchanged)
+        plan["load_settle_s"] = LOAD_SETTLE_S
     if os.path.exists(run_path):
         with open(run_path) as f:
             before = json.load(f)
@@ -279,6 +285,8 @@ def run_bench(opts) -> str:
             timeline.append({"t_s": round(time.perf_counter() - t_start, 3), "label": label, "engine": engine,
                              "memory": out.get("memory"), "page_heap": out.get("page_heap")})
 
+        settle_s = 0.0 if opts.quick else LOAD_SETTLE_S
+
         def load(topo, role, models, backend, pinned=None, repeat=0):
             # the default options (warm-up, calibration, batch check: what a user's load pays); the timed
             # loads measure their own calibration as a first visit does ("force": the throwaway load's,
@@ -286,6 +294,8 @@ def run_bench(opts) -> str:
             # the WASM champion's thread count the throwaway load chose, for both timed engines
             # `repeat` > 0: a further load of the same engine, timed and unloaded (load_ms_repeats)
             name = f"{topo}-{role}" + (f"-again{repeat}" if repeat else "")
+            if role != "warmup":
+                time.sleep(settle_s)        # every timed load starts on an idle page (LOAD_SETTLE_S)
             # a draft loads in the background, as the page, createEngine and the CLI load it: ready with the
             # champion alone, the draft while the engine is idle (the bench waits for it: a user typing)
             r = call("load", name, models, {"championBackend": backend, **(pinned or {}),
