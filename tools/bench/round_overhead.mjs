@@ -48,7 +48,7 @@ if (!baseline) {
     trees.forEach(([name, pyodide], i) => {
       for (const mode of ["none", "auto"]) {
         const row = JSON.parse(pyodide.runPython(
-          `import json; json.dumps(round_overhead.measure("${mode}", 0.0, ${Number(tokens)}, ${Number(requests)}, 0.05, 0.5, post=post))`));
+          `import json; json.dumps(round_overhead.measure("${mode}", 0.0, ${Number(tokens)}, ${Number(requests)}, **round_overhead.SCENARIO, post=post))`));
         (outside[i][mode] ??= []).push(row.us_outside_call);
         console.error(`pass ${pass + 1}/${passes} ${name} ${mode}: ${row.us_outside_call} us outside the call ${JSON.stringify(row.us_per_round)}`);
       }

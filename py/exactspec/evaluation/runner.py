@@ -285,7 +285,7 @@ def run_bench(opts) -> str:
             timeline.append({"t_s": round(time.perf_counter() - t_start, 3), "label": label, "engine": engine,
                              "memory": out.get("memory"), "page_heap": out.get("page_heap")})
 
-        settle_s = 0.0 if opts.quick else LOAD_SETTLE_S
+        settle_s = plan.get("load_settle_s", 0.0)
 
         def load(topo, role, models, backend, pinned=None, repeat=0):
             # the default options (warm-up, calibration, batch check: what a user's load pays); the timed
