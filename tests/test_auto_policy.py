@@ -612,12 +612,14 @@ def test_a_block_with_forced_ids_is_timed_as_its_rows_not_its_proposals():
 
 
 # --- the policy's decisions are pinned to its version ----------------------------------------
-def decision_trace_hash() -> str:
+def decision_trace_hash(chains: bool = True) -> str:
     """Every choice (method, k and the whole info object) of simulated requests over a grid of worlds:
     acceptance, draft cost, V's slope, lookup matches of random lengths, a search skipped now and
     then, greedy and sampled, k_max 8 and 3, with and without a calibration and a draft; rounds
     observed with jittered champion times. -> sha256 of the choices (with wants_lookup's answer
-    before each, since version 4: version 3's hash is of the trace without it), in order."""
+    before each, since version 4: version 3's hash is of the trace without it), in order. Since
+    version 5 a held none runs as a chain of baseline steps (observe_chain) of up to 1, 4, 7 or 10
+    steps by seed; version 4's hash is of the trace without chains."""
     import hashlib
     import json
     h = hashlib.sha256()
@@ -634,6 +636,14 @@ def decision_trace_hash() -> str:
                         wants = policy.wants_lookup()
                         c = policy.choose(256 - tokens, found, behind, searched=rng.random() < 0.8)
                         h.update(json.dumps([wants, c.method, c.k, c.info], sort_keys=True).encode())
+                        steps = min(1 + policy.held_rounds(), 256 - tokens, 1 + seed * 3 if chains else 1)   # a chain (version 5)
+                        if c.method == "none" and steps > 1:
+                            verify_ms = steps * 20.0 * (0.9 + 0.2 * rng.random())
+                            policy.observe_chain(steps, verify_ms + 0.5 * steps, verify_ms, lookup_ms=0.05)
+                            policy.observe_lookup([rng.randrange(3) for _ in range(found)], [rng.randrange(3) for _ in range(steps)])
+                            behind += steps
+                            tokens += steps
+                            continue
                         k, acc = c.k, 0
                         while acc < k and rng.random() < a:
                             acc += 1
@@ -647,7 +657,7 @@ def decision_trace_hash() -> str:
     return h.hexdigest()
 
 
-PINNED_DECISIONS = {3: "d82a1416e6620b9d", 4: "737d19ee611eafc9"}    # version -> decision_trace_hash()[:16]
+PINNED_DECISIONS = {3: "d82a1416e6620b9d", 4: "737d19ee611eafc9", 5: "2e5edbac0517253a"}    # version -> decision_trace_hash()[:16]
 
 
 def test_the_policys_decisions_are_pinned_to_its_version():
@@ -658,3 +668,9 @@ def test_the_policys_decisions_are_pinned_to_its_version():
     3's choose was made ~35% cheaper that way: the k loop's overhead hoisted, V(n) computed once a
     round, the acceptance chains unrolled)."""
     assert decision_trace_hash()[:16] == PINNED_DECISIONS[AutoPolicy.version], AutoPolicy.version
+
+
+def test_without_chains_version_5_chooses_as_version_4():
+    """Version 5 added chains of a held none (held_rounds, observe_chain); a round's choice is
+    version 4's: the trace without chains gives version 4's hash."""
+    assert decision_trace_hash(chains=False)[:16] == PINNED_DECISIONS[4]

@@ -131,11 +131,12 @@ def test_a_request_sent_at_once_keeps_the_cpu_and_the_background_draft_starts_af
 
 
 def test_a_background_draft_that_arrives_during_a_request_leaves_that_request_as_it_began(pair):
-    """The draft's load begins while the engine is idle, and a long "auto" request sent then is
-    still running when the draft lands in the champion's instance (CI's embed page, once: the
+    """The draft's load begins while the engine is idle, and long "auto" requests sent then, back to
+    back, are running when the draft lands in the champion's instance (CI's embed page, once: the
     draft's load reset the running request's CPU session, "roundNow before beginNow"). The request
-    ends as it began, without the draft, with the champion's greedy answer; the next one speculates.
-    Tried up to three times for the overlap (~0.3-0.6 s of a ~1.5 s request here); fails without it."""
+    it lands in ends as it began, without the draft, with the champion's greedy answer; the next one
+    speculates. Tried up to three times for the overlap (the draft's load, ~0.9 s here, against
+    ~0.6 s requests); fails without it."""
     rt, _ = pair
     request = {"prompt": "And the LORD said", "config": {"temperature": 0, "max_new_tokens": 480, "speculate": "auto"}}
     overlapped = []
@@ -145,18 +146,23 @@ def test_a_background_draft_that_arrives_during_a_request_leaves_that_request_as
             await window.exactspecRunner.load(m, o);
             const seen = () => window.progressSeen.find((e) => e.stage === "draft_ready");
             while (!window.progressSeen.some((e) => e.stage === "draft_start")) await new Promise((r) => setTimeout(r, 5));
-            const out = await window.exactspecRunner.generate(p);
-            const end = performance.now();
+            const runs = [];
+            while (!seen() && runs.length < 6) {
+              const start = performance.now();
+              const out = await window.exactspecRunner.generate(p);
+              runs.push({out, start, end: performance.now()});
+            }
             while (!seen()) await new Promise((r) => setTimeout(r, 20));
-            return {out, end, ready: seen()};
+            return {runs, ready: seen()};
         }""", [WITH_MANIFEST, {**LATE, "draftDelayMs": 0}, request])
-        during = got["out"]["result"]
-        assert during["error"] is None, during["error"]
         assert got["ready"]["draft_error"] is None
-        if got["ready"]["t"] < got["end"]:
-            overlapped.append(during)
+        for run in got["runs"]:
+            assert run["out"]["result"]["error"] is None, run["out"]["result"]["error"]
+            if run["start"] < got["ready"]["t"] < run["end"]:
+                overlapped.append(run["out"]["result"])
+        if overlapped:
             break
-    assert overlapped, "the draft never arrived during the request in three tries"
+    assert overlapped, "the draft never arrived during a request in three tries"
     assert overlapped[0]["stats"]["auto"]["rounds_by_method"]["draft"] == 0         # begun without it
     alone = answer(rt, "none", request)["result"]
     assert overlapped[0]["token_ids"] == alone["token_ids"]

@@ -77,14 +77,15 @@ def test_absent_fields_say_nothing():
 
 
 def test_rounds_by_method_live_then_from_the_result():
-    rounds = [{"auto": {"method": m}} for m in ("draft", "draft", "none", "lookup", "draft")] + [{"proposed": 0}]
+    rounds = ([{"auto": {"method": m}} for m in ("draft", "draft", "none", "lookup", "draft")] + [{"proposed": 0}]
+              + [{"auto": {"method": "none"}, "steps": 6}])      # a chain of 6 baseline steps: 6 rounds
     counts, live, done = run_js([
         ["countMethods", [rounds]],
         ["roundsText", [{"draft": 3, "lookup": 1, "none": 1}]],
         ["roundsText", [None, {"policy": "auto", "version": 1, "rounds_by_method": {"none": 2, "draft": 0, "lookup": 5},
                                "switches": 1, "drift": 1.08, "calibration_key": "ab"}]],
     ])
-    assert counts == {"draft": 3, "lookup": 1, "none": 1}
+    assert counts == {"draft": 3, "lookup": 1, "none": 7}
     assert live == "Rounds: 3 with the draft, 1 with prompt lookup, 1 champion alone"
     assert done == ("Rounds: 5 with prompt lookup, 2 champion alone; 1 switch of method; champion steps ran at 1.08x "
                     "the calibrated time")

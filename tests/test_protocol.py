@@ -104,7 +104,7 @@ REQUEST_CASES = [
     ("{prompt: 'x', config: {tempreature: 0}}", {"prompt": "x", "config": {"tempreature": 0}},
      "config.tempreature is not a known option (known: speculate, k, scheduler, temperature, top_k, top_p, "
      "repetition_penalty, seed, max_new_tokens, prefix_reuse, stop_strings, stop_token_ids, suppress_token_ids, "
-     "allowed_token_ids, response_format, forced_batching)"),
+     "allowed_token_ids, response_format, forced_batching, chain_steps)"),
     ("{prompt: 'x', config: null}", {"prompt": "x", "config": None}, "config must be an object, got null"),
     ("{config: {}}", {"config": {}}, ONE_PROMPT),
     ("{prompt: 'x', prompt_ids: [1], config: {}}", {"prompt": "x", "prompt_ids": [1], "config": {}}, ONE_PROMPT),

@@ -6,6 +6,7 @@
  *
  *   cpu_begin(champion policy + masks, draft policy + masks, stops, seed, context, greedy)
  *   cpu_round(k, round_id, remaining, given, champ_feed, n, start, draft_feed, n, start, record)
+ *   cpu_chain(h, round_id, remaining, token, start, records): h baseline steps in one call
  *
  * The draft's rows never leave linear memory: they are written to `rows` and the decision reads
  * them there, the same float32 values the separate calls (draft_propose, then champion_decide with
@@ -188,6 +189,29 @@ int cpu_round(int k, uint32_t round_id, int remaining, const int32_t *given, con
     record[REC_N_PROPOSED] = m;
     for (int i = 0; i < m; i++) record[REC_FIXED_WORDS + i] = sess.tokens[i];
     return OK;
+}
+
+/* A chain of up to h baseline steps in one call (k = 0 rounds, as cpu_round runs them): step i is
+ * round round_id + i with remaining - i tokens left, fed the previous step's next token (the first:
+ * `token`) at champ_start + i; records (h, REC_FIXED_WORDS) get each step's record. The chain stops
+ * after a step that ended the answer (a stop id, the length) or whose decision failed, so no step
+ * follows what the caller must act on. -> the steps run (1..h); a bad call or a champion failure
+ * in the first step: -status; one in a later step: the steps before it (the next call meets it). */
+EXPORT("cpu_chain")
+int cpu_chain(int h, uint32_t round_id, int remaining, int32_t token, int champ_start, int32_t *records) {
+    if (h < 1 || remaining < 1) return -ERR_BAD_ARGUMENT;
+    if (h > remaining) h = remaining;
+    int32_t feed = token;
+    for (int i = 0; i < h; i++) {
+        int32_t *record = records + (uint32_t)i * REC_FIXED_WORDS;
+        int status = cpu_round(0, round_id + (uint32_t)i, remaining - i, 0, &feed, 1, champ_start + i, 0, 0, 0, record);
+        if (status != OK) return i ? i : -status;
+        if (record[REC_DECISION_ERROR] != REC_ERR_OK || (record[REC_ENDED_BY] & REC_ENDED_BY_MASK) != REC_ENDED_NONE
+            || record[REC_NEXT_TOKEN] < 0)
+            return i + 1;
+        feed = record[REC_NEXT_TOKEN];
+    }
+    return h;
 }
 
 /* the status of the last draft failure (a record with status draft_failed) */

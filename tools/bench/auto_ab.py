@@ -9,6 +9,7 @@ differ. Prints a table and writes JSON (default build/bench/auto_ab-<pair>.json)
     .venv/bin/python tools/bench/auto_ab.py --pair toy [--passes 2] [--threads auto]
     .venv/bin/python tools/bench/auto_ab.py --pair real --same 8
     .venv/bin/python tools/bench/auto_ab.py --pair toy --backend webgpu   (the WebGPU champion: SwiftShader here)
+    .venv/bin/python tools/bench/auto_ab.py --pair toy --compare none,none-unchained   (chains of baseline steps)
 Run it under the browser lock (README), on a quiet machine.
 """
 from __future__ import annotations
@@ -36,8 +37,14 @@ def dev_prompts():
     return prompts
 
 
+# the modes --compare names: a speculate mode, or one with its baseline steps one call each
+MODES = {"none": {"speculate": "none"}, "auto": {"speculate": "auto"},
+         "none-unchained": {"speculate": "none", "chain_steps": False},
+         "auto-unchained": {"speculate": "auto", "chain_steps": False}}
+
+
 def payload(prompt: dict, mode: str, temperature: float) -> dict:
-    config = {"speculate": mode, "temperature": temperature, "max_new_tokens": prompt["max_new_tokens"],
+    config = {**MODES[mode], "temperature": temperature, "max_new_tokens": prompt["max_new_tokens"],
               "seed": prompt["seed"], "prefix_reuse": False}   # both modes prefill the whole prompt
     if prompt.get("chat"):
         return {"messages": [{"role": "user", "content": prompt["prompt"]}], "config": config}
@@ -47,7 +54,8 @@ def payload(prompt: dict, mode: str, temperature: float) -> dict:
 def measure(rt: BrowserRuntime, body: dict) -> dict:
     """One request -> {ms_per_token (page clock, request start to result, prefill included: as
     `exactspec bench` times it; the driver's clock would add the event log's transfer, larger for
-    auto's events), overhead_ms a round (outside the champion and the draft), n_tokens, rounds_by_method}."""
+    auto's events), overhead_ms a round (outside the champion and the draft), verify_ms a round (the champion's),
+    prefill_ms, n_tokens, rounds_by_method}."""
     out = rt.generate(body)
     result, ms = out["result"], out["page_ms"]
     timing, stats = result["timing_ms"], result["stats"]
@@ -55,26 +63,30 @@ def measure(rt: BrowserRuntime, body: dict) -> dict:
     rounds = stats["rounds"] + stats["baseline_steps"]
     other = timing["total"] - timing["prefill"] - timing["verify"] - timing["draft"]
     return {"ms_per_token": ms / max(n, 1), "overhead_ms": other / max(rounds, 1), "n_tokens": n,
+            "verify_ms": timing["verify"] / max(rounds, 1), "prefill_ms": timing["prefill"],
             "rounds_by_method": (stats.get("auto") or {}).get("rounds_by_method")}
 
 
-def run_ab(rt, prompts, passes: int, temperatures) -> dict:
+def run_ab(rt, prompts, passes: int, temperatures, compare=("auto", "none")) -> dict:
+    """Each prompt in both modes, alternating which runs first; speedup = the second mode's ms a
+    token over the first's (auto against none by default: auto_speedup_geo)."""
+    a, b = compare
     rows = []
     for rep in range(passes):
         for i, prompt in enumerate(prompts):
             for t in temperatures:
-                order = ("none", "auto") if (rep + i) % 2 else ("auto", "none")
+                order = (b, a) if (rep + i) % 2 else (a, b)
                 got = {mode: measure(rt, payload(prompt, mode, t)) for mode in order}
                 rows.append({"prompt_id": prompt["id"], "temperature": t, "pass": rep,
-                             "speedup": got["none"]["ms_per_token"] / got["auto"]["ms_per_token"],
-                             "none": got["none"], "auto": got["auto"]})
-                print(f"  {prompt['id']:16s} T={t} auto/none {rows[-1]['speedup']:.3f}", flush=True)
+                             "speedup": got[b]["ms_per_token"] / got[a]["ms_per_token"], a: got[a], b: got[b]})
+                print(f"  {prompt['id']:16s} T={t} {a}/{b} {rows[-1]['speedup']:.3f}", flush=True)
     summary = {}
     for t in temperatures:
         sel = [r for r in rows if r["temperature"] == t]
         summary[str(t)] = {
-            "requests": len(sel), "auto_speedup_geo": geo_mean([r["speedup"] for r in sel]),
-            "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in ("none", "auto")}}
+            "requests": len(sel), "auto_speedup_geo": geo_mean([r["speedup"] for r in sel]), "compare": [a, b],
+            "ms_per_token_median": {m: statistics.median(r[m]["ms_per_token"] for r in sel) for m in (a, b)},
+            "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in (a, b)}}
     return {"rows": rows, "summary": summary}
 
 
@@ -93,9 +105,14 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--threads", default="auto")
     ap.add_argument("--backend", choices=["wasm", "webgpu"], default="wasm", help="the champion backend")
+    ap.add_argument("--compare", default="auto,none",
+                    help=f"two of {', '.join(MODES)}: the first against the second (default auto,none)")
     ap.add_argument("--same", type=int, default=0, help="noise floor: one dev prompt this many times, champion alone")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    compare = tuple(args.compare.split(","))
+    if len(compare) != 2 or not set(compare) <= set(MODES) or compare[0] == compare[1]:
+        ap.error(f"--compare takes two different modes of {', '.join(MODES)}")
     champion, draft = pair_paths(args.pair)
     prompts = dev_prompts()
     threads = args.threads if args.threads == "auto" else int(args.threads)
@@ -113,11 +130,13 @@ def main(argv=None) -> int:
                   f"{max(s['ms_per_token']):.1f} ms a token (max/min {s['max_over_min']:.3f})")
         else:
             temps = [float(t) for t in args.temperatures.split(",")]
-            out = run_ab(rt, prompts, args.passes, temps)
+            a, b = compare
+            out = run_ab(rt, prompts, args.passes, temps, compare)
             for t, s in out["summary"].items():
-                print(f"T={t}: auto / champion alone (same engine) {s['auto_speedup_geo']:.3f} over {s['requests']} "
-                      f"prompts; overhead a round: none {s['overhead_ms_median']['none']:.3f} ms, "
-                      f"auto {s['overhead_ms_median']['auto']:.3f} ms")
+                ms, oh = s["ms_per_token_median"], s["overhead_ms_median"]
+                print(f"T={t}: {a} / {b} (same engine) {s['auto_speedup_geo']:.3f} over {s['requests']} prompts; "
+                      f"ms a token {a} {ms[a]:.3f}, {b} {ms[b]:.3f}; overhead a round: {a} {oh[a]:.3f} ms, "
+                      f"{b} {oh[b]:.3f} ms")
     finally:
         rt.close()
     out.update({"pair": args.pair, "backend": info.get("backend"), "threads": info.get("threads"),

@@ -46,7 +46,7 @@ def script(n: int, seed: int, repeat: float) -> list:
 class ScriptedChampion:
     """begin() -> a session that answers from `ids` (the prompt, then the answer)."""
     vocab_size, max_context, identity = VOCAB, 1 << 16, "scripted"
-    limits = {"max_k": 8}
+    limits = {"max_k": 8, "max_chain": 32}    # chains baseline steps, as the browser's WASM champion does
 
     def __init__(self, ids, draft_accept: float, seed: int):
         self.ids, self.draft_accept, self.seed = ids, draft_accept, seed
@@ -76,6 +76,10 @@ class ScriptedSession:
 
     def end(self, reason):
         return {}
+
+    def chain(self, h, round_id, remaining, committed):
+        """Up to h baseline steps, as the browser's session.chain returns them (one record each)."""
+        return [self.round(0, round_id + i, remaining - i, committed + i) for i in range(min(h, remaining))]
 
     def round(self, k, round_id, remaining, committed, proposals=None):
         ids = self.champion.ids

@@ -565,6 +565,12 @@ export class WasmChampion {
     return this._session.roundNow(args);
   }
 
+  /** Up to h baseline steps in one call -> Int32Array (n, 13): their records (cpu_session.mjs chainNow). */
+  chainNow(args) {
+    if (!this._session?.begun) throw badArgument("chainNow before beginNow");
+    return this._session.chainNow(args);
+  }
+
   /** {code, message} when the last roundNow's record says draft_failed, else null. */
   lastFailure() { return this._session ? this._session.lastFailure() : null; }
 

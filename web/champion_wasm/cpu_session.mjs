@@ -8,7 +8,8 @@
 // Three kinds of round: the draft proposes (proposals null, k > 0), given proposals (prompt lookup:
 // one-hot rows), none (k = 0: a baseline step). The context marks of the repetition penalty live in
 // C from beginNow on: each round adds its committed tokens (accepted + next), so no round re-sends
-// the context. docs/champion_wasm.md, "CPU round".
+// the context. A run of baseline steps can be one call too: chainNow({h, ...}) -> h records.
+// docs/champion_wasm.md, "CPU round".
 import { codedError } from "../protocol.mjs";
 import { statusError } from "./cpu_module.mjs";
 import { wasmStatusCode } from "../wasm_status.mjs";
@@ -17,6 +18,8 @@ import { checkedPolicy } from "../sampling_policy.mjs";
 const FIXED_WORDS = 13;                          // REC_FIXED_WORDS (protocol.json round_record; test_cpu_module checks)
 const STATUS_WORD = 8, N_PROPOSED_WORD = 11;     // REC_STATUS, REC_N_PROPOSED
 const DRAFT_FAILED = 2;                          // round_record.status.draft_failed
+/** The most baseline steps one chainNow runs (its records' buffer). */
+export const MAX_CHAIN = 32;
 
 const badArgument = (message) => codedError("E_BAD_ARGUMENT", message);
 const isUint = (v, limit) => Number.isInteger(v) && v >= 0 && v < limit;
@@ -127,6 +130,34 @@ export class CpuSession {
       this._failure = { code, message: `the draft failed in round ${roundId ?? 0} (${code})` };
     }
     return record;
+  }
+
+  /** A chain of up to h baseline steps in one call (wasm/cpu_chain) -> Int32Array (n, 13): each
+   *  step's whole record (k = 0), a copy; n <= h, fewer when a step ended the answer (a stop id,
+   *  the length) or its decision failed: that step is the last. Step i is round roundId + i with
+   *  remaining - i left, fed the previous step's next token; champFeed: the pending token at champStart. */
+  chainNow({ h, roundId, remaining, champFeed, champStart }) {
+    const wasm = this._wasm;
+    if (!this.begun) throw badArgument("chainNow before beginNow");
+    const V = this.champion.vocabSize;
+    if (!(Number.isInteger(h) && h >= 1 && h <= MAX_CHAIN)) throw badArgument(`h ${h} outside [1, ${MAX_CHAIN}]`);
+    if (!isUint(roundId ?? 0, 2 ** 32)) throw badArgument(`roundId: ${roundId}`);
+    if (!(Number.isInteger(remaining) && remaining >= 1)) throw badArgument(`remaining: ${remaining}`);
+    if (!champFeed || champFeed.length !== 1) throw codedError("E_CACHE_STATE", "the champion must have exactly one pending token");
+    const cached = this.champion.nCached;
+    if (!(Number.isInteger(champStart) && champStart >= 0 && champStart <= cached)) {
+      throw badArgument(`champStart ${champStart} outside [0, ${cached}]`);
+    }
+    const steps = Math.min(h, remaining);
+    if (champStart + steps > this.champion.maxContext) {
+      throw codedError("E_CONTEXT_OVERFLOW", `positions up to ${champStart + steps} exceed maxContext ${this.champion.maxContext}`);
+    }
+    if (!isUint(Number(champFeed[0]), V)) throw badArgument(`token id ${champFeed[0]} outside [0, ${V})`);
+    this._chain ??= this.champion._alloc(4 * FIXED_WORDS * MAX_CHAIN);    // (MAX_CHAIN, 13) int32
+    this._failure = null;
+    const n = wasm.cpu_chain(steps, (roundId ?? 0) >>> 0, remaining, Number(champFeed[0]), champStart, this._chain);
+    if (n < 0) throw statusError(-n, "cpu chain");
+    return this.champion._view(Int32Array, this._chain, n * FIXED_WORDS).slice();
   }
 
   /** {code, message} when the last round's record says draft_failed, else null. */

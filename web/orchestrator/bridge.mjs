@@ -258,6 +258,12 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
       const r = liveSession().round(k, roundId, remaining, nCommitted, proposals == null ? null : Array.from(proposals));
       return r instanceof Promise ? r.then(yielded) : r;
     },
+    /** Up to h baseline steps (session.chain): their records, concatenated, or one step's record
+     *  (a promise of it when that step ran asynchronously). */
+    chain(h, roundId, remaining, nCommitted) {
+      const r = liveSession().chain(h, roundId, remaining, nCommitted);
+      return r instanceof Promise ? r.then(yielded) : r;
+    },
     /** The engine's tokenizer.json text, for response_format constraints (compiled on first use). */
     useTokenizer(text) { grammar.tokenizerJson = text; },
     /** Compile a response_format (protocol: the ConstraintSpec's canonical JSON, and the request's

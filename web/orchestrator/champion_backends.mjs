@@ -10,7 +10,7 @@
 //               web/orchestrator/batch_check.mjs), setBatchVariantFault() (tests: the block path made variant),
 //               wasm only: forwardNow / decideNow, the same synchronously,
 //               injectNaN(nRows), loseDevice(), memory(), hardwareClass(), close(),
-//               wasm only: beginNow / roundNow / lastFailure / cpuDraft / loadDraft, the CPU round in
+//               wasm only: beginNow / roundNow / chainNow / lastFailure / cpuDraft / loadDraft, the CPU round in
 //               one call with the draft loaded into the champion's instance (cpu_session.mjs) }
 // "auto" takes WebGPU only from a hardware adapter; a fallback (software) adapter, a missing
 // navigator.gpu or no adapter at all gives the WASM champion.
@@ -261,6 +261,7 @@ async function openWasm({ championUrl, championConfig = null, maxContext, maxBlo
     // the CPU round in one call (cpu_session.mjs): request state once, then one record per round
     beginNow: (args) => champion.beginNow(args),
     roundNow: (args) => champion.roundNow(args),
+    chainNow: (args) => champion.chainNow(args),    // up to h baseline steps, one call (cpu_chain)
     lastFailure: () => champion.lastFailure(),
     cpuDraft: () => champion.draft,
     /** The draft loaded into this champion's instance (one CPU module) -> the Draft. */

@@ -91,7 +91,9 @@ export function createSession(env, request) {
   const base = { policy: request.policy, seed: request.seed, stopTokenIds: request.stop_token_ids, greedy: !!request.greedy };
   const draftPolicy = request.draft_policy ?? request.policy;
   let lastFailure = null, ended = false, usesDraft = false;
-  const counts = { one_call_rounds: 0, separate_call_rounds: 0 };   // how each round ran (receipts' stats)
+  // how each round ran (receipts' stats): one call into the CPU module (a chain's steps counted
+  // each), separate calls; chain_calls: calls that ran a chain of baseline steps
+  const counts = { one_call_rounds: 0, separate_call_rounds: 0, chain_calls: 0 };
 
   const championFailed = (err) => {
     mirror.abort();
@@ -183,13 +185,16 @@ export function createSession(env, request) {
   // the draft loaded into its own instance. Its request state is set once (beginNow); a round that
   // took the separate calls (a fault was armed) leaves it stale, and the next one sets it again.
   let cpuBegun = false;
-  function cpuRound(k, roundId, remaining, proposals, useDraft) {
-    const champ = env.champion();
+  function cpuBegin(champ) {
     if (!cpuBegun) {
       champ.beginNow({ policy: base.policy, draftPolicy, stopTokenIds: base.stopTokenIds, seed: base.seed,
         contextIds: mirror.committed, greedy: base.greedy });
       cpuBegun = true;
     }
+  }
+  function cpuRound(k, roundId, remaining, proposals, useDraft) {
+    const champ = env.champion();
+    cpuBegin(champ);
     const n = mirror.length;
     const out = champ.roundNow({ k, roundId, remaining, proposals: proposals == null ? null : Int32Array.from(proposals),
       champFeed: mirror.ids.slice(mirror.championAt, n), champStart: mirror.championAt,
@@ -280,9 +285,36 @@ export function createSession(env, request) {
       });
     },
 
+    /** Up to h baseline steps as one call into the CPU module (cpu_session.mjs chainNow) -> their
+     *  records, concatenated (Int32Array, n x the fixed words; n < h when a step ended the answer
+     *  or its decision failed). Where a round is not one CPU call (WebGPU, a fault armed, a
+     *  response_format), one baseline step: round(0, ...)'s record. */
+    chain(h, roundId, remaining, nCommitted) {
+      if (grammar || h <= 1 || !env.cpuRound(false) || !env.champion().chainNow) {
+        return this.round(0, roundId, remaining, nCommitted, null);
+      }
+      if (ended) throw codedError("E_CACHE_STATE", "round after the session ended");
+      if (nCommitted !== mirror.length) {
+        throw codedError("E_CACHE_STATE", `the caller has ${nCommitted} committed tokens, the session ${mirror.length}`);
+      }
+      const champ = env.champion();
+      cpuBegin(champ);
+      const n = mirror.length;
+      const out = champ.chainNow({ h, roundId, remaining, champFeed: mirror.ids.slice(mirror.championAt, n),
+        champStart: mirror.championAt });
+      const steps = out.length / layout.fixed;
+      counts.one_call_rounds += steps;
+      counts.chain_calls++;
+      for (let i = 0; i < steps; i++) {
+        mirror.championAt = mirror.length;          // the step consumed the pending token
+        settle(out.subarray(i * layout.fixed, (i + 1) * layout.fixed));
+      }
+      return out;
+    },
+
     /** {code, message} of the last round whose draft failed (status draft_failed). */
     lastFailure: () => lastFailure,
-    /** -> {one_call_rounds, separate_call_rounds}: rounds that were one call into the CPU module,
+    /** -> {one_call_rounds, separate_call_rounds, chain_calls}: rounds that were one call into the CPU module,
      *  and rounds composed of separate draft, forward and decide calls. */
     end() {
       if (!ended) env.keep?.(mirror.ids.slice(0, mirror.championAt), usesDraft ? mirror.ids.slice(0, mirror.draftAt) : undefined);

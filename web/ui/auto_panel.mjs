@@ -54,13 +54,14 @@ export function autoSentence(auto) {
   return `Speculation off: ${why}; the champion alone costs ${msText(cost.none)} a token`;
 }
 
-/** Rounds by method from the rounds seen so far ({method: count}), or null when none carried auto. */
+/** Rounds by method from the rounds seen so far ({method: count}; a tokens event of a chain counts
+ *  its `steps`), or null when none carried auto. */
 export function countMethods(rounds) {
   const counts = Object.fromEntries(METHODS.map((m) => [m, 0]));
   let any = false;
   for (const r of rounds) {
     const m = r?.auto?.method;
-    if (METHODS.includes(m)) { counts[m]++; any = true; }
+    if (METHODS.includes(m)) { counts[m] += r.steps ?? 1; any = true; }   // a chain of baseline steps: its steps
   }
   return any ? counts : null;
 }

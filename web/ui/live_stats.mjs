@@ -69,7 +69,7 @@ function snapshotOf(st, now, result) {
   const decodeMs = ttft === null ? 0 : elapsed - ttft;
   return {
     tokens: st.tokens,
-    rounds: st.rounds.length,
+    rounds: st.rounds.reduce((a, r) => a + (r.steps ?? 1), 0),   // a chain's event: its steps (rounds)
     ttftMs: t?.first_token ?? ttft,
     tokensPerS: st.tokens > 1 && decodeMs > 0 ? (1000 * (st.tokens - 1)) / decodeMs : null,
     acceptedPerRound: st.rounds.map((r) => r.accepted),

@@ -27,7 +27,9 @@ with them is an unbiased observation of its acceptance, for free. Version 4: a l
 a hold of none ends the hold only when lookup alone would beat none by the margin (version 3 weighed
 every round with a match in full: on the toy pair in the browser ~0.1 ms a round, 5-7% of its step),
 and a hold that began with lookup known not to win even at k_max searches every
-`lookup_search_every` rounds only.
+`lookup_search_every` rounds only. Version 5: a backend that chains baseline steps runs a held none
+as one call (held_rounds, observe_chain; orchestrator.CHAIN_BUDGET_MS): lookup is searched and a
+match weighed at the chain's start only, and the chain's time enters the estimates once, per step.
 """
 from __future__ import annotations
 
@@ -146,7 +148,7 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 4
+    name, version = "auto", 5
 
     def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
@@ -462,7 +464,51 @@ class AutoPolicy:
         self._chosen = (method, k, reason)
         return Choice(method, k, {"method": method, "k": k, **info, "reason": reason})
 
+    def held_rounds(self) -> int:
+        """Rounds the none just chosen is still held for after this one (0: weighed again next
+        round): the orchestrator may run them with this one as a chain of baseline steps."""
+        chosen = self._chosen
+        return self._hold if chosen is not None and chosen[0] == "none" else 0
+
     # ---- what happened -------------------------------------------------------------------------
+    def observe_chain(self, steps: int, round_ms: float, verify_ms: float, *, lookup_ms=None) -> None:
+        """`steps` baseline steps run as one call for the none just chosen and the hold's next
+        steps - 1 rounds (held_rounds): counted as that many none rounds, the hold's rounds consumed;
+        their time enters the running estimates once, per step (round_ms, verify_ms: the chain's
+        totals; lookup_ms: the search before it, or None)."""
+        if steps == 1:
+            return self.observe("none", 0, 0, 0, round_ms, 0.0, verify_ms, lookup_ms=lookup_ms)
+        first = self.rounds == 0
+        self.rounds += steps
+        self.rounds_by_method["none"] += steps
+        if self.last_method is not None and self.last_method != "none":
+            self.switches += 1
+        self.last_method = "none"
+        self.rounds_since_search = steps - 1 if lookup_ms is not None else self.rounds_since_search + steps
+        self.rounds_since_draft += steps
+        self._chosen = None
+        self.elapsed_ms += round_ms
+        if self._hold:                        # the hold's rounds the chain ran past its first
+            self._hold = max(0, self._hold - (steps - 1))
+            if not self._hold:
+                self._hold_len = min(2 * self._hold_len, self.params["hold_max"])
+        if first:                             # the request's first round times nothing (observe)
+            return
+        if lookup_ms is not None:
+            self.lookup_cost.add(lookup_ms)
+        outside = max(0.0, round_ms - verify_ms - (lookup_ms or 0.0)) / steps
+        self.overhead.add(outside)
+        self.overhead_m["none"].add(outside)
+        step = verify_ms / steps
+        if self.v_cal is not None and len(self.v_cal) > 1 and self.v_cal[1]:
+            self.v_ratio.add(step / self.v_cal[1])
+            own = self.v_ratio_n.get(1)
+            if own is None:
+                own = self.v_ratio_n[1] = _Recent(self.params["window"])
+            own.add(step / self.v_cal[1])
+        else:
+            self.v_seen.setdefault(1, _Recent(self.params["window"])).add(step)
+
     def observe(self, method: str, k: int, proposed: int, accepted: int, round_ms: float, draft_ms: float,
                 verify_ms: float, *, lookup_ms=None, draft_behind: int = 0, emitted: int = 1,
                 block_rows=None) -> None:

@@ -22,7 +22,7 @@ from .auto_policy import _interpolate
 from .caches import LogicalCache
 from .errors import E_CACHE_STATE, E_DRAFT_LOST, E_PROCESSOR_INVALID, ExactSpecError, coded_error
 from .rng import DRAFT_SAMPLE
-from .round_record import RoundOutcome, decode, encode
+from .round_record import FIXED_WORDS, RoundOutcome, decode, encode
 
 
 @dataclass
@@ -203,6 +203,21 @@ class ReferenceSession:
             if cache is not None and cache.terminal is None:
                 cache.finalize(reason or "error")
         return {}                       # every round here is the composition of the pieces
+
+    def chain(self, h: int, round_id: int, remaining: int, committed: int) -> list:
+        """Up to h baseline steps (the browser's session.chain is one call into the CPU module;
+        here, its rounds one after another) -> [RoundOutcome, ...]: step i is round round_id + i
+        with remaining - i left; it stops after a step that ended the answer or failed. A
+        response_format's rounds are not chained (one step)."""
+        steps = 1 if self.bound is not None else max(1, min(h, remaining))
+        out = []
+        for i in range(steps):
+            o = self.round(0, round_id + i, remaining - i, committed + i)
+            out.append(o)
+            if o.status != "verified" or o.error_code or o.ended_by or o.next_token is None:
+                break
+        self.round_bytes = 16 + 4 * FIXED_WORDS * len(out)
+        return out
 
     def round(self, k: int, round_id: int, remaining: int, committed: int, proposals=None) -> RoundOutcome:
         """k = 0: a baseline step; `proposals` (prompt lookup's) instead of the draft's."""

@@ -35,6 +35,13 @@ MODES = ("none", "draft", "lookup", "auto")   # auto: auto_policy.AutoPolicy pic
 # Where each emitted token came from (the "tokens" event's `sources`, one per token id).
 SOURCES = ("accepted", "correction", "extra", "baseline", "forced")   # forced: the only id a response_format allowed
 MAX_K = 64
+# A chain of baseline steps (session.chain: one call into the backend for several k = 0 rounds, where
+# the backend's limits declare "max_chain") lasts about this long at most, from the last step's
+# champion time: a 60 Hz frame, what streaming and a cancel wait at worst; a model whose step takes
+# half of it or more runs one step a call, as before. Each step is still a round of its own (its
+# round id, its record). Dev split, toy pair, WASM (tools/bench/auto_ab.py): 8 ms cut the time
+# outside the champion from ~0.25 to ~0.16 ms a token, 16 ms to ~0.10.
+CHAIN_BUDGET_MS = 16.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class GenerationConfig:
                                 # (the longest common prefix; exact: docs/core.md "Prefix reuse")
     forced_batching: bool = True  # a response_format's forced ids open a round and go to the champion in
                                   # its block (False: each is a decided row; the same tokens, for measuring)
+    chain_steps: bool = True    # a run of baseline steps (none, auto's held none) goes to a backend that
+                                # chains them as one call, up to CHAIN_BUDGET_MS of steps (False: one
+                                # call a step; the same tokens, for measuring)
 
     def validate(self, vocab_size: int) -> None:
         def bad(name, why):
@@ -68,6 +78,8 @@ class GenerationConfig:
             bad("prefix_reuse", f"must be true or false, got {self.prefix_reuse!r}")
         if not isinstance(self.forced_batching, bool):
             bad("forced_batching", f"must be true or false, got {self.forced_batching!r}")
+        if not isinstance(self.chain_steps, bool):
+            bad("chain_steps", f"must be true or false, got {self.chain_steps!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
             bad("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
         for t in self.stop_token_ids:
@@ -187,6 +199,7 @@ class _Run:
         self.constraint = None          # the compiled response_format, else None
         self.stats = _new_stats(auto.k_max if auto is not None else config.k)
         self.draft_behind = 0           # committed tokens the draft has not consumed (auto's catch-up cost)
+        self.step_ms = None             # the champion's time for the last baseline step (after the first round)
         self.auto_round = None          # this round's (Choice, lookup proposals, lookup search ms)
         self.timing = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "first_token": None, "total": 0.0}
         # where a decode round's wall time goes, as this side sees it (ms, summed over rounds):
@@ -310,15 +323,18 @@ class Orchestrator:
             epoch = cancel.epoch if cancel else 0
         elif cancel is not None:
             cancel.advance(epoch)
-        auto = None
+        auto, calibration = None, None
+        if config.speculate == "auto" or (config.speculate == "none" and self.champion.limits.get("max_chain", 1) > 1):
+            calibration = self.auto_calibration()
         if config.speculate == "auto":
             k_max = min(K_LIMIT, self.champion.limits.get("max_k", K_LIMIT))
-            auto = make_auto_policy(self.auto_calibration(), k_max, self._draft_fits(prompt_ids, config),
+            auto = make_auto_policy(calibration, k_max, self._draft_fits(prompt_ids, config),
                                     config.policy.temperature == 0,
                                     memory=self.auto_memory.get(config.policy.canonical_json()))
         run = _Run(config, prompt_ids, self.decode, request_id or uuid.uuid4().hex, epoch, on_event, cancel,
                    self.stream_decoder() if self.stream_decoder is not None else None, auto)
         run.constraint = compiled
+        run.step_ms = _calibrated_step(calibration)       # until a step of this request is timed
         try:
             await self._run_request(run, prompt_ids, decider or RngDecider(config.seed))
         except Exception as exc:  # a bug or an unforeseen backend failure: end visibly, coded
@@ -400,9 +416,12 @@ class Orchestrator:
             k = run.scheduler.next_k(remaining) if run.mode != "none" else 0
             proposals = self.lookup.proposals(run.cache.tokens, k, run.stop_ids) if run.mode == "lookup" and k else None
         run.stats["draft_calls"] += k > 0
+        steps = self._chain_steps(run, remaining) if k == 0 and run.mode in ("none", "auto") else 1
         run.cache.begin()
         t_call = time.perf_counter()
         run.phases["choose"] += (t_call - run.round_t0) * 1000.0
+        if steps > 1:
+            return await self._chain(run, steps, remaining, t_call)
         try:
             out = await resolve(run.session.round(k, len(run.token_ids), remaining, run.cache.n_committed, proposals))
         except Exception as exc:     # the champion (or the bridge) failed
@@ -424,6 +443,69 @@ class Orchestrator:
             return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
         run.phases["call"] += _ms(t_call)
         self._commit(run, out)
+
+    def _chain_steps(self, run: _Run, remaining: int) -> int:
+        """How many baseline steps this round may run as one call: as many as fit CHAIN_BUDGET_MS at
+        the last step's time (before one was timed: the calibration's V(1)), within the backend's
+        max_chain and what is left; auto's held none only as long as its hold. 1 for the first
+        token, without a step time, with a response_format, or with chain_steps off."""
+        max_chain = self.champion.limits.get("max_chain", 1)
+        if (max_chain <= 1 or not run.config.chain_steps or run.constraint is not None or run.step_ms is None
+                or not run.token_ids):      # the first token as soon as it is decided
+            return 1
+        steps = min(max_chain, remaining, int(CHAIN_BUDGET_MS / max(run.step_ms, 1e-3)))
+        if run.auto is not None:
+            steps = min(steps, 1 + run.auto.held_rounds())
+        return max(1, steps)
+
+    async def _chain(self, run: _Run, steps: int, remaining: int, t_call: float):
+        """Up to `steps` baseline steps as one call (session.chain): each step's record committed
+        as its own round (the cache's transaction, the stats), their tokens emitted as one event. A
+        step whose decision failed ends the answer after the steps before it are emitted."""
+        try:
+            outs = await resolve(run.session.chain(steps, len(run.token_ids), remaining, run.cache.n_committed))
+        except Exception as exc:     # the champion (or the bridge) failed
+            run.stats["target_calls"] += 1
+            return self._champion_failed(run, exc)
+        run.round_bytes_max = max(run.round_bytes_max, run.session.round_bytes)
+        run.phases["call"] += _ms(t_call)
+        t_commit = time.perf_counter()
+        st, cache = run.stats, run.cache
+        tokens, verify_ms, failed = [], 0.0, None
+        for i, out in enumerate(outs):
+            if i:
+                cache.begin()
+            st["target_calls"] += 1
+            run.numerics.add(out)
+            run.timing["verify"] += out.verify_ms
+            if out.status != "verified" or out.proposals or out.forced or (out.next_token is None and out.error_code is None):
+                cache.abort()
+                failed = ExactSpecError(E_INTERNAL, f"a chain's step {i} is not a baseline step ({out.status})")
+                break
+            if out.error_code is not None:
+                cache.abort()
+                st["numeric_errors"] += 1
+                failed = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
+                break
+            cache.commit_prefix(0)
+            cache.append_authoritative(out.next_token)
+            st["baseline_steps"] += 1
+            tokens.append(out.next_token)
+            verify_ms += out.verify_ms
+        if tokens:
+            run.step_ms = verify_ms / len(tokens)
+            round_info = {"proposed": 0, "accepted": 0, "forced": 0, "draft_ms": 0.0, "verify_ms": round(verify_ms, 3),
+                          "steps": len(tokens)}
+            if run.mode == "auto":
+                choice, found, lookup_ms = run.auto_round
+                run.auto.observe_chain(len(tokens), _ms(run.round_t0), verify_ms, lookup_ms=lookup_ms)
+                run.auto.observe_lookup(found, tokens)
+                run.draft_behind += len(tokens)
+                round_info["auto"] = choice.info
+            run.phases["commit"] += _ms(t_commit)
+            self._emit(run, tokens, ["baseline"] * len(tokens), round_info)
+        if failed is not None and run.finish is None:
+            self._fatal(run, failed)
 
     def _auto_choice(self, run: _Run, remaining: int):
         """auto: search lookup's proposals (when the policy wants them), ask the policy, and
@@ -461,6 +543,8 @@ class Orchestrator:
                 st["rejection_position_histogram"][out.rejected_at] += 1
             sources = ["accepted"] * n_accepted + ["correction" if out.rejected_at is not None else "extra"]
         else:
+            if st["baseline_steps"] + st["rounds"]:         # the first round may run deferred prompt work
+                run.step_ms = out.verify_ms
             st["baseline_steps"] += 1
             sources = ["baseline"]
         sources = ["forced"] * len(forced) + sources
@@ -604,6 +688,15 @@ def make_auto_policy(calibration, k_max: int, has_draft: bool, greedy: bool, mem
     """The policy of one speculate="auto" request (tests replace it with one fed modelled times);
     `memory`: the engine's last auto request's export_memory() for the same sampling policy."""
     return AutoPolicy(calibration, k_max, has_draft, greedy, memory=memory)
+
+
+def _calibrated_step(calibration) -> Optional[float]:
+    """The calibration's V(1) (ms), a baseline step's time before the request timed one; or None."""
+    try:
+        v1 = float(((calibration or {}).get("verify_ms") or [None, None])[1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return v1 if v1 > 0 else None
 
 
 def run_without_loop(coro):

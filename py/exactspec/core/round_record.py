@@ -81,6 +81,22 @@ def decode(words) -> RoundOutcome:
         diagnostics={"score": score, "u": u, "a": a, "near_top_p": bool(ended & _NEAR_TOP_P)})
 
 
+def decode_many(words) -> list:
+    """Records one after another (a chain of baseline steps, session.chain) -> [RoundOutcome, ...],
+    each as decode() reads it; a malformed run (a record cut short, none at all) is E_PROTOCOL."""
+    w = [int(x) for x in words]
+    out, at = [], 0
+    while at < len(w):
+        if len(w) - at < FIXED_WORDS:
+            raise _protocol_error(f"a chain's record at word {at} has {len(w) - at} words, under {FIXED_WORDS}")
+        size = FIXED_WORDS + max(0, w[at + _N_FORCED]) + max(0, w[at + _N_PROPOSED])
+        out.append(decode(w[at:at + size]))
+        at += size
+    if not out:
+        raise _protocol_error("a chain returned no record")
+    return out
+
+
 def encode(status: str, proposals=(), decision=None, draft_ms: float = 0.0, verify_ms: float = 0.0,
            accept_test=None, forced=()) -> list:
     """The record of a round decided in Python (acceptance.RoundDecision, or None when the champion

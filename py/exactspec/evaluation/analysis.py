@@ -88,6 +88,13 @@ def expected_vs_measured(records: list, surv: dict) -> list:
     return out
 
 
+def _step_ms(rec: dict):
+    """A champion-alone request's mean champion ms per step after its first round: each round entry's
+    verify time over its tokens (a chain of baseline steps is one entry of several; runs before
+    chains had one token an entry)."""
+    return _mean(x[4] / max(x[2], 1) for x in rec["rounds"][1:])
+
+
 def _mean(values):
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -105,7 +112,7 @@ def cost_model(records: list, surv: dict, backend: str, t: float, k: int = 4) ->
     if not alone or not arm or s is None:
         return None
     c1 = M.median(decode_ms_per_token(r) for r in alone)
-    step = M.median(_mean(v for *_, v in r["rounds"][1:]) for r in alone)   # engine ms per champion step
+    step = M.median(_step_ms(r) for r in alone)   # engine ms per champion step
     rounds = [x for r in arm for x in r["rounds"] if x[0] > 0]
     if c1 is None or step is None or not rounds:
         return None
@@ -144,7 +151,7 @@ def acceptance_needed(records: list, loads: dict, topology: str, t: float, conve
         return None
     vcal = cal["verify_ms"]
     c1 = M.median(decode_ms_per_token(r) for r in alone)
-    step = M.median(_mean(v for *_, v in r["rounds"][1:]) for r in alone)
+    step = M.median(_step_ms(r) for r in alone)
     if c1 is None or step is None or not vcal[1]:
         return None
     rounds = [x for r in drafts for x in r["rounds"] if x[0] > 0]
@@ -234,7 +241,8 @@ def round_phases(records: list, topology: str, t: float, arms=("none", "none-spe
         per = []
         for r in records:
             ph = (r.get("timing_ms") or {}).get("phases")
-            n = len(r.get("rounds") or ())      # one entry per decode round (the raw file's, as the checkpoints')
+            st = r.get("stats") or {}           # rounds: a chain of baseline steps is one event, its steps rounds
+            n = ((st.get("rounds") or 0) + (st.get("baseline_steps") or 0)) or len(r.get("rounds") or ())
             if (topology_of(r) != topology or r["arm"] != arm or r["temperature"] != t or not ph or not n):
                 continue
             models = r["timing_ms"].get("draft", 0.0) + r["timing_ms"].get("verify", 0.0)

@@ -18,7 +18,10 @@ from ..core.errors import E_BAD_ARGUMENT, E_INTERNAL, ExactSpecError, coded_erro
 from ..core.orchestrator import CancelToken, GenerationConfig, Orchestrator
 from ..core.policy import F32_MIN_TEMPERATURE, F32_PENALTY_RANGE, AllowedSetGrammar, SamplingPolicy
 from ..core.protocol import checked_config, checked_request
-from ..core.round_record import RoundOutcome, decode
+from ..core.round_record import RoundOutcome, decode, decode_many
+
+
+MAX_CHAIN = 32          # the most baseline steps one bridge.chain() runs (web/champion_wasm/cpu_session.mjs MAX_CHAIN)
 
 
 def _policy_dict(policy: SamplingPolicy) -> dict:
@@ -41,7 +44,7 @@ class BrowserChampion:
     def __init__(self, bridge, vocab_size: int, max_context: int, identity: str, max_block: int):
         self.bridge, self.vocab_size, self.max_context = bridge, vocab_size, max_context
         self.identity, self.max_block = identity, max_block
-        self.limits = {"max_k": max_block - 1, "min_temperature": F32_MIN_TEMPERATURE,
+        self.limits = {"max_k": max_block - 1, "max_chain": MAX_CHAIN, "min_temperature": F32_MIN_TEMPERATURE,
                        "repetition_penalty_range": F32_PENALTY_RANGE}
 
     async def begin(self, request, draft=None) -> "BrowserSession":
@@ -129,27 +132,36 @@ class BrowserSession:
         if proposals is not None:
             from pyodide.ffi import to_js  # Pyodide only
             args = args[:-1] + (to_js(args[-1]),)
-        answer = self.bridge.round(*args)
+        return self._read(self.bridge.round(*args), decode)
+
+    def chain(self, h: int, round_id: int, remaining: int, committed: int):
+        """Up to h baseline steps as one bridge call (session.mjs chain) -> [RoundOutcome, ...]
+        (one, where the JS side cannot chain: a WebGPU champion, a fault armed), or an awaitable of it."""
+        self.round_bytes = 16                     # four numbers cross
+        return self._read(self.bridge.chain(h, round_id, remaining, committed), decode_many)
+
+    def _read(self, answer, reader):
+        """reader(the record words) of a JS answer: at once, or an awaitable of it for a JS promise."""
         if hasattr(answer, "__await__"):
-            return self._decoded_later(answer)
-        return self._decoded(answer)
+            return self._read_later(answer, reader)
+        return reader(self._words(answer))
 
-    async def _decoded_later(self, answer):
-        return self._decoded(await answer)
+    async def _read_later(self, answer, reader):
+        return reader(self._words(await answer))
 
-    def _decoded(self, record) -> RoundOutcome:
-        raw = bytes(record.to_bytes())
+    def _words(self, records) -> array:
+        raw = bytes(records.to_bytes())
         self.round_bytes += len(raw)
         words = array("i")
         words.frombytes(raw)
-        return decode(words)
+        return words
 
     def last_failure(self) -> ExactSpecError:
         f = json.loads(self.bridge.lastFailure())
         return _coded(f["code"], f["message"], "E_DRAFT_LOST")
 
     def end(self, reason) -> dict:
-        """-> how the rounds ran: {one_call_rounds, separate_call_rounds} (session.mjs)."""
+        """-> how the rounds ran: {one_call_rounds, separate_call_rounds, chain_calls} (session.mjs)."""
         return json.loads(self.bridge.end())
 
 
@@ -250,7 +262,7 @@ def _generation_config(config: dict, stop_token_ids) -> GenerationConfig:
                             scheduler=config["scheduler"], k=config["k"], seed=config["seed"],
                             stop_token_ids=tuple(stop_token_ids) + tuple(config["stop_token_ids"]),
                             stop_strings=config["stop_strings"], prefix_reuse=config["prefix_reuse"],
-                            forced_batching=config["forced_batching"])
+                            forced_batching=config["forced_batching"], chain_steps=config["chain_steps"])
 
 
 def prompt_ids(session: Session, request: dict) -> list:
