@@ -184,6 +184,39 @@ def test_a_late_draft_that_fails_the_pair_check_is_refused_naming_the_field(pair
         assert answer(rt, "none")["result"]["error"] is None
 
 
+@pytest.mark.parametrize("damage, code, needle", [
+    ("config.json", "E_MODEL_LOAD", "num_hidden_layers"),        # the shared validator's refusal
+    ("tokenizer.json", "E_MANIFEST_MISMATCH", "merges_sha256"),   # the pair check's
+])
+def test_a_background_draft_is_checked_after_ready_and_refused_there_naming_the_field(pair, damage, code, needle):
+    """draftInBackground: the draft's files are fetched and checked when its load begins, after
+    ready, not before it (the champion's load does not wait for them): a draft that fails its
+    check leaves a ready champion-alone engine and says why in draft_error, with the code and the
+    field the same load refuses with when the draft loads before ready."""
+    rt, root = pair
+    edit = {"config.json": edit_json(lambda c: c.update(num_hidden_layers=10 ** 9)),
+            "tokenizer.json": edit_json(lambda t: t["model"]["merges"].pop())}[damage]
+    with Damage(root / "draft" / damage, edit):
+        err = load(rt, {**MOUNTED, "manifest": None})["error"]           # before ready: the load refuses
+        assert err["code"] == code and needle in err["message"], err
+        ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",
+                                 [{**MOUNTED, "manifest": None}, {**LATE, "draftDelayMs": 0}])["ready"]
+        assert ready["info"]["draft_loading"] is True and ready["info"]["draft_error"] is None
+        assert ready["info"]["manifest"]["configs"].keys() == {"champion"}   # only the champion's checked so far
+        rt.page.wait_for_function(LATE_DONE, timeout=60000)
+        info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+        assert info["draft"] is None and info["draft_error"]["code"] == code and needle in info["draft_error"]["message"]
+        refused = answer(rt, "draft")["refused"]
+        assert refused["code"] == "E_DRAFT_LOST" and needle in refused["message"], refused
+        assert answer(rt, "none")["result"]["error"] is None
+    ready = rt.page.evaluate("([m, o]) => window.exactspecRunner.tryLoad(m, o)",      # intact: checked, then in
+                             [{**MOUNTED, "manifest": None}, {**LATE, "draftDelayMs": 0}])["ready"]
+    rt.page.wait_for_function(LATE_DONE, timeout=60000)
+    info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+    assert info["draft_error"] is None and info["draft"] is not None
+    assert answer(rt, "draft")["result"]["error"] is None
+
+
 def test_a_draft_tokenizer_with_one_merge_removed_is_refused(pair):
     rt, root = pair
     drop = edit_json(lambda t: t["model"]["merges"].pop())

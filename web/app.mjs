@@ -120,7 +120,10 @@ async function loadModels(source, label) {
   // the page is usable once the champion is ready; the draft loads behind it and switches
   // speculation on when it arrives ("draft_ready")
   const onProgress = (p) => {
-    if (p.stage === "draft_ready") return draftArrived(p);
+    if (p.stage === "draft_ready") {     // the draft's fetches (its files are checked after ready) are over
+      renderProgress(finishRows(rows));
+      return draftArrived(p);
+    }
     if (p.stage === "calibration") return setLine("calibration_line", calibrationSentence(p.calibration));   // measured again
     applyProgress(rows, p);
     renderProgress(rows);

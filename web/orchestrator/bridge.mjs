@@ -46,12 +46,14 @@ export function resolveGpuBudget(value) {
  * -> { bridge, info: {champion, draft, draft_error}, timing_ms, close() }
  * `counters()` / `runtimeInfo()` (from the worker's runtime) join the bridge's own counts and
  * versions; `faults` enables fault injection (tests); `refuseAllocAfter` >= 0 refuses the GPU
- * allocation after that many (tests).
+ * allocation after that many (tests). `draftCheck` (with draftInBackground): a function -> promise
+ * of the draft's validated config (model_check.mjs checkDraft), run when the background load begins,
+ * before its weights; a refusal becomes the draft's error, as a failed load does.
  */
 export async function createBridge({ championUrl, championConfig = null, draftUrl, draftConfig = null, maxContext, draftWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href,
   championWasmUrl = new URL("../build/cpu.wasm", import.meta.url).href, championBackend = "auto", threads = "auto", matmul = "auto", draftPlacement = "auto", choice = null, prepared = null,
   counters = () => ({}), runtimeInfo = () => ({}), faults = false, refuseAllocAfter = -1, notify = () => {},
-  draftInBackground = false, draftDelayMs = 0, batchVariantFault = false, cache = false,
+  draftInBackground = false, draftDelayMs = 0, draftCheck = null, batchVariantFault = false, cache = false,
   calibrateMode = "off", gpuMemoryBudget = "auto", xgrammarUrl = null }) {
   const t0 = performance.now();
   const layout = roundRecordLayout((await loadSchema()).schema);
@@ -133,7 +135,10 @@ export async function createBridge({ championUrl, championConfig = null, draftUr
     const load = () => {
       const ts = performance.now();
       const delay = faults && draftDelayMs > 0 ? new Promise((r) => setTimeout(r, draftDelayMs)) : null;
-      return (delay ?? Promise.resolve()).then(spawnDraft).then((d) => {
+      // draftCheck (a background draft whose files were not checked before ready): its load-time
+      // check first, whose validated config the loader then takes; a refusal is the draft's error
+      const before = draftCheck ? (delay ?? Promise.resolve()).then(draftCheck).then((c) => { draftConfig = c; }) : delay;
+      return (before ?? Promise.resolve()).then(spawnDraft).then((d) => {
         if (closed) { d.terminate(); return; }
         draft = d;
         draft.setEpoch(epoch);

@@ -11,6 +11,9 @@ import { declaredSize, ggufLabel, isGgufUrl, readGgufHeader } from "../gguf/gguf
 
 export { isGgufUrl };
 
+/** fn's first call's promise, for every call. */
+const once = (fn) => { let p = null; return () => (p ??= fn()); };
+
 const MAX_SMALL_FILE = 64 << 20;          // tokenizer.json of a real model is a few MB
 
 /** The file's bytes; null for an optional file the server (or the picked folder) answers 404 to. */
@@ -104,39 +107,51 @@ async function readGguf(pyodide, url, codeKey = null) {
 
 /** -> {tokenizer_json, tokenizer_config_json, generation_config_json, chat_template_jinja (text or
  *  null), champion_config, draft_config (validate_config's result for each role, a folder's or
- *  the one a GGUF file's metadata implies; null without a draft), summary, ms, verifyRunArtifacts(info)}
- *  codeKey: the Python sources' identity, for the derived cache of a GGUF's check (null: not used). */
-export async function checkModels(pyodide, models, { codeKey = null } = {}) {
+ *  the one a GGUF file's metadata implies; null without a draft), summary, ms, verifyRunArtifacts(info),
+ *  checkDraft (deferDraft only)}
+ *  codeKey: the Python sources' identity, for the derived cache of a GGUF's check (null: not used).
+ *  deferDraft (a draft that loads after ready): only the champion's files are checked now;
+ *  checkDraft() -> promise of the draft's validated config checks the draft's (fetched, hashed,
+ *  validated: the same stage 1), for the background load to run before the draft's weights, and
+ *  verifyRunArtifacts covers the draft from then on. */
+export async function checkModels(pyodide, models, { codeKey = null, deferDraft = false } = {}) {
   const t0 = performance.now();
   const table = modelFiles(pyodide);
   const [chatTemplateFile] = table.optional;   // transformers' own file, wins over tokenizer_config's
-  const roles = models.draft ? ["champion", "draft"] : ["champion"];
-  // a GGUF side: its implied files stand for a folder's; no manifest lists it
+  const allRoles = models.draft ? ["champion", "draft"] : ["champion"];
+  const roles = deferDraft ? ["champion"] : [...allRoles];   // the roles checked so far (checkDraft adds the draft)
+  // a GGUF side: its implied files stand for a folder's; no manifest lists it (a deferred draft's:
+  // whether its URL names a .gguf decides which manifest applies, as when it is checked at once)
   const gguf = {};                      // role -> readGguf's
-  for (const role of roles) if (isGgufUrl(models[role])) gguf[role] = await readGguf(pyodide, models[role], codeKey);
-  const folderRoles = roles.filter((r) => !gguf[r]);
+  const folderRoles = allRoles.filter((r) => !isGgufUrl(models[r]));
   const mUrl = manifestUrl(models, folderRoles);
-  const entries = Object.fromEntries(roles.map((r) => [r, mUrl && folderRoles.includes(r) ? folderName(models[r]) : null]));
+  const entries = Object.fromEntries(allRoles.map((r) => [r, mUrl && folderRoles.includes(r) ? folderName(models[r]) : null]));
   const blobs = new Map();              // "role/name" -> Uint8Array
   const served = {};                    // role -> name -> [sha256, bytes]
+  /** One role's files into blobs and served: a GGUF's header (its implied files) or a folder's. */
+  const readRole = async (role) => {
+    served[role] = {};
+    if (isGgufUrl(models[role])) {
+      gguf[role] = await readGguf(pyodide, models[role], codeKey);
+      for (const [name, text] of Object.entries(gguf[role].files)) blobs.set(`${role}/${name}`, new TextEncoder().encode(text));
+      return;
+    }
+    const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
+    await Promise.all([...table.required, chatTemplateFile].map(async (name) => {
+      const bytes = await fetchBytes(base + name, MAX_SMALL_FILE, name === chatTemplateFile);
+      if (!bytes) return;
+      blobs.set(`${role}/${name}`, bytes);
+      served[role][name] = [await sha256Hex(bytes), bytes.byteLength];
+    }));
+  };
+  for (const role of roles.filter((r) => isGgufUrl(models[r]))) await readRole(role);   // GGUF first, in order
   const [manifest] = await Promise.all([
     mUrl ? fetchBytes(mUrl, MAX_SMALL_FILE).then((b) => JSON.parse(new TextDecoder().decode(b))) : null,
-    ...roles.map(async (role) => {
-      served[role] = {};
-      if (gguf[role]) {
-        for (const [name, text] of Object.entries(gguf[role].files)) blobs.set(`${role}/${name}`, new TextEncoder().encode(text));
-        return;
-      }
-      const base = models[role].endsWith("/") ? models[role] : models[role] + "/";
-      await Promise.all([...table.required, chatTemplateFile].map(async (name) => {
-        const bytes = await fetchBytes(base + name, MAX_SMALL_FILE, name === chatTemplateFile);
-        if (!bytes) return;
-        blobs.set(`${role}/${name}`, bytes);
-        served[role][name] = [await sha256Hex(bytes), bytes.byteLength];
-      }));
-    }),
+    ...roles.filter((r) => !isGgufUrl(models[r])).map(readRole),
   ]);
-  const optional = Object.fromEntries(roles.map((r) => [r, blobs.has(`${r}/${chatTemplateFile}`) ? [chatTemplateFile] : []]));
+  const optional = {};
+  const optionalOf = (r) => { optional[r] = blobs.has(`${r}/${chatTemplateFile}`) ? [chatTemplateFile] : []; };
+  roles.forEach(optionalOf);
   const stage1 = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);   // stage 1: configs
   let summary = stage1.ok;
   const text = (name) => new TextDecoder().decode(blobs.get(`champion/${name}`));
@@ -144,7 +159,9 @@ export async function checkModels(pyodide, models, { codeKey = null } = {}) {
     ...(gguf.draft ? { gguf_draft: gguf.draft.summary.gguf } : {}) });
   summary = withGguf(summary);
   const ms = performance.now() - t0;
-  const runWeights = Object.fromEntries(Object.entries(gguf).map(([role, g]) => [role, g.name]));
+  const runWeights = {};                // role -> a GGUF's run artifact name
+  const nameRuns = () => { for (const [role, g] of Object.entries(gguf)) runWeights[role] = g.name; };
+  nameRuns();
   return {
     tokenizer_json: text("tokenizer.json"),
     tokenizer_config_json: text("tokenizer_config.json"),
@@ -155,6 +172,17 @@ export async function checkModels(pyodide, models, { codeKey = null } = {}) {
     draft_config: stage1.validated_configs.draft ?? null,
     ms,
     get summary() { return summary; },
+    /** deferDraft: the draft's files checked now (stage 1) -> its validated config; verifyRunArtifacts
+     *  covers it from then on. A second call returns the first's answer. */
+    checkDraft: deferDraft && models.draft ? once(async () => {
+      await readRole("draft");
+      optionalOf("draft");
+      roles.push("draft");
+      nameRuns();
+      const both = runPy(pyodide, JSON.stringify({ roles, optional }), blobs);
+      summary = withGguf({ ...summary, configs: both.ok.configs });
+      return both.validated_configs.draft;
+    }) : null,
     /** Stage 2, given the bridge's info: the run artifacts' sha256 and bytes, as loaded. */
     verifyRunArtifacts(info) {
       const run = { champion: info.champion, draft: info.draft };

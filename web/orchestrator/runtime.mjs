@@ -119,7 +119,9 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       pyTiming = await boot(assets);
       notify({ stage: "check" });
       // configs through the shared validator, before any weights (a GGUF's check from the derived cache when allowed)
-      checked = await checkModels(py.pyodide, models, { codeKey: options.cache !== false ? py.codeKey : null });
+      // a draft that loads after ready has its files checked then, in the background, before its weights
+      checked = await checkModels(py.pyodide, models, { codeKey: options.cache !== false ? py.codeKey : null,
+        deferDraft: !!options.draft_in_background && !!models.draft });
     } catch (err) {
       prepared.close();
       throw err;
@@ -132,7 +134,7 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
       championBackend: options.champion_backend ?? "auto", threads: options.threads ?? "auto", matmul: options.matmul ?? "auto",
       draftPlacement: placementFor(models, options.draft_placement ?? "auto"),
       notify: notifyRequest,
-      draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0,
+      draftInBackground: !!options.draft_in_background, draftDelayMs: options.draft_delay_ms ?? 0, draftCheck: checked.checkDraft,
       cache: options.cache !== false, calibrateMode: mode, gpuMemoryBudget: options.gpu_memory_budget ?? "auto",
       xgrammarUrl: assets.xgrammar ?? null,
     });
