@@ -38,7 +38,10 @@ def answer(rt, prompt, **config):
 def test_a_chained_answer_is_bit_for_bit_the_one_call_a_step_answer(wasm_runtime, temperature):
     chained_calls = 0
     for seed, prompt in enumerate(PROMPTS):
-        for ending in ({}, {"stop_strings": ["e"]}, {"stop_token_ids": [5, 9, 13]}):
+        plain = answer(wasm_runtime, prompt, chain_steps=False, max_new_tokens=48, temperature=temperature, seed=seed,
+                       speculate="none")
+        # a stop id the answer meets (its 7th token): the chain must end on it, not run on
+        for ending in ({}, {"stop_strings": ["e"]}, {"stop_token_ids": [plain["token_ids"][6]]}):
             config = dict(max_new_tokens=48, temperature=temperature, seed=seed, speculate="none", **ending)
             a = answer(wasm_runtime, prompt, chain_steps=True, **config)
             b = answer(wasm_runtime, prompt, chain_steps=False, **config)
@@ -49,6 +52,8 @@ def test_a_chained_answer_is_bit_for_bit_the_one_call_a_step_answer(wasm_runtime
             steps, s = a["stats"]["baseline_steps"], a["stats"]["session"]
             assert steps == s["one_call_rounds"] == a["stats"]["target_calls"] and s["separate_call_rounds"] == 0
             assert steps == len(a["token_ids"]) if "stop_strings" not in ending else steps >= len(a["token_ids"])
+            if "stop_token_ids" in ending:
+                assert a["finish_reason"] == "eos" and len(a["token_ids"]) <= 7
             chained_calls += s["chain_calls"]
     assert chained_calls > 0            # the toy's step fits the budget many times over
 

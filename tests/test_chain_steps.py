@@ -67,11 +67,22 @@ def test_a_chained_answer_is_bit_for_bit_the_one_call_a_step_answer(temperature,
 
 @pytest.mark.parametrize("stop", [{"stop_strings": ("e",)}, {"stop_token_ids": (11, 17, 23)}, {}])
 def test_a_chain_ends_where_one_call_a_step_ends(stop):
-    """A stop string, a stop id or the length inside a chain: the same tokens, the same ending."""
+    """A stop string, a stop id or the length inside a chain: the same tokens, the same ending; the
+    chain runs no step past a stop id or the length (a stop string is found in the text after the
+    call, so steps past it are counted, never emitted)."""
+    endings = set()
     for seed in range(6):
         a, _, b, _ = chained_and_not(max_new_tokens=37, speculate="none", seed=seed,
                                      policy=SamplingPolicy(temperature=1.0), **stop)
         assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason), seed
+        assert b.stats["baseline_steps"] == len(b.token_ids)
+        if "stop_strings" in stop:
+            assert a.stats["baseline_steps"] >= len(a.token_ids)
+        else:
+            assert a.stats["baseline_steps"] == len(a.token_ids), (seed, a.finish_reason)
+        endings.add(a.finish_reason)
+    want = "stop" if "stop_strings" in stop else "eos" if stop else "length"
+    assert want in endings, endings          # the ending under test happened
 
 
 def test_auto_chains_its_held_none_and_gives_the_champions_greedy_answer():

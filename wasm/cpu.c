@@ -206,8 +206,10 @@ int cpu_chain(int h, uint32_t round_id, int remaining, int32_t token, int champ_
         int32_t *record = records + (uint32_t)i * REC_FIXED_WORDS;
         int status = cpu_round(0, round_id + (uint32_t)i, remaining - i, 0, &feed, 1, champ_start + i, 0, 0, 0, record);
         if (status != OK) return i ? i : -status;
+        /* a baseline step's next token ends the answer when it is a stop id (the record's ended_by
+         * speaks of accepted proposals only); the length ends it at h = remaining */
         if (record[REC_DECISION_ERROR] != REC_ERR_OK || (record[REC_ENDED_BY] & REC_ENDED_BY_MASK) != REC_ENDED_NONE
-            || record[REC_NEXT_TOKEN] < 0)
+            || record[REC_NEXT_TOKEN] < 0 || sess.stops[record[REC_NEXT_TOKEN]])
             return i + 1;
         feed = record[REC_NEXT_TOKEN];
     }

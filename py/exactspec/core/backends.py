@@ -207,14 +207,17 @@ class ReferenceSession:
     def chain(self, h: int, round_id: int, remaining: int, committed: int) -> list:
         """Up to h baseline steps (the browser's session.chain is one call into the CPU module;
         here, its rounds one after another) -> [RoundOutcome, ...]: step i is round round_id + i
-        with remaining - i left; it stops after a step that ended the answer or failed. A
-        response_format's rounds are not chained (one step)."""
+        with remaining - i left; it stops after a step that ended the answer (its next token a stop
+        id; the length at i = remaining - 1) or failed. A response_format's rounds are not chained
+        (one step)."""
         steps = 1 if self.bound is not None else max(1, min(h, remaining))
+        stop_ids = frozenset(self.request.stop_token_ids)
         out = []
         for i in range(steps):
             o = self.round(0, round_id + i, remaining - i, committed + i)
             out.append(o)
-            if o.status != "verified" or o.error_code or o.ended_by or o.next_token is None:
+            if (o.status != "verified" or o.error_code or o.ended_by or o.next_token is None
+                    or o.next_token in stop_ids):
                 break
         self.round_bytes = 16 + 4 * FIXED_WORDS * len(out)
         return out

@@ -96,8 +96,8 @@ def _record(topo, arm, prompt, temperature, out, rep: int = 0, max_new_tokens: i
             "first_token_ms": out["first_token_ms"], "total_ms": out["total_ms"], "timing_ms": res["timing_ms"],
             "stats": {k: st.get(k) for k in ("rounds", "proposed", "accepted", "baseline_steps", "tokens_per_round",
                                               "accepted_count_histogram", "mode", "fallback_code")},
-            "rounds": [[r.get("proposed", 0), r.get("accepted", 0), r["n"], r.get("draft_ms", 0), r.get("verify_ms", 0)]
-                       for r in out["rounds"]],
+            "rounds": [[r.get("proposed", 0), r.get("accepted", 0), r["n"], r.get("draft_ms", 0), r.get("verify_ms", 0),
+                        r.get("steps", 1)] for r in out["rounds"]],      # steps: a chain's baseline steps
             "auto": st.get("auto"),
             "auto_rounds": ([[(r.get("auto") or {}).get("method"), (r.get("auto") or {}).get("k"),
                               (r.get("auto") or {}).get("reason")] for r in out["rounds"]] if arm == "auto" else None),
