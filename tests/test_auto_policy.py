@@ -619,7 +619,8 @@ def decision_trace_hash(chains: bool = True) -> str:
     observed with jittered champion times. -> sha256 of the choices (with wants_lookup's answer
     before each, since version 4: version 3's hash is of the trace without it), in order. Since
     version 5 a held none runs as a chain of baseline steps (observe_chain) of up to 1, 4, 7 or 10
-    steps by seed; version 4's hash is of the trace without chains."""
+    steps by seed (the chain budget; since version 6 a held chain runs to it); version 4's hash is
+    of the trace without chains."""
     import hashlib
     import json
     h = hashlib.sha256()
@@ -657,7 +658,7 @@ def decision_trace_hash(chains: bool = True) -> str:
     return h.hexdigest()
 
 
-PINNED_DECISIONS = {3: "d82a1416e6620b9d", 4: "737d19ee611eafc9", 5: "2e5edbac0517253a"}    # version -> decision_trace_hash()[:16]
+PINNED_DECISIONS = {3: "d82a1416e6620b9d", 4: "737d19ee611eafc9", 5: "2e5edbac0517253a", 6: "35c5edcd1fe54ea6"}    # version -> decision_trace_hash()[:16]
 
 
 def test_the_policys_decisions_are_pinned_to_its_version():
@@ -670,7 +671,7 @@ def test_the_policys_decisions_are_pinned_to_its_version():
     assert decision_trace_hash()[:16] == PINNED_DECISIONS[AutoPolicy.version], AutoPolicy.version
 
 
-def test_without_chains_version_5_chooses_as_version_4():
-    """Version 5 added chains of a held none (held_rounds, observe_chain); a round's choice is
-    version 4's: the trace without chains gives version 4's hash."""
+def test_without_chains_the_policy_chooses_as_version_4():
+    """Versions 5 and 6 added chains of a held none (held_rounds, observe_chain); where no chain
+    runs a round's choice is version 4's: the trace without chains gives version 4's hash."""
     assert decision_trace_hash(chains=False)[:16] == PINNED_DECISIONS[4]

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from exactspec.core import orchestrator as orch_mod
-from exactspec.core.auto_policy import AutoPolicy
+from exactspec.core.auto_policy import HELD_CHAIN, AutoPolicy
 from exactspec.core.backends import ReferenceSession, RunnerChampion, RunnerDraft
 from exactspec.core.errors import E_TARGET_NUMERIC_OR_MASK
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
@@ -171,7 +171,12 @@ def test_decode_many_reads_records_one_after_another_and_refuses_a_cut_one():
         assert e.value.code == "E_PROTOCOL"
 
 
-def test_observe_chain_counts_its_steps_and_consumes_the_hold():
+def test_a_held_chain_runs_to_the_budget_and_counts_as_one_round_of_the_hold():
+    """Version 6: a held none's chain is as long as the orchestrator's budget allows (held_rounds is
+    HELD_CHAIN, not the hold's rounds left); observe_chain counts its steps as none rounds and the
+    hold counts the call as one round, so a hold of n rounds is n chains, and the hold confirmed
+    when weighed again is twice as long. Version 5's rule (a chain cut where the hold's rounds
+    ran out, the hold consumed a round a step) is caught: its chain would be 1 + hold steps."""
     cal = {"version": 1, "key": "k", "verify_ms": [None, 1.0, 1.9, 2.8], "measured_n": [1, 2, 3],
            "draft_ms_per_proposal": 5.0, "draft_catchup_ms_per_token": 5.0, "lookup_ms": 0.01}
     policy = AutoPolicy(cal, 2, True, True)
@@ -182,10 +187,19 @@ def test_observe_chain_counts_its_steps_and_consumes_the_hold():
         if held and c.info["reason"] != "probe" and policy._hold == policy._hold_len:
             break
         policy.observe(c.method, c.k, c.k, 0, 1.1, 0.0, 1.0 + 0.01 * rng.random())
-    assert c.method == "none" and held >= 1
+    hold = policy._hold
+    assert c.method == "none" and held == HELD_CHAIN and hold >= 1
+    steps = 16                                            # the chain budget's steps, more than the hold
+    assert steps > 1 + hold
     before = dict(policy.rounds_by_method)
-    policy.observe_chain(1 + held, 1.1 * (1 + held), 1.0 * (1 + held))
-    assert policy.rounds_by_method["none"] == before["none"] + 1 + held
-    assert policy.held_rounds() == 0 and policy._hold == 0
+    policy.observe_chain(steps, 1.1 * steps, 1.0 * steps)
+    assert policy.rounds_by_method["none"] == before["none"] + steps
+    assert policy.held_rounds() == 0 and policy._hold == hold      # the call, not its steps
+    for i in range(hold):                                 # the hold's rounds: one chain each, to the budget
+        c = policy.choose(200, 0, 0)
+        assert c.method == "none" and policy.held_rounds() == HELD_CHAIN, i
+        policy.observe_chain(steps, 1.1 * steps, 1.0 * steps)
+    assert policy._hold == 0
     c = policy.choose(200, 0, 0)                          # weighed again, its next hold twice as long
-    assert c.method == "none" and policy.held_rounds() == min(2 * held, policy.params["hold_max"])
+    assert c.method == "none" and policy.held_rounds() == HELD_CHAIN
+    assert policy._hold == min(2 * hold, policy.params["hold_max"])

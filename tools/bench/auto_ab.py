@@ -55,7 +55,7 @@ def measure(rt: BrowserRuntime, body: dict) -> dict:
     """One request -> {ms_per_token (page clock, request start to result, prefill included: as
     `exactspec bench` times it; the driver's clock would add the event log's transfer, larger for
     auto's events), overhead_ms a round (outside the champion and the draft), verify_ms a round (the champion's),
-    prefill_ms, n_tokens, rounds_by_method}."""
+    prefill_ms, n_tokens, rounds_by_method, events: the tokens events (one a call: a chain's steps are one)}."""
     out = rt.generate(body)
     result, ms = out["result"], out["page_ms"]
     timing, stats = result["timing_ms"], result["stats"]
@@ -64,7 +64,8 @@ def measure(rt: BrowserRuntime, body: dict) -> dict:
     other = timing["total"] - timing["prefill"] - timing["verify"] - timing["draft"]
     return {"ms_per_token": ms / max(n, 1), "overhead_ms": other / max(rounds, 1), "n_tokens": n,
             "verify_ms": timing["verify"] / max(rounds, 1), "prefill_ms": timing["prefill"],
-            "rounds_by_method": (stats.get("auto") or {}).get("rounds_by_method")}
+            "rounds_by_method": (stats.get("auto") or {}).get("rounds_by_method"),
+            "events": sum(1 for e in out["events"] if e["kind"] == "tokens")}
 
 
 def run_ab(rt, prompts, passes: int, temperatures, compare=("auto", "none")) -> dict:
@@ -86,7 +87,8 @@ def run_ab(rt, prompts, passes: int, temperatures, compare=("auto", "none")) -> 
         summary[str(t)] = {
             "requests": len(sel), "auto_speedup_geo": geo_mean([r["speedup"] for r in sel]), "compare": [a, b],
             "ms_per_token_median": {m: statistics.median(r[m]["ms_per_token"] for r in sel) for m in (a, b)},
-            "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in (a, b)}}
+            "overhead_ms_median": {m: statistics.median(r[m]["overhead_ms"] for r in sel) for m in (a, b)},
+            "events_mean": {m: statistics.mean(r[m]["events"] for r in sel) for m in (a, b)}}
     return {"rows": rows, "summary": summary}
 
 
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
                 ms, oh = s["ms_per_token_median"], s["overhead_ms_median"]
                 print(f"T={t}: {a} / {b} (same engine) {s['auto_speedup_geo']:.3f} over {s['requests']} prompts; "
                       f"ms a token {a} {ms[a]:.3f}, {b} {ms[b]:.3f}; overhead a round: {a} {oh[a]:.3f} ms, "
-                      f"{b} {oh[b]:.3f} ms")
+                      f"{b} {oh[b]:.3f} ms; events a request {a} {s['events_mean'][a]:.1f}, {b} {s['events_mean'][b]:.1f}")
     finally:
         rt.close()
     out.update({"pair": args.pair, "backend": info.get("backend"), "threads": info.get("threads"),

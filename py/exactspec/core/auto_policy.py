@@ -30,6 +30,10 @@ and a hold that began with lookup known not to win even at k_max searches every
 `lookup_search_every` rounds only. Version 5: a backend that chains baseline steps runs a held none
 as one call (held_rounds, observe_chain; orchestrator.CHAIN_BUDGET_MS): lookup is searched and a
 match weighed at the chain's start only, and the chain's time enters the estimates once, per step.
+Version 6: a hold counts calls, not steps: each held none is a chain as long as the chain budget
+allows (version 5 cut a chain where the hold's rounds ran out and weighed again: one more call and
+event each time, ~0.5 ms on the toy pair's 1 ms step); where no chain runs, a round's choices are
+version 4's.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 
 METHODS = ("none", "draft", "lookup")
 K_LIMIT = 8            # auto's k is at most min(8, the backend's max_k)
+HELD_CHAIN = 1 << 16   # held_rounds() of a chaining backend's held none: its chain budget decides
 DEFAULT_PARAMS = {
     "margin": 0.05,                    # a speculative method must beat none's cost per token by this
     "prior_accept_draft": 0.5, "prior_accept_lookup": 0.5, "prior_weight": 1.0,
@@ -148,7 +153,7 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 5
+    name, version = "auto", 6
 
     def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
@@ -180,6 +185,7 @@ class AutoPolicy:
         self._probe_worst = 0.0               # the last probe's estimated worst-case extra (ms)
         self._hold, self._held = 0, None      # rounds left to repeat the held none choice, and it
         self._hold_len = self.params["hold_rounds"]   # the next hold's length (doubles while none keeps winning)
+        self._holding = False                 # the none just chosen is held, or starts a hold
         self._hold_quiet = False              # the hold began with lookup known not to win: it searches less
         self.v_cal = self._calibrated_v()
         self.memory = memory if (memory and self.has_draft) else None
@@ -294,8 +300,11 @@ class AutoPolicy:
             if reason in ("no_match", "no_draft"):     # which: whether lookup searched, matched now
                 reason = "cheapest" if lookup_len else "no_match" if searched else "no_draft"
                 if reason != held.info["reason"]:
-                    return self._pick("none", 0, reason, held.info)
+                    choice = self._pick("none", 0, reason, held.info)
+                    self._holding = True
+                    return choice
             self._chosen = ("none", 0, reason)      # the held choice itself (a Choice is immutable)
+            self._holding = True
             return held
         if self._hold:                  # lookup's match beats none during a hold: weigh all, from a short hold again
             self._hold, self._hold_len = 0, p["hold_rounds"]
@@ -354,6 +363,7 @@ class AutoPolicy:
         held = self._pick("none", 0, reason, info)
         if none_cost is not None and reason != "margin" and (not spec or min(spec)[0] >= none_cost * (1.0 + p["hold_margin"])):
             self._hold, self._held = self._hold_len, held      # the next rounds repeat it unless lookup matches
+            self._holding = True
             # and lookup searches only every lookup_search_every rounds if not even a match of k_max could win
             self._hold_quiet = (self.acc["lookup"].evidence() >= p["lookup_evidence"]
                                 and not self._lookup_wins(remaining, self.k_max, searched))
@@ -462,18 +472,23 @@ class AutoPolicy:
         if method != "none":
             self._hold_len = self.params["hold_rounds"]
         self._chosen = (method, k, reason)
+        self._holding = False
         return Choice(method, k, {"method": method, "k": k, **info, "reason": reason})
 
     def held_rounds(self) -> int:
         """Rounds the none just chosen is still held for after this one (0: weighed again next
-        round): the orchestrator may run them with this one as a chain of baseline steps."""
+        round): the orchestrator may run them with this one as a chain of baseline steps. Since
+        version 6 a hold counts calls: a held none's chain is as long as the orchestrator's budget
+        allows (HELD_CHAIN), and it is one round of the hold (a backend that does not chain runs
+        one step a call: the same rounds)."""
         chosen = self._chosen
-        return self._hold if chosen is not None and chosen[0] == "none" else 0
+        return HELD_CHAIN if chosen is not None and chosen[0] == "none" and self._holding else 0
 
     # ---- what happened -------------------------------------------------------------------------
     def observe_chain(self, steps: int, round_ms: float, verify_ms: float, *, lookup_ms=None) -> None:
         """`steps` baseline steps run as one call for the none just chosen and the hold's next
-        steps - 1 rounds (held_rounds): counted as that many none rounds, the hold's rounds consumed;
+        rounds (held_rounds): counted as that many none rounds; the hold counts the call as one of
+        its rounds, which choose counted (version 5 consumed a hold round a step);
         their time enters the running estimates once, per step (round_ms, verify_ms: the chain's
         totals; lookup_ms: the search before it, or None)."""
         if steps == 1:
@@ -488,10 +503,6 @@ class AutoPolicy:
         self.rounds_since_draft += steps
         self._chosen = None
         self.elapsed_ms += round_ms
-        if self._hold:                        # the hold's rounds the chain ran past its first
-            self._hold = max(0, self._hold - (steps - 1))
-            if not self._hold:
-                self._hold_len = min(2 * self._hold_len, self.params["hold_max"])
         if first:                             # the request's first round times nothing (observe)
             return
         if lookup_ms is not None:
