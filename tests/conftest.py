@@ -10,6 +10,7 @@ Tiers: `-m "not browser and not slow"` is the fast loop; the plain run is the wh
   that includes unmarked tests over SLOW_LIMIT_S lists them at the end.
 """
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -177,8 +178,38 @@ def pytest_runtest_teardown(item):
 
 
 # ----------------------------------------------------------------------------- slow report
+FILE_SECONDS = {}            # test file -> seconds of its tests' setup, call and teardown (fixtures included)
+SLOWEST_FILES = 12           # how many the summary lists (CI's log shows where its time goes)
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::", 1)[0]
+    FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def _slowest_files(terminalreporter):
+    """The files that took longest (setup + call + teardown), with the run's total, when the run
+    took over a minute; written to build/test_durations.json too (every file, slowest first)."""
+    total = sum(FILE_SECONDS.values())
+    if total < 60:
+        return
+    ranked = sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("-", f"slowest test files ({total / 60:.1f} min in tests)")
+    for name, seconds in ranked[:SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:7.1f}s {name}")
+    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test_durations.json")
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"total_s": round(total, 1), "files": {n: round(t, 1) for n, t in ranked}}, f, indent=1)
+    except OSError:
+        pass                     # a read-only checkout: the summary above is the record
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    """List unmarked tests over SLOW_LIMIT_S (only when the run includes unmarked tests)."""
+    """List unmarked tests over SLOW_LIMIT_S (only when the run includes unmarked tests), then the
+    slowest files."""
+    _slowest_files(terminalreporter)
     over = []
     for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
         if report.when != "call" or report.duration <= SLOW_LIMIT_S:
