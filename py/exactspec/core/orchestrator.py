@@ -437,9 +437,7 @@ class Orchestrator:
         run.stats["draft_invalid"] += out.status == "draft_invalid"
         run.numerics.add(out)
         if out.error_code is not None:
-            run.cache.abort()
-            run.stats["numeric_errors"] += 1
-            err = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
+            err = _decision_failed(run, out)
             return self._speculation_failed(run, err) if out.error_code == E_RESIDUAL_INVARIANT else self._fatal(run, err)
         run.phases["call"] += _ms(t_call)
         self._commit(run, out)
@@ -483,9 +481,7 @@ class Orchestrator:
                 failed = ExactSpecError(E_INTERNAL, f"a chain's step {i} is not a baseline step ({out.status})")
                 break
             if out.error_code is not None:
-                cache.abort()
-                st["numeric_errors"] += 1
-                failed = ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
+                failed = _decision_failed(run, out)
                 break
             cache.commit_prefix(0)
             cache.append_authoritative(out.next_token)
@@ -707,6 +703,13 @@ def run_without_loop(coro):
         return stop.value
     coro.close()
     raise ExactSpecError(E_CACHE_STATE, "a backend returned a pending awaitable: use agenerate() in an event loop")
+
+
+def _decision_failed(run: _Run, out) -> ExactSpecError:
+    """A round whose decision failed (out.error_code): its transaction aborted and counted -> the error."""
+    run.cache.abort()
+    run.stats["numeric_errors"] += 1
+    return ExactSpecError(out.error_code, CODE_DESCRIPTIONS.get(out.error_code, "the device reported it"))
 
 
 def _ms(t0: float) -> float:
