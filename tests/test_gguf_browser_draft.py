@@ -101,6 +101,51 @@ def test_a_hostile_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2_pa
     assert field in page.value.message and str(page.value).count("E_MODEL_LOAD") == 1, (str(page.value), str(cli.value))
 
 
+BACKGROUND_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
+DAMAGES = {"eos": (lambda w: w.add_uint32("tokenizer.ggml.eos_token_id", 0), "field 'eos_token_id' differs: champion 2 draft 0"),
+           "layers": (lambda w: w.add_uint32("llama.block_count", 3), None)}   # None: the field GGUFModel names
+
+
+@pytest.mark.parametrize("damage", [None, "eos", "layers"], ids=["intact", "eos", "layers"])
+def test_a_gguf_draft_loaded_in_the_background_is_checked_there(smollm2_path, tiny_gguf_draft, chromium_browser, tmp_path,
+                                                                damage):
+    """draftInBackground with a GGUF draft (model_check.mjs checkDraft's GGUF branch): the engine is
+    ready with the champion alone before the draft's file is read; an intact draft then arrives (its
+    file's sha256 its identity) and drafts exactly; a mismatched draft (another EOS) or a hostile one
+    (3 layers in its metadata, 2 in its tensor table) leaves a ready champion-alone engine whose
+    draft_error has the code and field the same load refuses with when the draft loads before ready."""
+    path, foreground = tiny_gguf_draft, None
+    if damage is not None:
+        path = str(tmp_path / f"{damage}.gguf")
+        edit, phrase = DAMAGES[damage]
+        write_tiny_draft_gguf(smollm2_path, path, edit=edit)
+        with pytest.raises(ExactSpecError) as refused:
+            browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm")
+        foreground = refused.value
+        if phrase is None:
+            with pytest.raises(ExactSpecError) as cli:
+                GGUFModel(path)
+            phrase = cli.value.message.split(": ")[1]
+        assert phrase in foreground.message, (str(foreground), phrase)
+    config = {"temperature": 0, "max_new_tokens": N_TOKENS, "k": 3}
+    with browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm",
+                         draft_in_background=True) as rt:
+        assert rt.ready["info"]["draft_loading"] is True and rt.ready["info"]["draft_error"] is None
+        assert rt.ready["info"]["draft"] is None
+        rt.page.wait_for_function(BACKGROUND_DONE, timeout=120000)
+        info = rt.page.evaluate("() => window.exactspecRunner.info().info")
+        alone = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "none"}})["result"]
+        assert alone["error"] is None
+        if foreground is None:
+            assert info["draft_error"] is None and info["draft"]["identity"] == sha256_file(path)[0]
+            drafted = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "draft"}})["result"]
+            assert drafted["token_ids"] == alone["token_ids"] and drafted["stats"]["proposed"] > 0, drafted["stats"]
+        else:
+            err = info["draft_error"]
+            assert info["draft"] is None and err["code"] == foreground.code, (err, str(foreground))
+            assert phrase in err["message"], (err, phrase)
+
+
 DRAFT_JS = """
 import { readFileSync } from "node:fs";
 import { createDraft } from "%s";
