@@ -300,9 +300,7 @@ class AutoPolicy:
             if reason in ("no_match", "no_draft"):     # which: whether lookup searched, matched now
                 reason = "cheapest" if lookup_len else "no_match" if searched else "no_draft"
                 if reason != held.info["reason"]:
-                    choice = self._pick("none", 0, reason, held.info)
-                    self._holding = True
-                    return choice
+                    return self._pick("none", 0, reason, held.info, holding=True)
             self._chosen = ("none", 0, reason)      # the held choice itself (a Choice is immutable)
             self._holding = True
             return held
@@ -468,11 +466,11 @@ class AutoPolicy:
             extra = (v1 or 0.0) * 0.25 * (k + behind)
         return max(0.0, v + extra + o + sunk - base)
 
-    def _pick(self, method, k, reason, info) -> Choice:
+    def _pick(self, method, k, reason, info, holding=False) -> Choice:
         if method != "none":
             self._hold_len = self.params["hold_rounds"]
         self._chosen = (method, k, reason)
-        self._holding = False
+        self._holding = holding
         return Choice(method, k, {"method": method, "k": k, **info, "reason": reason})
 
     def held_rounds(self) -> int:
