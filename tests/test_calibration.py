@@ -2,6 +2,7 @@
 budget against a probe of known costs, the cache key, and the drift rule (two requests in a row)."""
 from pathlib import Path
 
+from exactspec.core.auto_policy import DEFAULT_PARAMS
 from node_harness import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,11 +38,16 @@ def test_interpolation_is_linear_between_timed_neighbours_and_conservative_above
 const m = new Map([[1, 2], [9, 10], [5, 4]]);
 const one = new Map([[1, 3]]);
 const two = new Map([[1, 2], [5, 6]]);
-console.log(JSON.stringify([cal.interpolate(m), cal.interpolate(one), cal.interpolate(two)]));
+const flat = new Map([[1, 8], [2, 8]]);
+console.log(JSON.stringify([cal.interpolate(m), cal.interpolate(one), cal.interpolate(two), cal.interpolate(flat), cal.MIN_SLOPE_FRACTION]));
 """)
     assert out[0] == [None, 2, 2.5, 3, 3.5, 4, 5.5, 7, 8.5, 10]
     assert out[1] == [None, 3, 6, 9, 12, 15, 18, 21, 24, 27]          # V1 alone: n x V1, no batching gain assumed
     assert out[2] == [None, 2, 3, 4, 5, 6, 7, 8, 9, 10]               # above the largest: the last two's line
+    # ... never flatter than V1 / 8 a row (the auto policy's min_slope_fraction, version 7): test-split
+    # run #10's WebGPU engine timed V(1) = V(2) and its flat line made every k look free
+    assert out[4] == DEFAULT_PARAMS["min_slope_fraction"] == 0.125
+    assert out[3] == [None, 8, 8, 9, 10, 11, 12, 13, 14, 15]
 
 
 def test_a_timing_inflated_by_contention_is_capped_by_a_larger_ns():

@@ -9,6 +9,7 @@ differ. Prints a table and writes JSON (default build/bench/auto_ab-<pair>.json)
     .venv/bin/python tools/bench/auto_ab.py --pair toy [--passes 2] [--threads auto]
     .venv/bin/python tools/bench/auto_ab.py --pair real --same 8
     .venv/bin/python tools/bench/auto_ab.py --pair toy --backend webgpu   (the WebGPU champion: SwiftShader here)
+    .venv/bin/python tools/bench/auto_ab.py --pair toy --backend webgpu --compare auto,draft-k4   (the best fixed arm there)
     .venv/bin/python tools/bench/auto_ab.py --pair toy --compare none,none-unchained   (chains of baseline steps)
 Run it under the browser lock (README), on a quiet machine.
 """
@@ -40,7 +41,8 @@ def dev_prompts():
 # the modes --compare names: a speculate mode, or one with its baseline steps one call each
 MODES = {"none": {"speculate": "none"}, "auto": {"speculate": "auto"},
          "none-unchained": {"speculate": "none", "chain_steps": False},
-         "auto-unchained": {"speculate": "auto", "chain_steps": False}}
+         "auto-unchained": {"speculate": "auto", "chain_steps": False},
+         "draft-k4": {"speculate": "draft", "scheduler": "static", "k": 4}}
 
 
 def payload(prompt: dict, mode: str, temperature: float) -> dict:

@@ -44,9 +44,15 @@ export async function adapterDescription() {
   }
 }
 
+/** Above the largest timed n, V grows at least V(1) x this a row (the auto policy's
+ *  min_slope_fraction, version 7): a slow device times only small n, and a flat line there made
+ *  every k look as cheap as k = 1 (test-split run #10's WebGPU spec engine: V(1) = V(2) = 118 ms). */
+export const MIN_SLOPE_FRACTION = 0.125;
+
 /** [null, V1..VmaxN] from the timed points (Map n -> ms): an untimed n is linear between its timed
- *  neighbours; above the largest timed n, the line through the two largest (n x V1 with V1 alone:
- *  no batching gain assumed, the conservative side). Needs V1. */
+ *  neighbours; above the largest timed n, the line through the two largest, never flatter than
+ *  MIN_SLOPE_FRACTION x V1 a row (n x V1 with V1 alone: no batching gain assumed, the conservative
+ *  side). Needs V1. */
 export function interpolate(timed, maxN = 9) {
   const ns = [...timed.keys()].sort((a, b) => a - b);
   if (!timed.has(1)) throw new Error("calibration: V(1) was not timed");
@@ -59,7 +65,7 @@ export function interpolate(timed, maxN = 9) {
       out.push(a + ((b - a) * (n - lo)) / (hi - lo));
     } else if (ns.length >= 2) {
       const [p, q] = ns.slice(-2);
-      const slope = Math.max(0, (timed.get(q) - timed.get(p)) / (q - p));
+      const slope = Math.max(MIN_SLOPE_FRACTION * timed.get(1), (timed.get(q) - timed.get(p)) / (q - p));
       out.push(timed.get(q) + slope * (n - q));
     } else {
       out.push(timed.get(1) * n);

@@ -33,7 +33,9 @@ match weighed at the chain's start only, and the chain's time enters the estimat
 Version 6: a hold counts calls, not steps: each held none is a chain as long as the chain budget
 allows (version 5 cut a chain where the hold's rounds ran out and weighed again: one more call and
 event each time, ~0.5 ms on the toy pair's 1 ms step); where no chain runs, a round's choices are
-version 4's.
+version 4's. Version 7: above the largest n the calibration timed, V(n) grows at least
+`min_slope_fraction` x V(1) a row (a slow device times only small n; a flat line there made every k
+look as cheap as k = 1).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ DEFAULT_PARAMS = {
     "hold_rounds": 3, "hold_max": 16,  # none that wins by hold_margin: repeated this many rounds unweighed,
     "hold_margin": 0.1,                # doubling (to hold_max) while it keeps winning when weighed again
     "own_evidence": 3,                 # rounds after which a method's own overhead and V(n)'s own drift are used
+    "min_slope_fraction": 0.125,       # above the largest n the calibration timed, V grows at least V(1) x this a row
 }
 
 
@@ -153,7 +156,7 @@ class AutoPolicy:
     """The auto policy of one request (see the module doc). `calibration`: common.md §1's dict,
     or None (no measurement: speculation only after probes have timed it)."""
 
-    name, version = "auto", 6
+    name, version = "auto", 7
 
     def __init__(self, calibration, k_max: int, has_draft: bool, greedy: bool, memory=None, **params):
         unknown = set(params) - set(DEFAULT_PARAMS)
@@ -210,7 +213,14 @@ class AutoPolicy:
         extra = 0.0 if self.greedy else float(cal.get("verify_sampled_extra_ms_per_row") or 0.0)
         if len(pts) == 1:               # one point says nothing of V's slope: the other n are learnt
             return [None] + [pts[0][1] + extra * n if n == pts[0][0] else None for n in range(1, self.k_max + 2)]
-        return [None] + [_interpolate(pts, n) + extra * n for n in range(1, self.k_max + 2)]
+        # above the largest timed n the line through the two largest, but never flatter than
+        # min_slope_fraction x V(1) a row (version 7): a slow device times only small n (SwiftShader,
+        # test-split run #10: V(1) and V(2), both 118 ms under contention), and a flat line there made
+        # k = 8 look as cheap as k = 1 (auto drafted k = 8 at acceptance 0: 1.28x against k = 4's 1.63x)
+        (n_top, v_top), floor = pts[-1], self.params["min_slope_fraction"] * pts[0][1]
+        slope = max((v_top - pts[-2][1]) / (n_top - pts[-2][0]), floor)
+        return [None] + [(_interpolate(pts, n) if n <= n_top else v_top + slope * (n - n_top)) + extra * n
+                         for n in range(1, self.k_max + 2)]
 
     def _verify(self, n: int):
         """Estimated champion time for n verified rows, or None when unknown. The calibrated V(n)
