@@ -69,11 +69,15 @@ def test_a_second_load_in_the_same_browser_context_reads_it_from_the_cache(rt):
 
 
 def test_drift_reported_twice_drops_the_entry_and_measures_again_between_requests(rt):
+    rt.page.evaluate("() => { window.stagesSeen = []; window.exactspecProgress = (p) => window.stagesSeen.push(p.stage); }")
     before = load(rt, faults=True)["info"]["calibration"]
     rt.page.evaluate("() => window.exactspecRunner.fault({action: 'report_drift', value: 2.0, requests: 2})")
     ask(rt, "none")
     assert rt.page.evaluate("() => window.exactspecRunner.info().info.calibration.measured_at") == before["measured_at"]
+    assert "calibration_due" not in rt.page.evaluate("() => window.stagesSeen")
     ask(rt, "none")                                            # the second in a row: dropped, measured when idle
+    # announced before the result (the evaluation's page waits for the measurement on it)
+    assert rt.page.evaluate("() => window.stagesSeen.filter((s) => s === 'calibration_due').length") == 1
     rt.page.wait_for_function("(t) => window.exactspecRunner.info().info.calibration.measured_at !== t",
                               arg=before["measured_at"], timeout=60000)
     after = rt.page.evaluate("() => window.exactspecRunner.info().info.calibration")

@@ -86,6 +86,10 @@ def test_auto_requests_record_their_choices_and_samples_their_first_tokens(smoke
         assert r["auto"]["policy"] == "auto" and sum(r["auto"]["rounds_by_method"].values()) == sum(x[5] for x in r["rounds"])
         assert len(r["auto_rounds"]) == len(r["rounds"])
         assert all(m in ("none", "draft", "lookup") and isinstance(k, int) and reason for m, k, reason in r["auto_rounds"])
+    # a calibration a request's drift made due is recorded with it (eval.mjs waits for it); mostly none
+    requests = [r for r in recs if r.get("kind") == "request"]
+    assert all("recalibration" in r for r in requests)
+    assert all(r["recalibration"] is None or r["recalibration"]["verify_ms"][1] > 0 for r in requests)
     samples = [r for r in recs if r.get("kind") == "sample"]
     assert sorted({(s["arm"], s["prompt_id"]) for s in samples}) == sorted(
         (a, p) for a in ("none", "auto", "draft-k4") for p in ("adversarial-1", "casual-1", "code-3"))

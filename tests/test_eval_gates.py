@@ -394,3 +394,18 @@ def test_the_median_of_further_loads_is_reported_beside_the_gate_and_leaves_the_
     assert gate["value"] == pytest.approx((1000 + 2560) / (3000 + 2560 / 1.1))
     at_median = A.end_to_end_with_loads(rows, med, "real-wasm", ["casual", "dialogue"], 256)
     assert at_median["value"] == pytest.approx((1100 + 2560) / (1300 + 2560 / 1.1))
+
+
+def test_calibrations_measured_again_after_drift_are_listed_per_engine():
+    """Each request's `recalibration` (the calibration its drift made due, which the bench's page
+    waited for after it) lands in the results per engine, naming the request; requests without one,
+    and records from before the field existed, add nothing."""
+    from exactspec.evaluation.report import recalibrations
+    cal = {"verify_ms": [None, 55.0, 56.0, 58.0, 68.0, 78.0, 88.0, 98.0, 108.0, 119.0], "measured_n": [1, 3, 9]}
+    base = {"engine": "toy-webgpu-spec", "arm": "auto", "prompt_id": "code-4", "temperature": 1.0, "rep": 0}
+    records = [{**base, "recalibration": None}, {**base, "recalibration": cal}, {**base, "engine": "toy-webgpu-alone"},
+               {**base, "arm": "draft-k4", "prompt_id": "json-4", "temperature": 0.0, "recalibration": {**cal, "measured_n": [1, 2]}}]
+    assert recalibrations(records) == {"toy-webgpu-spec": [
+        {"after": "auto code-4 T=1 rep 0", "v1_ms": 55.0, "v5_ms": 78.0, "measured_n": [1, 3, 9]},
+        {"after": "draft-k4 json-4 T=0 rep 0", "v1_ms": 55.0, "v5_ms": 78.0, "measured_n": [1, 2]}]}
+    assert recalibrations([base]) == {}

@@ -392,6 +392,7 @@ async function run() {
   renderLive(live);
   const poll = setInterval(renderMemory, MEMORY_POLL_MS);
   let tokenEvents = 0;
+  page.tokenEvents = 0;                // this answer's events (the last answer's count would read as this one's)
   try {
     const result = await page.engine.generate(prompt, options, (env) => {
       if (env.kind === "tokens") {

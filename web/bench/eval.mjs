@@ -5,6 +5,8 @@
 import { Engine } from "/web/orchestrator/engine.mjs";
 
 const engines = new Map();   // name -> Engine
+const remeasures = new Map();  // name -> {due: a promise of the calibration a drift made due, or null; resolve}
+const REMEASURE_WAIT_MS = 60000;
 const coded = (err) => ({ code: err?.code ?? "E_INTERNAL", message: String(err?.message ?? err) });
 const pageHeap = () => performance.memory?.usedJSHeapSize ?? null;
 
@@ -18,7 +20,15 @@ async function load(name, models, options = {}) {
   const t0 = performance.now();
   let draftReady = null, draftCalibrated = null, draftError = null, draftLoadMs = null, settle;
   const settled = new Promise((r) => { settle = r; });
+  const remeasure = { due: null, resolve: null };
+  remeasures.set(name, remeasure);
   const onProgress = (p) => {
+    if (p.stage === "calibration_due") {      // after a request whose drift made one due (before its result)
+      remeasure.due = new Promise((r) => { remeasure.resolve = r; });
+    } else if (p.stage === "calibration" && remeasure.resolve) {
+      remeasure.resolve(p.calibration);
+      remeasure.resolve = null;
+    }
     if (p.stage === "draft_ready") {
       draftReady = performance.now() - t0;
       draftError = p.draft_error ?? null;
@@ -43,8 +53,11 @@ async function load(name, models, options = {}) {
   }
 }
 
-/** One request: {result, rounds, first_token_ms, total_ms, memory, page_heap} or {refused}.
- *  rounds: one entry per tokens event: its round info, token count and sources. */
+/** One request: {result, rounds, first_token_ms, total_ms, memory, page_heap, recalibration} or
+ *  {refused}. rounds: one entry per tokens event: its round info, token count and sources.
+ *  recalibration: when this request's drift made a calibration due (progress "calibration_due"),
+ *  the new calibration, waited for after the request's clock stopped (null otherwise), so that no
+ *  timed request of any engine runs beside a measurement. */
 async function generate(name, payload) {
   const engine = engines.get(name);
   const rounds = [];
@@ -59,8 +72,12 @@ async function generate(name, payload) {
     });
     const total_ms = performance.now() - t0;
     delete result.text;   // the ids are what the evaluation compares
+    const remeasure = remeasures.get(name);
+    const recalibration = remeasure?.due   // (bounded: a measurement that never comes costs a minute, not the run)
+      ? await Promise.race([remeasure.due, new Promise((r) => setTimeout(() => r(null), REMEASURE_WAIT_MS))]) : null;
+    if (remeasure) remeasure.due = null;
     return { result, rounds, first_token_ms: tFirst === null ? null : tFirst - t0, total_ms,
-             memory: await engine.memory(), page_heap: pageHeap() };
+             memory: await engine.memory(), page_heap: pageHeap(), recalibration };
   } catch (err) {
     return { refused: coded(err) };
   }
@@ -70,6 +87,7 @@ async function unload(name) {
   const engine = engines.get(name);
   if (engine) await engine.terminate();
   engines.delete(name);
+  remeasures.delete(name);
 }
 
 window.evalBench = { load, generate, unload, pageHeap };

@@ -366,6 +366,9 @@ export function createPyodideRuntime({ counters, post, fetchHooks = null }) {
         current = null;
       }
       await observeDrift(result);
+      // announced before this result is posted (the same channel, in order): a caller that times
+      // requests (the evaluation) waits for the measurement instead of running beside it
+      if (cal.due && cal.dueFromDrift) cal.notify({ stage: "calibration_due", reason: "drift" });
       if (lateDraft) setTimeout(startDraftWhenIdle, 0);   // a background draft deferred by this request
       if (cal.due || lateWarm) setTimeout(calibrateWhenIdle, 0);   // after this result is posted; a request that starts first defers it
       return result;

@@ -166,6 +166,22 @@ def _planned_topologies(run_info: dict, records: list) -> list:
     return sorted(names)
 
 
+def recalibrations(records: list) -> dict:
+    """engine -> the calibrations its requests' drift made due (each request's `recalibration`, which
+    web/bench/eval.mjs waited for after it): which request, V(1), V(5) and the n timed. Runs before
+    test-split run #11 recorded none (the field did not exist): {}."""
+    out = {}
+    for r in records:
+        cal = r.get("recalibration")
+        if isinstance(cal, dict) and cal.get("verify_ms"):
+            vm = cal["verify_ms"]
+            out.setdefault(r["engine"], []).append({
+                "after": f"{r['arm']} {r['prompt_id']} T={r['temperature']:g} rep {r.get('rep', 0)}",
+                "v1_ms": vm[1] if len(vm) > 1 else None, "v5_ms": vm[5] if len(vm) > 5 else None,
+                "measured_n": cal.get("measured_n")})
+    return out
+
+
 def summarise(run_info: dict, records: list, samples: list, failures: list, gates_path: str | None = None) -> dict:
     """Everything the report, the plots and the gates need, from a run's raw content."""
     gates_doc, g_hash = load_gates(gates_path or os.path.join(REPO_ROOT, GATES_V2_PATH))
@@ -243,6 +259,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
                      for k, v in loads.items()},
            "calibration": {k: (v.get("calibration") or (v.get("info") or {}).get("calibration")) for k, v in loads.items()},
            "batch_check": {k: (v.get("batch_check") or (v.get("info") or {}).get("batch_check")) for k, v in loads.items()},
+           "recalibrations": recalibrations(records),
            "cold_warm": {t: A.cold_warm(run_info, trecs, t) for t in topologies},
            "arms": arm_rows, "cells": cells, "auto_choices": auto_choices,
            "strata_speedup": {f"{b}:{arm}:T={x:g}:{s}": v for (b, arm, x, s), v in
@@ -478,6 +495,10 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         again = v.get("load_ms_repeats") or []
         again_s = f" (again: {', '.join(_f(x, '.0f') for x in again)})" if again else ""
         L.append(f"| {k} | {_f(v.get('load_ms'), '.0f')}{again_s} | {tm or '-'}{late} | {cal_s} | {bc_s} |")
+    for engine, again in sorted((res.get("recalibrations") or {}).items()):
+        L.append(f"\n{engine}: calibration measured again after drift {len(again)} time(s), between requests "
+                 "(the bench waits for each): " + "; ".join(
+                     f"after {x['after']} V(1) {_f(x['v1_ms'])} ms, V(5) {_f(x['v5_ms'])} ms, timed n {x['measured_n']}" for x in again) + ".")
     for t in res["topologies_run"]:
         e2e = ((res["gates"].get(t) or {}).get("metrics") or {}).get("end_to_end_gain_with_loads") or {}
         if e2e.get("draft_in_background_to_ms") is not None:

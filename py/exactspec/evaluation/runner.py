@@ -103,6 +103,8 @@ def _record(topo, arm, prompt, temperature, out, rep: int = 0, max_new_tokens: i
                               (r.get("auto") or {}).get("reason")] for r in out["rounds"]] if arm == "auto" else None),
             "sources": [s for r in out["rounds"] for s in r["sources"]],
             "memory": out["memory"], "page_heap": out["page_heap"],
+            # the calibration this request's drift made due, measured after it (web/bench/eval.mjs)
+            "recalibration": out.get("recalibration"),
             "peak_resident_bytes": receipt.get("peak_resident_bytes"),
             "identity": {k: receipt.get(k) for k in ("champion_artifact_hash", "draft_artifact_hash", "tokenizer_hash",
                                                      "chat_template_hash", "sampling_policy_hash", "scheduler_policy_hash",
