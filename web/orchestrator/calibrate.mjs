@@ -21,6 +21,7 @@ const PROPOSE_K = 4;             // the draft's timed proposal
 const SPOT_TIMINGS = 5;          // V(1) timings of a cached entry's spot check, at most
 const SPOT_BUDGET_MS = 50;       // ... and no more than two once this has passed
 const MAX_TIMINGS = 4;           // timings of one V(n) at most (a cheap device repeats while the budget lasts)
+const MID_N = 5;                 // the smallest second point of a slow device: k = 4's block, the k auto weighs most
 
 const round3 = (x) => (x == null ? null : Math.round(x * 1000) / 1000);
 
@@ -120,10 +121,11 @@ export function monotone(timed) {
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill, the
- * first V(1) (without them there is no calibration), a second point when no other fits (V(2):
- * the one round a slow device's calibration may run past the budget) and the draft's first
+ * first V(1) (without them there is no calibration), a second point when none of n >= MID_N fits
+ * (V(MID_N): the one round a slow device's calibration may run past the budget) and the draft's first
  * catch-up pair and proposal (auto cannot cost a draft it never timed). Order: V(1), V(9) (when it
- * does not fit, the largest n that does: two points give V's slope), the draft (a
+ * does not fit, the largest n >= MID_N that does: two points give V's slope over the k auto
+ * weighs most), the draft (a
  * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
  * twice), V(1), V(9) again, one sampled round at the largest n timed,
  * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
@@ -165,13 +167,19 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
     };
     await timeV(1, 1);                           // both ends once before any second timing: a large
     if (maxN > 1 && !(await timeV(maxN, 1))) {   // model's budget may hold only a few rounds
-      // V(maxN) does not fit (SwiftShader: ~50 ms a row): the largest n that does, so that V's
-      // slope is measured and not left to the rounds (an auto request may end before it learns it)
-      for (let n = maxN - 1; n >= 2; n--) if (await timeV(n, 1)) break;
-      // none fits (a step over ~120 ms: SwiftShader on a busy machine, test-split run #7): V(2)
-      // anyway, past the budget by one round; V(1) alone reads as no batching gain at all, and
-      // auto would keep the draft off on the very devices where verifying a block is nearly free
-      if (timed.size === 1 && greedy.canVerify(2)) await timeV(2, 1, true);
+      // V(maxN) does not fit (SwiftShader: ~50 ms a row): the largest n >= MID_N that does, so that
+      // V's slope over the k auto weighs most is measured, not left to the rounds (an auto request
+      // may end before it learns it)
+      const mid = Math.min(MID_N, maxN);
+      let second = false;
+      for (let n = maxN - 1; n >= mid && !second; n--) second = await timeV(n, 1);
+      // none fits (SwiftShader, whose first rounds' calls take ~2x their step): V(mid) anyway, past
+      // the budget by one round. V(1) alone reads as no batching gain, and auto kept the draft off
+      // where verifying a block is nearly free (test-split run #7); a small second n (V(2), runs
+      // #10 and #11) read SwiftShader's flat V(1..5) as flat to 9 (auto drafted k = 8 at
+      // acceptance 0) or, under the policy's floor above the largest timed n, as steep from 3
+      // (auto drafted k = 1-3 where k = 4 ran 1.6x)
+      for (let n = mid; n >= 2 && !second; n--) if (greedy.canVerify(n)) second = await timeV(n, 1, true);
     }
     if (probe.hasDraft) {                        // the draft next: its calls are a fraction of a champion round
       // the marginal cost of a caught-up token: a forward of 1 + CATCHUP_IDS ids against one of 1 id
