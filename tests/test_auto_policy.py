@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from exactspec.core.auto_policy import DEFAULT_PARAMS, AutoPolicy, Choice
+from exactspec.core.auto_policy import DEFAULT_PARAMS, AutoPolicy
 from exactspec.core.backends import ReferenceSession, RunnerChampion, RunnerDraft, calibrate_reference
 from exactspec.core.deciders import RngDecider
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator, SessionRequest
@@ -24,9 +24,10 @@ def calibration(v1=20.0, slope=0.1, d=2.0, c=None, lookup_ms=0.0):
             "draft_catchup_ms_per_token": 0.1 * d if c is None else c, "lookup_ms": lookup_ms}
 
 
-def simulate(choose, observe=None, *, v1=20.0, slope=0.1, d=2.0, o=0.5, accept=0.5, n_tokens=256, seed=0):
+def simulate(choose, observe=None, *, v1=20.0, slope=0.1, d=2.0, o=0.5, accept=0.5, n_tokens=256, seed=0, verify=None):
     """A request of n_tokens whose rounds cost exactly the calibration's model (catch-up 0.1 d a
-    token) and accept each proposal i.i.d. with probability accept(tokens so far) (or a constant).
+    token; verify(k, rng) -> ms instead of V(k + 1) = v1 (1 + slope k) when given) and accept each
+    proposal i.i.d. with probability accept(tokens so far) (or a constant).
     choose(remaining, behind) -> (method, k). -> (ms per token, [(method, k, tokens before), ...])."""
     rng, c = random.Random(seed), 0.1 * d
     tokens, total, behind, trace = 0, 0.0, 0, []
@@ -37,7 +38,7 @@ def simulate(choose, observe=None, *, v1=20.0, slope=0.1, d=2.0, o=0.5, accept=0
         while acc < k and rng.random() < a:
             acc += 1
         draft_ms = d * k + c * behind if method == "draft" and k else 0.0
-        verify_ms = v1 * (1 + slope * k)
+        verify_ms = verify(k, rng) if verify is not None else v1 * (1 + slope * k)
         round_ms = draft_ms + verify_ms + o
         if observe is not None:
             observe(method, k, acc, round_ms, draft_ms, verify_ms, behind, acc + 1)
@@ -48,9 +49,10 @@ def simulate(choose, observe=None, *, v1=20.0, slope=0.1, d=2.0, o=0.5, accept=0
     return total / tokens, trace
 
 
-def auto_request(memory=None, **world):
-    cal = calibration(world.get("v1", 20.0), world.get("slope", 0.1), world.get("d", 2.0))
-    policy = AutoPolicy(cal, 8, True, True, memory=memory)
+def auto_request(memory=None, cal=None, params=None, **world):
+    """An auto request in simulate's world, on `cal` (default: the world's own calibration)."""
+    cal = cal or calibration(world.get("v1", 20.0), world.get("slope", 0.1), world.get("d", 2.0))
+    policy = AutoPolicy(cal, 8, True, True, memory=memory, **(params or {}))
 
     def choose(remaining, behind):
         c = policy.choose(remaining, 0, behind)
@@ -632,23 +634,10 @@ def test_above_the_largest_timed_n_v_grows_at_least_the_floor():
     assert AutoPolicy(cal, 8, True, True, min_slope_fraction=0.0).v_cal == AutoPolicy(cal, 8, True, True).v_cal
 
 
-def swiftshader_request(policy, accept, seed, n_tokens=256, d=0.7):
-    """A request on SwiftShader's shape (run #10's warm-up engine timed V(1) 54.5, V(3) 58.2, V(9)
-    118.9 ms): V(n) = 55 ms up to 3 rows, then 10 ms a row, each round jittered by +-5%. -> ms per token."""
-    rng, tokens, total, behind = random.Random(seed), 0, 0.0, 0
-    while tokens < n_tokens:
-        c = policy.choose(n_tokens - tokens, 0, behind) if policy is not None else None
-        method, k = (c.method, c.k) if c is not None else ("none", 0)
-        acc = 0
-        while acc < k and rng.random() < accept:
-            acc += 1
-        draft_ms = d * k + 0.12 * behind if method == "draft" and k else 0.0
-        verify_ms = (55.0 + 10.0 * max(0, k + 1 - 3)) * (0.95 + 0.1 * rng.random())
-        if policy is not None:
-            policy.observe(method, k, k, acc, draft_ms + verify_ms + 0.5, draft_ms, verify_ms, draft_behind=behind, emitted=acc + 1)
-        behind = 0 if method == "draft" and k else behind + acc + 1
-        tokens, total = tokens + acc + 1, total + draft_ms + verify_ms + 0.5
-    return total / tokens
+def swiftshader_verify(k, rng):
+    """SwiftShader's shape (run #10's warm-up engine timed V(1) 54.5, V(3) 58.2, V(9) 118.9 ms):
+    V(n) = 55 ms up to 3 rows, then 10 ms a row, each round jittered by +-5%."""
+    return (55.0 + 10.0 * max(0, k + 1 - 3)) * (0.95 + 0.1 * rng.random())
 
 
 def test_a_flat_calibration_of_small_n_does_not_send_auto_to_deep_k():
@@ -657,25 +646,12 @@ def test_a_flat_calibration_of_small_n_does_not_send_auto_to_deep_k():
     version 7 1.02x / 1.02x the best fixed; version 6's flat line (min_slope_fraction 0, the broken
     variant) 1.13x / 1.17x, drafting k = 8 that it thought as cheap as k = 1."""
     for accept in (0.5, 0.7):
-        best = min(sum(swiftshader_request(_Fixed(k), accept, s) for s in range(8)) for k in range(9))
-        ratio = {floor: sum(swiftshader_request(AutoPolicy(flat_small_n_calibration(), 8, True, True, min_slope_fraction=floor), accept, s)
+        world = dict(accept=accept, d=0.7, verify=swiftshader_verify)
+        best = min(sum(fixed_request(k, seed=s, **world) for s in range(8)) for k in range(9))
+        ratio = {floor: sum(auto_request(cal=flat_small_n_calibration(), params={"min_slope_fraction": floor}, seed=s, **world)[0]
                             for s in range(8)) / best for floor in (0.125, 0.0)}
         assert ratio[0.125] < 1.06, (accept, ratio)
         assert ratio[0.0] > 1.1, (accept, ratio)          # the check can fail: version 6's rule does
-
-
-class _Fixed:
-    """A fixed arm in swiftshader_request's shape: draft k every round (none at k = 0)."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def choose(self, remaining, lookup_len, behind):
-        k = min(self.k, remaining - 1)
-        return Choice("draft" if k else "none", k, {})
-
-    def observe(self, *args, **kwargs):
-        pass
 
 
 # --- the policy's decisions are pinned to its version ----------------------------------------
