@@ -56,7 +56,9 @@ def browser_ids(rt, prompt, **config):
 
 def test_greedy_modes_are_identical_in_the_browser(runtime):
     endings, n_checked = set(), 0
-    for i, prompt in enumerate(PROMPTS):
+    # WebGPU (SwiftShader, ~4x WASM's time a token here): every other prompt, half of them with a stop string
+    prompts = PROMPTS if runtime.ready["info"]["champion"]["backend"] == "wasm" else PROMPTS[::2]
+    for i, prompt in enumerate(prompts):
         alone = browser_ids(runtime, prompt, max_new_tokens=16, temperature=0, speculate="none")
         config = dict(max_new_tokens=16, temperature=0)
         if i % 2 and len(alone["text"]) > 10:
@@ -68,7 +70,7 @@ def test_greedy_modes_are_identical_in_the_browser(runtime):
             assert spec["token_ids"] == alone["token_ids"], (prompt, mode)
             assert spec["finish_reason"] == alone["finish_reason"] and spec["text"] == alone["text"]
             n_checked += 1
-    assert n_checked == 2 * len(PROMPTS) and {"length", "stop"} <= endings
+    assert n_checked == 2 * len(prompts) and {"length", "stop"} <= endings
 
 
 @pytest.mark.parametrize("mode", ["draft", "lookup"])

@@ -67,6 +67,12 @@ def test_smollm2_gguf_chat_in_the_browser_equals_reference(smollm2_path, chromiu
         assert alone["token_ids"] == want, alone["text"]
         assert lookup["token_ids"] == want
         assert "Paris" in alone["text"]
+        # its context read from the file's metadata; a request past it refused before any output
+        # (the K/V growth to 4096 positions: tests/test_long_context.py)
+        assert info["champion"]["max_context"] == 8192
+        with pytest.raises(ExactSpecError) as past:
+            rt.generate({"prompt": QUESTION, "config": {"max_new_tokens": 8192}})
+        assert past.value.code == "E_CONTEXT_OVERFLOW" and "8192" in past.value.message
         receipt = alone["receipt"]
         assert identity in str(receipt)
         decode_ms = receipt["timing_ms"]["decode"] / max(1, len(alone["token_ids"]) - 1)

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
+from engine_loads import FAST_RUNTIME
 from exactspec.core import backends
 from exactspec.core.orchestrator import GenerationConfig
 from exactspec.host.browser_run import BrowserRuntime
@@ -112,7 +113,7 @@ CHAMPION, DRAFT = os.path.join(MODELS, "champion"), os.path.join(MODELS, "draft"
 @pytest.fixture(scope="module", params=["wasm", "webgpu"])
 def runtime(request, chromium_browser):
     rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param,
-                        faults=True)
+                        faults=True, **FAST_RUNTIME)
     assert rt.ready["info"]["champion"]["backend"] == request.param
     yield rt
     rt.close()

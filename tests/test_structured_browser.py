@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
+from engine_loads import FAST_RUNTIME
 from exactspec.core.constraints import ConstraintGrammar, parse_response_format
 from exactspec.core.orchestrator import GenerationConfig
 from exactspec.core.policy import SamplingPolicy
@@ -25,7 +26,8 @@ PROMPTS = ["And the king said unto the prophet", "To be, or not to be,"]
 
 @pytest.fixture(scope="module", params=["wasm", "webgpu"])
 def runtime(request, chromium_browser):
-    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param)
+    rt = BrowserRuntime(CHAMPION, DRAFT, browser=chromium_browser, timeout_s=600, champion_backend=request.param,
+                        **FAST_RUNTIME)
     assert rt.ready["info"]["champion"]["backend"] == request.param
     yield rt
     rt.close()

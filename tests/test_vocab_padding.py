@@ -8,6 +8,7 @@ equals the champion alone; the browser (WASM and WebGPU champions) equals the re
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
+from engine_loads import FAST_RUNTIME
 from exactspec.core.errors import E_BAD_ARGUMENT, ExactSpecError
 from exactspec.core.orchestrator import GenerationConfig, Orchestrator
 from exactspec.core.receipts import sha256_json
@@ -99,7 +100,7 @@ def test_the_browser_suppresses_the_same_rows_and_equals_the_reference(pair, bac
     reference = load_pair(champion_q8, pair[1], champion_weights="q8", champion_matmul="q8act" if backend == "wasm" else "f32")
     prompt = _prompt(reference)
     expected = _greedy(reference.orchestrator, prompt, "none").token_ids
-    rt = BrowserRuntime(*pair, browser=chromium_browser, champion_backend=backend)
+    rt = BrowserRuntime(*pair, browser=chromium_browser, champion_backend=backend, **FAST_RUNTIME)
     try:
         for mode in ("none", "draft"):
             got = rt.generate({"prompt_ids": prompt, "config": {"max_new_tokens": 12, "temperature": 0.0, "speculate": mode,

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from browser_fixture import chromium_browser  # noqa: F401
+from engine_loads import FAST_RUNTIME
 from exactspec.host.browser_run import BrowserRuntime
 from exactspec.host.server import StaticServer, _Link
 from exactspec.reference.models import default_models_dir
@@ -41,12 +42,13 @@ def origin(chromium_browser):  # noqa: F811
 
 
 def _load(origin, champion=None, draft=None, backend="wasm", **kw):
-    """A runtime on the shared origin -> (runtime, the fetch progress of weight files by name)."""
+    """A runtime on the shared origin -> (runtime, the fetch progress of weight files by name). No
+    warm-up requests; the calibration runs (the thread choice is cached beside it)."""
     base = default_models_dir()
     progress = []
     rt = BrowserRuntime(champion or os.path.join(base, "champion"), draft or os.path.join(base, "draft"),
                         context=origin["context"], port=origin["port"], champion_backend=backend,
-                        on_progress=lambda p: progress.append(p), **kw)
+                        on_progress=lambda p: progress.append(p), **{"warm_up": False, **kw})
     weights = {p["name"]: p.get("cache") for p in progress
                if p.get("stage") == "fetch" and p.get("done") and p["name"].endswith((".safetensors", ".gguf"))}
     rt.stages = [p for p in progress if p.get("stage") == "cache"]
@@ -57,14 +59,17 @@ def _cached(rt):
     return rt.page.evaluate("async () => (await import('/web/weight_cache.mjs')).listCachedModels()")
 
 
-def _wait_cached(rt, shas, timeout_s=30):
+def _wait_cached(rt, shas, timeout_s=30, url_ok=None):
     """The cache list once it holds every sha256 in `shas` with a URL pointing at it (the worker
     files copies after ready, each blob before its index entry: a blob listed without its URL is a
-    filing half done); fails naming what is missing after timeout_s."""
+    filing half done), a URL that url_ok accepts when given (a copy of the same bytes filed by an
+    earlier load, under another URL, is not this load's filing); fails naming what is missing after
+    timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         listed = _cached(rt)
-        missing = set(shas) - {m["sha256"] for m in listed if m["urls"]}
+        missing = set(shas) - {m["sha256"] for m in listed
+                               if m["urls"] and (url_ok is None or any(url_ok(u) for u in m["urls"]))}
         if not missing:
             return listed
         assert time.monotonic() < deadline, f"not filed after {timeout_s} s: {sorted(missing)}; listed: {listed}"
@@ -168,7 +173,9 @@ def test_a_file_changed_on_its_server_is_read_from_the_network(origin, tmp_path)
     rt, weights = _load(origin, draft=str(draft))
     try:
         assert weights["draft/model.safetensors"] == "miss"
-        _wait_cached(rt, [_identities(rt)["draft"]])
+        # the shipped draft's bytes, filed by earlier tests under /web/models/draft/: wait for this
+        # load's URL (a mount, /models/draft/), or the next load may begin before it is filed
+        _wait_cached(rt, [_identities(rt)["draft"]], url_ok=lambda u: "/web/" not in u and "/models/draft/" in u)
     finally:
         rt.close()
     rt, weights = _load(origin, draft=str(draft))
@@ -252,7 +259,8 @@ def test_a_gguf_check_is_read_from_the_derived_cache_and_a_damaged_one_is_recomp
     prompt = {"prompt": "The capital of France is", "config": {"max_new_tokens": 4, "temperature": 0.0, "speculate": "none"}}
 
     def load():
-        rt = BrowserRuntime(real, None, context=origin["context"], port=origin["port"], champion_backend="wasm")
+        rt = BrowserRuntime(real, None, context=origin["context"], port=origin["port"], champion_backend="wasm",
+                            **FAST_RUNTIME)
         return rt, rt.ready["info"]["manifest"]["gguf"]["check_cache"], rt.generate(prompt)["result"]
     rt, state, first = load()
     try:
