@@ -67,6 +67,13 @@ def test_a_gguf_draft_drafts_for_the_gguf_champion_and_stays_exact(smollm2_path,
     assert sha256_file(tiny_gguf_draft)[0] in str(drafted["receipt"])
 
 
+# A damaged draft -> (the edit, the code a load refuses it with, the phrase it names; None: the field
+# GGUFModel names). The foreground tests below refuse each; the background test expects the same.
+DAMAGES = {"eos": (lambda w: w.add_uint32("tokenizer.ggml.eos_token_id", 0), "E_MANIFEST_MISMATCH",
+                   "field 'eos_token_id' differs: champion 2 draft 0"),
+           "layers": (lambda w: w.add_uint32("llama.block_count", 3), "E_MODEL_LOAD", None)}
+
+
 @pytest.mark.parametrize("champion_kind", ["gguf", "folder"])
 def test_a_mismatched_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2_path, chromium_browser, tmp_path,
                                                                          champion_kind):
@@ -74,8 +81,8 @@ def test_a_mismatched_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2
     (vocabulary 4096): the SmolLM2-tokenizer draft itself (49152)."""
     if champion_kind == "gguf":
         champion, draft = smollm2_path, str(tmp_path / "eos.gguf")
-        write_tiny_draft_gguf(smollm2_path, draft, edit=lambda w: w.add_uint32("tokenizer.ggml.eos_token_id", 0))
-        phrase = "field 'eos_token_id' differs: champion 2 draft 0"
+        edit, _, phrase = DAMAGES["eos"]
+        write_tiny_draft_gguf(smollm2_path, draft, edit=edit)
     else:
         champion, draft = TOY_CHAMPION, str(tmp_path / "smollm2-tokenizer.gguf")
         write_tiny_draft_gguf(smollm2_path, draft)
@@ -91,19 +98,18 @@ def test_a_mismatched_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2
 def test_a_hostile_gguf_draft_is_refused_with_the_clis_code_and_field(smollm2_path, chromium_browser, tmp_path):
     """Metadata says 3 layers, the tensor table holds 2: refused at the check, before any weight."""
     path = str(tmp_path / "bad-draft.gguf")
-    write_tiny_draft_gguf(smollm2_path, path, edit=lambda w: w.add_uint32("llama.block_count", 3))
+    edit, code, _ = DAMAGES["layers"]
+    write_tiny_draft_gguf(smollm2_path, path, edit=edit)
     with pytest.raises(ExactSpecError) as cli:
         GGUFModel(path)
     with pytest.raises(ExactSpecError) as page:
         browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm")
-    assert page.value.code == cli.value.code == "E_MODEL_LOAD"
+    assert page.value.code == cli.value.code == code
     field = cli.value.message.split(": ")[1]
     assert field in page.value.message and str(page.value).count("E_MODEL_LOAD") == 1, (str(page.value), str(cli.value))
 
 
 BACKGROUND_DONE = "() => window.exactspecRunner.info()?.info?.draft_loading === false"
-DAMAGES = {"eos": (lambda w: w.add_uint32("tokenizer.ggml.eos_token_id", 0), "field 'eos_token_id' differs: champion 2 draft 0"),
-           "layers": (lambda w: w.add_uint32("llama.block_count", 3), None)}   # None: the field GGUFModel names
 
 
 @pytest.mark.parametrize("damage", [None, "eos", "layers"], ids=["intact", "eos", "layers"])
@@ -113,20 +119,18 @@ def test_a_gguf_draft_loaded_in_the_background_is_checked_there(smollm2_path, ti
     ready with the champion alone before the draft's file is read; an intact draft then arrives (its
     file's sha256 its identity) and drafts exactly; a mismatched draft (another EOS) or a hostile one
     (3 layers in its metadata, 2 in its tensor table) leaves a ready champion-alone engine whose
-    draft_error has the code and field the same load refuses with when the draft loads before ready."""
-    path, foreground = tiny_gguf_draft, None
+    draft_error has the code and field the same load refuses with when the draft loads before ready
+    (DAMAGES: the two foreground tests above refuse these very damages with them)."""
+    path, code = tiny_gguf_draft, None
     if damage is not None:
         path = str(tmp_path / f"{damage}.gguf")
-        edit, phrase = DAMAGES[damage]
+        edit, code, phrase = DAMAGES[damage]
         write_tiny_draft_gguf(smollm2_path, path, edit=edit)
-        with pytest.raises(ExactSpecError) as refused:
-            browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm")
-        foreground = refused.value
         if phrase is None:
             with pytest.raises(ExactSpecError) as cli:
                 GGUFModel(path)
+            assert cli.value.code == code
             phrase = cli.value.message.split(": ")[1]
-        assert phrase in foreground.message, (str(foreground), phrase)
     config = {"temperature": 0, "max_new_tokens": N_TOKENS, "k": 3}
     with browser_runtime(smollm2_path, path, browser=chromium_browser, champion_backend="wasm",
                          draft_in_background=True) as rt:
@@ -136,13 +140,13 @@ def test_a_gguf_draft_loaded_in_the_background_is_checked_there(smollm2_path, ti
         info = rt.page.evaluate("() => window.exactspecRunner.info().info")
         alone = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "none"}})["result"]
         assert alone["error"] is None
-        if foreground is None:
+        if code is None:
             assert info["draft_error"] is None and info["draft"]["identity"] == sha256_file(path)[0]
             drafted = rt.generate({"prompt": QUESTION, "chat": True, "config": {**config, "speculate": "draft"}})["result"]
             assert drafted["token_ids"] == alone["token_ids"] and drafted["stats"]["proposed"] > 0, drafted["stats"]
         else:
             err = info["draft_error"]
-            assert info["draft"] is None and err["code"] == foreground.code, (err, str(foreground))
+            assert info["draft"] is None and err["code"] == code, (err, code)
             assert phrase in err["message"], (err, phrase)
 
 
