@@ -7,9 +7,9 @@ import { sha256Hex } from "../sha256.mjs";
 
 export const CALIBRATION_VERSION = 1;
 export const DEFAULT_BUDGET_MS = 300;
-/** The order in which V(n) is timed: the ends first, then the middle, so that an early stop still
- *  interpolates the rest between timed neighbours. */
-export const V_ORDER = [1, 9, 5, 3, 2, 7, 4, 6, 8];
+/** The order in which V(n) is timed: 1, then k = 4's block, then the far end, then between them, so
+ *  that an early stop still interpolates the rest between timed neighbours. */
+export const V_ORDER = [1, 5, 9, 3, 2, 7, 4, 6, 8];
 /** Requests whose observed / calibrated champion step time (stats.auto.drift) lies outside this
  *  range count as drifting; two in a row drop the cached entry and measure again. */
 export const DRIFT_RANGE = [0.75, 1.33];
@@ -121,15 +121,14 @@ export function monotone(timed) {
  *     (a greedy proposal after `at` ids in the draft's cache).
  * A step starts only while the elapsed time plus its predicted cost fits in `budgetMs` (predicted
  * from what was timed; with V(1) alone, V(n) as V(1) (1 + (n - 1) / 4)), except the prefill, the
- * first V(1) (without them there is no calibration), a second point when none of n >= MID_N fits
- * (V(MID_N): the one round a slow device's calibration may run past the budget) and the draft's first
- * catch-up pair and proposal (auto cannot cost a draft it never timed). Order: V(1), V(9) (when it
- * does not fit, the largest n >= MID_N that does: two points give V's slope over the k auto
- * weighs most), the draft (a
- * catch-up's marginal cost per id: forwards of 9 ids and of 1, twice; a greedy proposal of k = 4
- * twice), V(1), V(9) again, one sampled round at the largest n timed,
- * V(5), V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts, more timings of
- * every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
+ * first V(1) (without them there is no calibration), V(MID_N) (when it does not fit: the one round a
+ * slow device's calibration may run past the budget) and the draft's first catch-up pair and
+ * proposal (auto cannot cost a draft it never timed). Order: V(1), V(5) (k = 4's block, the k auto
+ * weighs most), V(9) or the largest n > 5 that fits (V need not be one line: SwiftShader's is flat
+ * to 5 rows and ~1.7x from 6), the draft (a catch-up's marginal cost per id: forwards of 9 ids and
+ * of 1, twice; a greedy proposal of k = 4 twice), V(1), V(5), V(9) again, one sampled round at the
+ * largest n timed, V(3), V(2), V(7), V(4), V(6), V(8) twice each; then, while the budget lasts,
+ * more timings of every n (up to MAX_TIMINGS). Each V(n) is the minimum of its timings, and at most any larger
  * n's (monotone); measured_n lists exactly the n timed. The synthetic context is 8 ids (one
  * block's prefill; WebGPU: 4, since the first timed round waits for its prefill).
  * -> the calibration object (common contract §1) plus {budget_ms, skipped: [what was not timed]}.
@@ -165,21 +164,22 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
       }
       return true;
     };
-    await timeV(1, 1);                           // both ends once before any second timing: a large
-    if (maxN > 1 && !(await timeV(maxN, 1))) {   // model's budget may hold only a few rounds
-      // V(maxN) does not fit (SwiftShader: ~50 ms a row): the largest n >= MID_N that does, so that
-      // V's slope over the k auto weighs most is measured, not left to the rounds (an auto request
-      // may end before it learns it)
-      const mid = Math.min(MID_N, maxN);
-      let second = false;
-      for (let n = maxN - 1; n >= mid && !second; n--) second = await timeV(n, 1);
-      // none fits (SwiftShader, whose first rounds' calls take ~2x their step): V(mid) anyway, past
-      // the budget by one round. V(1) alone reads as no batching gain, and auto kept the draft off
-      // where verifying a block is nearly free (test-split run #7); a small second n (V(2), runs
-      // #10 and #11) read SwiftShader's flat V(1..5) as flat to 9 (auto drafted k = 8 at
-      // acceptance 0) or, under the policy's floor above the largest timed n, as steep from 3
-      // (auto drafted k = 1-3 where k = 4 ran 1.6x)
+    await timeV(1, 1);
+    const mid = Math.min(MID_N, maxN);
+    if (maxN > 1) {
+      // V(mid) second, k = 4's block, the k auto weighs most; past the budget by one round when it
+      // does not fit (SwiftShader, whose first rounds' calls take ~2x their step). V(1) alone reads as
+      // no batching gain, and auto kept the draft off where verifying a block is nearly free
+      // (test-split run #7); a small second n (V(2), runs #10 and #11) read SwiftShader's flat V(1..5)
+      // as flat to 9 (auto drafted k = 8 at acceptance 0) or, under the policy's floor above the
+      // largest timed n, as steep from 3 (auto drafted k = 1-3 where k = 4 ran 1.6x)
+      let second = await timeV(mid, 1);
       for (let n = mid; n >= 2 && !second; n--) if (greedy.canVerify(n)) second = await timeV(n, 1, true);
+      // then the largest n above it that fits (V(9) on most devices): V need not be one line. SwiftShader's
+      // is a step, flat to 5 rows and ~1.7x from 6: test-split run #15's timed engines timed V(1) and
+      // V(9) alone, the line between them priced V(5) 27-47% above V(1), and auto drafted k = 1-3 where
+      // k = 4 cost no more (0.79-0.85 of draft k = 4 in 5 strata)
+      for (let n = maxN; n > mid; n--) if (await timeV(n, 1)) break;
     }
     if (probe.hasDraft) {                        // the draft next: its calls are a fraction of a champion round
       // the marginal cost of a caught-up token: a forward of 1 + CATCHUP_IDS ids against one of 1 id
@@ -207,8 +207,9 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
         draftMs = Math.min(draftMs ?? Infinity, ms / Math.max(1, proposed));
       }
     }
-    await timeV(1, 2);
-    if (maxN > 1) await timeV(maxN, 2);
+    await timeV(1, 2);                           // a second timing of the points first (each V is its timings' minimum)
+    if (maxN > 1) await timeV(mid, 2);
+    if (maxN > mid) await timeV(maxN, 2);
     const nS = Math.max(...timed.keys());
     if (fits(predictV(9) + predictV(6) + predictV(nS) * 1.5)) {   // a session of its own: its prefill, one sampled round
       const sampled = await probe.open({ greedy: false, contextIds });
