@@ -15,15 +15,17 @@ def node(script: str):
 
 
 # A probe whose verification of n rows takes base + per_row * n ms (busy-waiting, as the synchronous
-# WASM rounds do), a draft proposal `d` ms and a catch-up token `c` ms; it logs what ran.
+# WASM rounds do; with stepAt, base up to stepAt rows and base + per_row above: SwiftShader's shape),
+# a draft proposal `d` ms and a catch-up token `c` ms; it logs what ran.
 PROBE = """
 const spin = (ms) => { const t = performance.now(); while (performance.now() - t < ms); };
-function probe({ base, perRow, d = null, c = null, sampledPerRow = 0, maxRows = 9 }) {
+function probe({ base, perRow, d = null, c = null, sampledPerRow = 0, maxRows = 9, stepAt = 0 }) {
+  const rows = (n) => (stepAt ? (n > stepAt ? perRow : 0) : perRow * n);
   const log = [];
   return { log, maxRows, hasDraft: d !== null,
     async open({ greedy }) { spin(base); log.push(greedy ? "prefill" : "prefill-sampled");
       return { canVerify: () => true, close() {},
-               async verify(n) { const t = performance.now(); spin(base + perRow * n + (greedy ? 0 : sampledPerRow * n));
+               async verify(n) { const t = performance.now(); spin(base + rows(n) + (greedy ? 0 : sampledPerRow * n));
                                  log.push(`${greedy ? "V" : "S"}${n}`); const ms = performance.now() - t;
                                  return { wall: ms + base, verify: ms }; } }; },   // the call's own cost on top
     async draftCatchup(ids) { const t = performance.now(); spin(c * ids.length); log.push("catchup"); return performance.now() - t; },
@@ -107,8 +109,8 @@ def test_a_step_shaped_v_is_timed_on_both_sides_of_its_step():
     (V(5) 27-47% above V(1)), and auto drafted k = 1-3 where k = 4 cost no more (0.79-0.85 of draft
     k = 4 in 5 strata). V(5) is timed before V(9), so the flat part is measured, not interpolated.
     (The order before, V(9) or the largest n that fits before V(5), fails here: V(1), V(7), V(5) read off their line at 1.5x V(1).)"""
-    out = node(PROBE.replace("spin(base + perRow * n", "spin(base + (n > 5 ? perRow : 0)") + """
-const p = probe({ base: 40, perRow: 30 });
+    out = node(PROBE + """
+const p = probe({ base: 40, perRow: 30, stepAt: 5 });
 const c = await cal.measureCalibration(p, { backend: "webgpu", key: "k", vocabSize: 100 });
 console.log(JSON.stringify({ c, log: p.log }));
 """)
