@@ -173,7 +173,7 @@ export async function measureCalibration(probe, { budgetMs = DEFAULT_BUDGET_MS, 
       // (test-split run #7); a small second n (V(2), runs #10 and #11) read SwiftShader's flat V(1..5)
       // as flat to 9 (auto drafted k = 8 at acceptance 0) or, under the policy's floor above the
       // largest timed n, as steep from 3 (auto drafted k = 1-3 where k = 4 ran 1.6x)
-      let second = await timeV(mid, 1);
+      let second = false;                        // the largest n <= mid the context allows, whatever the budget
       for (let n = mid; n >= 2 && !second; n--) if (greedy.canVerify(n)) second = await timeV(n, 1, true);
       // then the largest n above it that fits (V(9) on most devices): V need not be one line. SwiftShader's
       // is a step, flat to 5 rows and ~1.7x from 6: test-split run #15's timed engines timed V(1) and
