@@ -11,7 +11,7 @@ from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpec
 from exactspec.evaluation import analysis as A
 from exactspec.evaluation.corpus import (FIELDS, check_lock, file_hashes, load_corpus, lock_of, record_test_run,
                                         recorded_test_runs, select, write_lock)
-from exactspec.evaluation.gates import (GATES_V2_PATH, check_same_gates, evaluate, evaluate_v2, gates_hash, judge,
+from exactspec.evaluation.gates import (GATES_V2_PATH, check_same_gates, deciding_cell, evaluate, evaluate_v2, gates_hash, judge,
                                        load_gates)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +169,8 @@ def test_v2_gates_per_topology_and_per_stratum_cells():
     v = {g["id"]: g for g in evaluate_v2(V2, m, "real-wasm")}
     assert v["same"]["verdict"] == "pass" and v["fast"]["verdict"] == "pass" and v["lean"]["verdict"] == "pass"
     assert v["strata"]["verdict"] == "inconclusive" and v["strata"]["passed"] is False
-    assert v["strata"]["value"] == 0.97 and v["strata"]["ci"] == (0.9, 1.05)      # the worst cell is shown
+    assert v["strata"]["value"] == 0.97 and v["strata"]["ci"] == (0.9, 1.05)      # the deciding cell is shown
+    assert v["strata"]["cell"] == "code T=1"
     assert "fast" not in {g["id"] for g in evaluate_v2(V2, m, "toy-wasm")}          # applies_to
     m["per"]["json T=0"] = {"value": None, "ci": None}
     assert {g["id"]: g for g in evaluate_v2(V2, m, "toy-wasm")}["strata"]["verdict"] == "fail (no data)"
@@ -179,6 +180,23 @@ def test_v2_gates_per_topology_and_per_stratum_cells():
     assert all(g["verdict"] == "fail (no data)" and not g["passed"] for g in none.values())
     # a CI gate given a value without an interval cannot pass
     assert evaluate_v2(V2, {"speedup": 2.0}, "real-wasm")[1]["verdict"] == "inconclusive"
+
+
+def test_the_cell_shown_is_the_one_that_decides_the_verdict_not_the_lowest_value():
+    # test-split run #15's toy-webgpu headline named a passing cell (1.09x [1.08, 1.11]) as auto's
+    # worst stratum of an inconclusive gate: the lowest value, where a wider interval decided it
+    per = {"long T=1": {"value": 1.09, "ci": (1.08, 1.11)}, "code T=0": {"value": 1.2, "ci": (0.9, 1.6)},
+           "json T=0": {"value": 1.3, "ci": (0.94, 1.7)}}
+    v = {g["id"]: g for g in evaluate_v2(V2, {"per": per}, "real-wasm")}["strata"]
+    assert v["verdict"] == "inconclusive" and v["cell"] == "code T=0" and v["ci"] == (0.9, 1.6)
+    per["unicode T=1"] = {"value": 1.5, "ci": (0.85, 1.2)}                 # the interval nearest to failing
+    assert {g["id"]: g for g in evaluate_v2(V2, {"per": per}, "real-wasm")}["strata"]["cell"] == "unicode T=1"
+    per["code T=1"] = {"value": 1.25, "ci": (0.91, 0.94)}                  # a failing cell outranks any
+    assert {g["id"]: g for g in evaluate_v2(V2, {"per": per}, "real-wasm")}["strata"]["cell"] == "code T=1"
+    cells = {"a": {"value": 1.0, "ci": (0.8, 1.2), "verdict": "inconclusive"},
+             "b": {"value": 1.0, "ci": (0.9, 1.3), "verdict": "inconclusive"}}
+    assert deciding_cell(cells, ">=") == "a" and deciding_cell(cells, "<=") == "b"
+    assert deciding_cell({}, ">=") is None
 
 
 def test_shipped_gates_v2_are_written_with_their_rule():
@@ -251,7 +269,7 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     assert cells["casual T=1"]["verdict"] == "pass" and cells["casual T=1"]["ci"] == pytest.approx((1.25, 1.25))
     assert cells["dialogue T=0"]["verdict"] == "inconclusive" and cells["json T=0"]["verdict"] == "fail"
     assert cells["summary T=0"]["verdict"] == "fail (no data)"
-    assert "| toy-wasm | auto_never_slower | 0.8 | [0.8, 0.8] | >= | 0.95 | **fail** |" in one
+    assert "| toy-wasm | auto_never_slower | 0.8 (json T=0) | [0.8, 0.8] | >= | 0.95 | **fail** |" in one
     assert "| toy-wasm | dialogue | 0 | 2 | 0.995x | [0.900, 1.100] | **inconclusive** |" in one
     assert "| toy-wasm | greedy_identity | 0 | no CI | == | 0 | pass |" in one
     # the control (champion alone on auto's engine, 1.1x faster than on its own engine here): auto / control = 1.25 / 1.1

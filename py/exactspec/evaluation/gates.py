@@ -75,6 +75,26 @@ def judge(value, op: str, threshold, ci=None) -> str:
     return PASS if lo == hi == threshold else FAIL if not (lo <= threshold <= hi) else INCONCLUSIVE
 
 
+_VERDICT_RANK = {FAIL: 0, NO_DATA: 1, INCONCLUSIVE: 2, PASS: 3}
+
+
+def deciding_cell(cells: dict, op: str):
+    """The name of the cell that decides a per-stratum gate (None when no cell has a value): the
+    worst verdict first (fail, no data, inconclusive, pass), then the bound nearest to failing, the
+    interval's lower end for >= (its upper end for <=; the value where there is no interval). The
+    lowest value alone can name a passing cell while a wider interval elsewhere is inconclusive."""
+    lower = op in (">=", ">")
+
+    def bound(c):
+        ci = c.get("ci")
+        b = c["value"] if not ci else ci[0] if lower else ci[1]
+        return b if lower else -b
+    known = [(n, c) for n, c in cells.items() if c.get("value") is not None]
+    if not known:
+        return None
+    return min(known, key=lambda nc: (_VERDICT_RANK.get(nc[1].get("verdict"), 3), bound(nc[1]), nc[0]))[0]
+
+
 def combine(verdicts) -> str:
     """A gate over cells: fail if one fails, else fail (no data) if one has none (or there are no
     cells), else inconclusive if one is, else pass."""
@@ -94,7 +114,7 @@ def evaluate_v2(doc: dict, metrics: dict, topology: str) -> list:
     """One verdict per gate that applies to `topology`: {id, metric, op, threshold, ci_gate, value,
     ci, verdict, passed (verdict == pass)}. metrics[metric] is a number, {"value", "ci"}, or for a
     per-stratum gate {cell: {"value", "ci"}} (cells "<stratum> T=<t>"); absent or None: no data.
-    The per-stratum value and interval shown are the worst cell's (lowest value for >=)."""
+    The per-stratum value and interval shown are the deciding cell's (`cell`: deciding_cell)."""
     out = []
     for g in doc["gates"]:
         if not applies(g, topology):
@@ -110,9 +130,9 @@ def evaluate_v2(doc: dict, metrics: dict, topology: str) -> list:
                 v = (INCONCLUSIVE if want_ci and c.get("value") is not None and c.get("ci") is None
                      else judge(c.get("value"), g["op"], g["threshold"], c.get("ci") if want_ci else None))
                 cells[cell] = {**c, "verdict": v}
-            known = [c for c in cells.values() if c.get("value") is not None]
-            worst = (min if g["op"] in (">=", ">") else max)(known, key=lambda c: c["value"]) if known else {}
-            verdict.update(value=worst.get("value"), ci=worst.get("ci"), cells=cells,
+            name = deciding_cell(cells, g["op"])
+            worst = cells[name] if name is not None else {}
+            verdict.update(value=worst.get("value"), ci=worst.get("ci"), cell=name, cells=cells,
                            verdict=combine(c["verdict"] for c in cells.values()))
         else:
             c = m if isinstance(m, dict) else {"value": m, "ci": None}

@@ -16,7 +16,7 @@ from ..host.server import REPO_ROOT
 from . import analysis as A
 from . import metrics as M
 from .corpus import load_corpus
-from .gates import GATES_V2_PATH, check_same_gates, evaluate_v2, load_gates
+from .gates import GATES_V2_PATH, check_same_gates, deciding_cell, evaluate_v2, load_gates
 from .runner import CORPUS_DIR, LOCK_PATH, Checkpoints
 
 ENTROPY_EDGES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0]
@@ -392,8 +392,9 @@ def headline(res: dict) -> list:
         parts = []
         ns = g.get("auto_never_slower")
         if ns:
-            worst = min(((c, x) for c, x in ns["cells"].items() if x.get("value") is not None), key=lambda cx: cx[1]["value"], default=None)
-            parts.append("auto's worst stratum " + (f"{worst[0]} {_f(worst[1]['value'])}x {_ci(worst[1].get('ci')) if worst[1].get('ci') else '(no interval)'}"
+            name = ns.get("cell", deciding_cell(ns["cells"], ns["op"]))
+            worst = (name, ns["cells"][name]) if name is not None else None
+            parts.append("auto's deciding stratum " + (f"{worst[0]} {_f(worst[1]['value'])}x {_ci(worst[1].get('ci')) if worst[1].get('ci') else '(no interval)'}"
                                                     if worst else "no data")
                          + f" (>= 0.95x: {ns['verdict']})")
         rc = g.get("real_conversational_t1")
@@ -435,7 +436,9 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
           "| topology | gate | value | 95% CI | op | threshold | verdict |", "|---|---|---|---|---|---|---|"]
     for t, g in res["gates"].items():
         for v in g["verdicts"]:
-            L.append(f"| {t} | {v['id']} | {_value(v['value'])} | {_ci(v.get('ci'), '.3g') if v['ci_gate'] else 'no CI'} | {v['op']} | "
+            deciding = f" ({v['cell']})" if v.get("cell") else ""      # a per-stratum gate: the cell that decides it
+            L.append(f"| {t} | {v['id']} | {_value(v['value'])}{deciding} | "
+                     f"{_ci(v.get('ci'), '.3g') if v['ci_gate'] else 'no CI'} | {v['op']} | "
                      f"{v['threshold']} | {_verdict(v['verdict'])} |")
     L += ["", "## Per stratum: auto against champion alone and against the best fixed arm (per generated token)", "",
           "Strata judged per topology (its planned strata): " + "; ".join(f"{t}: {', '.join(c['strata'])}" for t, c in res["cells"].items()) + ".", "",
