@@ -16,18 +16,15 @@ Run it under the browser lock (README), on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 
-from pairs import PAIRS, ROOT, pair_paths  # noqa: E402  (sets up py/ on sys.path)
+from pairs import PAIRS, ROOT, pair_paths, write_result  # noqa: E402  (sets up py/ on sys.path)
 
 from exactspec.evaluation.corpus import load_corpus  # noqa: E402
 from exactspec.evaluation.metrics import geo_mean  # noqa: E402
 from exactspec.host.browser_run import BrowserRuntime  # noqa: E402
-from exactspec.host.safe_files import write_file  # noqa: E402
 
 
 
@@ -144,13 +141,9 @@ def main(argv=None) -> int:
     finally:
         rt.close()
     out.update({"pair": args.pair, "backend": info.get("backend"), "threads": info.get("threads"),
-                "calibration_measured_n": cal.get("measured_n"), "argv": sys.argv[1:],
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+                "calibration_measured_n": cal.get("measured_n")})
     suffix = ("-same" if args.same else "") + ("-webgpu" if args.backend == "webgpu" else "")
-    path = args.out or os.path.join(ROOT, "build", "bench", f"auto_ab-{args.pair}{suffix}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_file(path, (json.dumps(out, indent=1) + "\n").encode("utf-8"))
-    print(f"wrote {os.path.relpath(path, ROOT)}")
+    write_result(out, os.path.join(ROOT, "build", "bench", f"auto_ab-{args.pair}{suffix}.json"), args.out)
     return 0
 
 

@@ -1,10 +1,13 @@
 """pairs.py — the repository root (with py/ importable) and the model pairs the browser benches run.
 
-Imported by tools/bench/auto_ab.py and prefix_reuse.py (their folder is on sys.path when run)."""
+Imported by tools/bench/auto_ab.py, prefix_reuse.py and switch_noise.py (their folder is on sys.path
+when run); write_result writes their JSON."""
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if os.path.join(ROOT, "py") not in sys.path:
@@ -19,3 +22,15 @@ PAIRS = {   # pair -> (champion, draft), relative to the repository
 def pair_paths(name: str) -> tuple:
     """(champion, draft) of a pair, as absolute paths."""
     return tuple(os.path.join(ROOT, p) for p in PAIRS[name])
+
+
+def write_result(out: dict, default_path: str, path: str | None = None) -> str:
+    """Write a bench's result as JSON with the command line and the date (UTC) to `path` (default
+    `default_path`), print where, and return the path."""
+    from exactspec.host.safe_files import write_file
+    out.update({"argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    path = path or default_path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_file(path, (json.dumps(out, indent=1) + "\n").encode("utf-8"))
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+    return path
