@@ -16,7 +16,7 @@ from ..host.server import REPO_ROOT
 from . import analysis as A
 from . import metrics as M
 from .corpus import load_corpus
-from .gates import GATES_V2_PATH, check_same_gates, deciding_cell, evaluate_v2, load_gates
+from .gates import GATES_V2_PATH, check_same_gates, evaluate_v2, load_gates
 from .runner import CORPUS_DIR, LOCK_PATH, Checkpoints
 
 ENTROPY_EDGES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0]
@@ -392,7 +392,7 @@ def headline(res: dict) -> list:
         parts = []
         ns = g.get("auto_never_slower")
         if ns:
-            name = ns.get("cell", deciding_cell(ns["cells"], ns["op"]))
+            name = ns.get("cell")          # evaluate_v2's deciding cell
             worst = (name, ns["cells"][name]) if name is not None else None
             parts.append("auto's deciding stratum " + (f"{worst[0]} {_f(worst[1]['value'])}x {_ci(worst[1].get('ci')) if worst[1].get('ci') else '(no interval)'}"
                                                     if worst else "no data")
