@@ -21,7 +21,7 @@ const REAL_MODEL = { name: "SmolLM2-135M-Instruct", file: "SmolLM2-135M-Instruct
   sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" };
 const TEST_PAIR = { champion: undefined, draft: undefined };   // the engine's default: the shipped pair
 const TEST_PAIR_LABEL = "the fast test pair (shipped; trained here on the King James Bible and Shakespeare)";
-const page = { engine: null, running: false, lastReceipt: null, loadTiming: null, loads: 0, source: TEST_PAIR,
+const page = { engine: null, running: false, answersSinceLoad: 0, lastReceipt: null, loadTiming: null, loads: 0, source: TEST_PAIR,
   conversation: null };
 window.appState = page;   // tests read appState.stage / loads / lastResult (this page's memory only)
 page.panel = { showDeviceLines, renderAuto };   // the panel's renderers, for tests feeding them objects
@@ -114,6 +114,7 @@ async function loadModels(source, label) {
   $("model_source").textContent = label;
   setLoadButtons(false);
   window.appDraftReady = false;   // true once this load's draft has arrived (or failed): draftArrived
+  page.answersSinceLoad = 0;      // answers started since this load (draftArrived's news then leaves the status line alone)
   $("go").disabled = true;
   $("go").textContent = "Loading models…";
   const rows = new Map();
@@ -236,8 +237,12 @@ function draftArrived(p) {
   const info = page.engine.engine.ready.info;
   setModes(info);
   showDeviceLines(info);               // a calibration taken with the draft replaces the one without
-  setStatus(p.draft_error ? `the draft could not load (${p.draft_error.code}: ${p.draft_error.message}); champion alone and prompt lookup work`
-    : `draft ready (${info.draft.placement}, ${(p.draft_load_ms / 1000).toFixed(1)} s): speculation on`, !!p.draft_error);
+  const said = p.draft_error ? `the draft could not load (${p.draft_error.code}: ${p.draft_error.message}); champion alone and prompt lookup work`
+    : `draft ready (${info.draft.placement}, ${(p.draft_load_ms / 1000).toFixed(1)} s): speculation on`;
+  // the status line says how an answer went once one has started since this load ("generating…",
+  // "cancelled", a code): the draft's news must not replace it, so it goes to the note under the models
+  if (page.answersSinceLoad === 0) setStatus(said, !!p.draft_error);
+  else setModelNote([$("model_note").hidden ? "" : $("model_note").textContent, `${said[0].toUpperCase()}${said.slice(1)}.`].filter(Boolean).join(" "));
   window.appDraftReady = true;
 }
 
@@ -386,6 +391,7 @@ async function run() {
   $("stop").disabled = false;
   $("structured_review").hidden = true;
   page.running = true;
+  page.answersSinceLoad += 1;
   page.stage = "generating";
   setStatus("generating…");
   const live = createLiveStats(performance.now());
