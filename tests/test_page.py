@@ -17,6 +17,7 @@ from exactspec.core.receipts import ALLOWED_FIELDS
 SHOTS = REPO_ROOT / "build" / "screenshots"
 MODELS = REPO_ROOT / "web" / "models"
 SOURCES = {"accepted", "correction", "extra", "baseline"}
+DRAFT_READY_NOTE = re.compile(r"Draft ready \(\w+, \d+\.\d s\): speculation on\.")   # a late draft's news
 REAL_MODEL_URL = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"   # relative to the page
 
 
@@ -303,8 +304,8 @@ def test_stop_says_cancelled_keeps_text_and_the_conversation_goes_on(app):
     assert result["finish_reason"] == "cancelled" and 5 <= result["n"] < 480, result
     # the status stays the answer's (a draft arriving late: the next test); a note, if any, is the draft's news
     assert app.text_content("#status") == "cancelled"
-    assert app.is_hidden("#model_note") or re.fullmatch(r"Draft ready \(\w+, \d+\.\d s\): speculation on\.",
-                                                          app.text_content("#model_note")), app.text_content("#model_note")
+    assert app.is_hidden("#model_note") or DRAFT_READY_NOTE.fullmatch(app.text_content("#model_note")), \
+        app.text_content("#model_note")
     kept = "".join(t for _, t in last_answer_spans(app))
     assert kept.strip()                                              # what was emitted stays
     app.screenshot(path=str(SHOTS / "page-after-stop.png"), full_page=True)
@@ -544,7 +545,7 @@ def test_a_draft_that_arrives_after_an_answer_leaves_its_status_and_says_so_in_t
         page.wait_for_function("() => window.appDraftReady === true")
         assert page.text_content("#status") == "done"
         note = page.text_content("#model_note")
-        assert page.is_visible("#model_note") and re.fullmatch(r"Draft ready \(\w+, \d+\.\d s\): speculation on\.", note), note
+        assert page.is_visible("#model_note") and DRAFT_READY_NOTE.fullmatch(note), note
         status, result, spans = answer(page, "draft", max_tokens=8)     # and speculation is on
         assert status == "done" and any(source == "accepted" for source, _ in spans), spans
     finally:
