@@ -49,11 +49,7 @@ def test_a_broken_index_is_caught(monkeypatch):
                     key = tokens[end] if n == 1 else tuple(tokens[start:end + 1])
                     self.latest[n].setdefault(key, start)
         self.tokens, self.seen, self.last = tokens, len(tokens), tokens[-1] if tokens else None
-    monkeypatch.setattr(backends._NgramIndex, "add", add_keeping_first)
-    rng = random.Random(0)
-    with pytest.raises(AssertionError):
-        for _ in range(30):
-            _grow_and_compare(LookupProposer(3), rng, 3, 80)
+    _assert_caught(monkeypatch, add_keeping_first, seed=0)
 
 
 def test_an_index_that_includes_the_suffix_itself_is_caught(monkeypatch):
@@ -64,8 +60,13 @@ def test_an_index_that_includes_the_suffix_itself_is_caught(monkeypatch):
     def add_through_last(self, tokens):
         real_add(self, tokens + [tokens[-1] if tokens else 0])      # one id more: the last id's n-grams indexed
         self.tokens, self.seen, self.last = tokens, len(tokens), tokens[-1] if tokens else None
-    monkeypatch.setattr(backends._NgramIndex, "add", add_through_last)
-    rng = random.Random(1)
+    _assert_caught(monkeypatch, add_through_last, seed=1)
+
+
+def _assert_caught(monkeypatch, broken_add, seed: int):
+    """With the index's add replaced by `broken_add`, the index-against-scan comparison fails."""
+    monkeypatch.setattr(backends._NgramIndex, "add", broken_add)
+    rng = random.Random(seed)
     with pytest.raises(AssertionError):
         for _ in range(30):
             _grow_and_compare(LookupProposer(3), rng, 3, 80)
