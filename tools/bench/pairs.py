@@ -1,7 +1,7 @@
 """pairs.py — the repository root (with py/ importable) and the model pairs the browser benches run.
 
-Imported by tools/bench/auto_ab.py, prefix_reuse.py and switch_noise.py (their folder is on sys.path
-when run); write_result writes their JSON."""
+Imported by tools/bench/auto_ab.py, prefix_reuse.py, structured.py, switch_noise.py and
+weight_cache.py (their folder is on sys.path when run); write_result writes their JSON."""
 from __future__ import annotations
 
 import json
