@@ -521,14 +521,23 @@ def fresh_page(chromium_browser, http_server):
     return context, page
 
 
-def test_a_draft_that_arrives_after_an_answer_leaves_its_status_and_says_so_in_the_note(chromium_browser, http_server):
+@pytest.mark.parametrize("outcome", ["arrives", "fails"])
+def test_a_draft_that_arrives_after_an_answer_leaves_its_status_and_says_so_in_the_note(chromium_browser, http_server,
+                                                                                        outcome):
     """The draft loads behind the champion. Its files are held here until an answer has ended, so its
     arrival comes after the answer, deterministically: the status keeps the answer's outcome and the
-    note under the models says the draft is ready (before, "draft ready ..." replaced "cancelled")."""
+    note under the models says the draft is ready (before, "draft ready ..." replaced "cancelled"),
+    or, when its files then answer 404, that it could not load, styled as an error."""
     context, page = fresh_page(chromium_browser, http_server)
     held, released = [], []
     try:                                 # every draft file waits until released (then each goes on at once)
-        page.route("**/web/models/draft/**", lambda route: route.continue_() if released else held.append(route))
+        page.route("**/web/models/draft/**", lambda route: (release(route) if released else held.append(route)))
+
+        def release(route):
+            if outcome == "arrives":
+                route.continue_()
+            else:
+                route.fulfill(status=404, body="not found")
         page.goto(http_server.url + "/web/index.html?model=test-pair")
         wait_stage(page, "ready")
         for _ in range(600):                                             # the draft's first fetch follows the champion's
@@ -541,13 +550,21 @@ def test_a_draft_that_arrives_after_an_answer_leaves_its_status_and_says_so_in_t
         assert status == "done" and result["n"] == 6, (status, result)
         released.append(True)
         for route in held:
-            route.continue_()
+            release(route)
         page.wait_for_function("() => window.appDraftReady === true")
         assert page.text_content("#status") == "done"
         note = page.text_content("#model_note")
-        assert page.is_visible("#model_note") and DRAFT_READY_NOTE.fullmatch(note), note
-        status, result, spans = answer(page, "draft", max_tokens=8)     # and speculation is on
-        assert status == "done" and any(source == "accepted" for source, _ in spans), spans
+        assert page.is_visible("#model_note"), note
+        if outcome == "arrives":
+            assert DRAFT_READY_NOTE.fullmatch(note) and not page.query_selector("#model_note .error"), note
+            status, result, spans = answer(page, "draft", max_tokens=8)     # and speculation is on
+            assert status == "done" and any(source == "accepted" for source, _ in spans), spans
+        else:
+            failure = page.text_content("#model_note .error")
+            assert failure == note and re.fullmatch(r"The draft could not load \(E_[A-Z_]+: .+\); champion alone "
+                                                    r"and prompt lookup work\.", note), note
+            status, result, _ = answer(page, "none", max_tokens=4)       # the champion goes on
+            assert status == "done" and result["n"] == 4
     finally:
         context.close()
 

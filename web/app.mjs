@@ -190,6 +190,19 @@ function setModelNote(text) {
   $("model_note").hidden = !text;
 }
 
+/** One more sentence in the note under the models (after what it says, if shown), styled as an
+ *  error when it is one (a draft that failed after an answer had started: the status line keeps
+ *  the answer's outcome). */
+function appendModelNote(sentence, isError = false) {
+  const note = $("model_note");
+  if (note.hidden) note.textContent = "";
+  const span = document.createElement("span");
+  span.textContent = (note.textContent ? " " : "") + sentence;
+  if (isError) span.className = "error";
+  note.append(span);
+  note.hidden = false;
+}
+
 /** {url, draft} of the real model when the page's server has it, else {why}: one sentence. */
 async function findRealModel() {
   let res;
@@ -242,7 +255,7 @@ function draftArrived(p) {
   // the status line says how an answer went once one has started since this load ("generating…",
   // "cancelled", a code): the draft's news must not replace it, so it goes to the note under the models
   if (page.answersSinceLoad === 0) setStatus(said, !!p.draft_error);
-  else setModelNote([$("model_note").hidden ? "" : $("model_note").textContent, `${said[0].toUpperCase()}${said.slice(1)}.`].filter(Boolean).join(" "));
+  else appendModelNote(`${said[0].toUpperCase()}${said.slice(1)}.`, !!p.draft_error);
   window.appDraftReady = true;
 }
 
