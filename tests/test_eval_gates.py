@@ -427,3 +427,25 @@ def test_calibrations_measured_again_after_drift_are_listed_per_engine():
         {"after": "auto code-4 T=1 rep 0", "v1_ms": 55.0, "v5_ms": 78.0, "measured_n": [1, 3, 9]},
         {"after": "draft-k4 json-4 T=0 rep 0", "v1_ms": 55.0, "v5_ms": 78.0, "measured_n": [1, 2]}]}
     assert recalibrations([base]) == {}
+
+
+def _arm_row(topology, arm, t, value):
+    return {"topology": topology, "arm": arm, "temperature": t, "speedup_per_token": value, "ci": (value - 0.01, value + 0.01)}
+
+
+@pytest.mark.parametrize("control,gap", [(1.05, True), (0.95, True), (1.01, False), (0.99, False)])
+def test_the_engines_difference_is_named_when_it_exceeds_two_percent_either_way(control, gap):
+    """The conclusion's note on the engines: champion alone on auto's engine over champion alone's
+    engine per T, auto's cells against its own engine, and the warning only beyond 2% (a faster or
+    a slower control engine both make the never-slower cells read the engines)."""
+    from exactspec.evaluation.report import _engines_sentence
+    rows = [_arm_row("toy-wasm", "none", 0.0, 1.0), _arm_row("toy-wasm", "none-spec", 0.0, 1.0),
+            _arm_row("toy-wasm", "none-spec", 1.0, control), _arm_row("real-wasm", "none-spec", 0.0, 1.3)]
+    cells = {"code T=0": {"value": 0.97}, "json T=1": {"value": 1.03}, "casual T=0": {"value": None}}
+    e = A.engine_difference(rows, cells, "toy-wasm")
+    assert e["control_over_alone"] == {0.0: {"value": 1.0, "ci": (0.99, 1.01)}, 1.0: {"value": control, "ci": (control - 0.01, control + 0.01)}}
+    assert e["auto_over_control"] == [0.97, 1.03] and e["gap"] is gap
+    said = _engines_sentence(e)
+    assert f"{control:.3f}x [{control - 0.01:.3f}, {control + 0.01:.3f}] at T = 1" in said and "0.970x to 1.030x" in said
+    assert ("measure the engines' difference" in said) is gap
+    assert A.engine_difference(rows, cells, "toy-webgpu") is None and _engines_sentence(None) == ""

@@ -5,6 +5,8 @@ category, quality, the gate metrics and the conclusion per topology. The functio
 topology ("toy-wasm", "real-wasm", ...), so the same code groups by topology."""
 from __future__ import annotations
 
+import math
+
 from . import metrics as M
 from .arms import ADAPTIVE_K_MAX, DRAFT_KS, arm_spec
 
@@ -589,3 +591,23 @@ def auto_over_control_cells(rows: list, topology: str, strata: list, temps: list
             ctrl = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, control, t, [s])}
             out[cell_name(s, t)] = _stat([[auto[k] / ctrl[k] for k in sorted(auto) if k in ctrl]])
     return out
+
+
+ENGINE_GAP = 0.02     # |log| of champion alone's two engines' ratio above which the report says the gate reads them too
+
+
+def engine_difference(arm_rows: list, control_cells: dict, topology: str, control: str = CONTROL_ARM) -> dict | None:
+    """What the two engines alone differ by, beside the never-slower gate (information, not a gate):
+    {"control_over_alone": {T: {value, ci}}: champion alone on auto's engine (the control arm) over
+    champion alone's engine per generated token, from the report's arm rows; "auto_over_control":
+    [lowest, highest] of auto's cells against its own engine; "gap": whether some T's control ratio
+    is beyond ENGINE_GAP, when a never-slower cell measures the engines as much as auto}. None where
+    the topology has no control arm."""
+    by_t = {r["temperature"]: {"value": r["speedup_per_token"], "ci": r["ci"]} for r in arm_rows
+            if r["topology"] == topology and r["arm"] == control and r["speedup_per_token"]}
+    if not by_t:
+        return None
+    values = [c["value"] for c in control_cells.values() if c.get("value")]
+    return {"control_over_alone": by_t,
+            "auto_over_control": [min(values), max(values)] if values else None,
+            "gap": any(abs(math.log(c["value"])) > ENGINE_GAP for c in by_t.values())}

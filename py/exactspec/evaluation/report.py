@@ -276,7 +276,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
                       "greedy_same_as_ours": _wllama_agreement(trecs)},
            "waterfall": [A.decomposition(trecs, loads, t, arm, x) for t in topologies for arm in ("none", "draft-k4", "auto")
                          for x in temps],
-           "gates": verdicts, "conclusions": conclusions, "fit_to_champion": run_info.get("fit_to_champion") or []}
+           "gates": verdicts, "conclusions": conclusions,
+           "engines": {t: A.engine_difference(arm_rows, cells[t]["auto_over_control"], t) for t in topologies}, "fit_to_champion": run_info.get("fit_to_champion") or []}
     res["topologies"] = _topologies(trecs, res)
     res["pareto"] = _pareto(res["topologies"])
     res["heatmap"] = _heatmap(legacy_rows, trecs, sorted({r["stratum"] for r in records}))
@@ -348,6 +349,20 @@ def _f(v, fmt=".2f"):
 
 def _ci(ci, fmt=".2f"):
     return f"[{_f(ci[0], fmt)}, {_f(ci[1], fmt)}]" if ci else "-"
+
+
+def _engines_sentence(e: dict | None) -> str:
+    """The conclusion's note on the two engines (A.engine_difference), "" without a control arm."""
+    if not e:
+        return ""
+    by_t = " and ".join(f"{_f(c['value'], '.3f')}x {_ci(c['ci'], '.3f')} at T = {x:g}" for x, c in sorted(e["control_over_alone"].items()))
+    lo_hi = e["auto_over_control"]
+    said = (f". Engines (information, not a gate): champion alone on auto's engine ran {by_t} of champion alone's engine"
+            + (f"; auto against its own engine {_f(lo_hi[0], '.3f')}x to {_f(lo_hi[1], '.3f')}x a cell" if lo_hi else ""))
+    if e["gap"]:
+        said += ("; the engines differ by more than 2%, so the never-slower cells measure the engines' difference as "
+                 "well as auto (the cells against auto's own engine are what auto itself costs or gains)")
+    return said
 
 
 def _verdict(v: str) -> str:
@@ -431,7 +446,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
     L += ["", "## Headline", ""] + headline(res)
     L += ["", "## Conclusion per topology", ""]
     for t, c in res["conclusions"].items():
-        L.append(f"- **{t}**: {c}")
+        L.append(f"- **{t}**: {c}" + _engines_sentence((res.get("engines") or {}).get(t)))
     L += ["", "## Gates (v2: speed-ups per generated token; a gate with a CI passes only when its 95% interval clears the threshold)", "",
           "| topology | gate | value | 95% CI | op | threshold | verdict |", "|---|---|---|---|---|---|---|"]
     for t, g in res["gates"].items():
