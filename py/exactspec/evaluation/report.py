@@ -276,8 +276,8 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
                       "greedy_same_as_ours": _wllama_agreement(trecs)},
            "waterfall": [A.decomposition(trecs, loads, t, arm, x) for t in topologies for arm in ("none", "draft-k4", "auto")
                          for x in temps],
-           "gates": verdicts, "conclusions": conclusions,
-           "engines": {t: A.engine_difference(arm_rows, cells[t]["auto_over_control"], t) for t in topologies}, "fit_to_champion": run_info.get("fit_to_champion") or []}
+           "gates": verdicts, "conclusions": conclusions, "fit_to_champion": run_info.get("fit_to_champion") or [],
+           "engines": {t: A.engine_difference(arm_rows, cells[t]["auto_over_control"], t) for t in topologies}}
     res["topologies"] = _topologies(trecs, res)
     res["pareto"] = _pareto(res["topologies"])
     res["heatmap"] = _heatmap(legacy_rows, trecs, sorted({r["stratum"] for r in records}))
@@ -360,8 +360,8 @@ def _engines_sentence(e: dict | None) -> str:
     said = (f". Engines (information, not a gate): champion alone on auto's engine ran {by_t} of champion alone's engine"
             + (f"; auto against its own engine {_f(lo_hi[0], '.3f')}x to {_f(lo_hi[1], '.3f')}x a cell" if lo_hi else ""))
     if e["gap"]:
-        said += ("; the engines differ by more than 2%, so the never-slower cells measure the engines' difference as "
-                 "well as auto (the cells against auto's own engine are what auto itself costs or gains)")
+        said += (f"; the engines differ by more than {A.ENGINE_GAP:.0%}, so the never-slower cells measure the engines' "
+                 "difference as well as auto (the cells against auto's own engine are what auto itself costs or gains)")
     return said
 
 
