@@ -142,3 +142,23 @@ def browser_page(chromium_browser):
         yield page
     finally:
         context.close()
+
+
+# the engine's own load limit is 300 s (Engine.load timeoutMs): waiting a little longer lets its
+# E_TIMEOUT reach the page's status line, which tells a load that hung from a page that never began one
+PAGE_LOAD_WAIT_MS = 330_000
+
+
+def wait_load_ended(page, loads: int, timeout_ms: int = PAGE_LOAD_WAIT_MS) -> None:
+    """Wait until web/index.html's load after `loads` loads has ended (ready or failed). When it does
+    not, fail with what the page showed (stage, status, progress rows, model note) instead of the
+    bare timeout: a load that never ends is otherwise a failure with nothing to go on."""
+    try:
+        page.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'",
+                               arg=loads, timeout=timeout_ms)
+    except Exception as exc:   # playwright's TimeoutError: said again with the page's own account
+        shown = page.evaluate("""() => ({stage: window.appState?.stage, loads: window.appState?.loads,
+          status: document.getElementById('status')?.textContent,
+          progress: document.getElementById('progress')?.innerText,
+          note: document.getElementById('model_note')?.textContent})""")
+        raise AssertionError(f"the page's load did not end within {timeout_ms} ms: {shown}") from exc

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from browser_fixture import chromium_browser, forward_console, http_server  # noqa: F401
+from browser_fixture import chromium_browser, forward_console, http_server, wait_load_ended  # noqa: F401
 from hostile_folders import to_half
 from engine_loads import FAST_LOAD, browser_runtime
 from exactspec.reference.models import default_models_dir
@@ -189,7 +189,7 @@ def test_a_picked_half_precision_draft_is_converted_in_the_page_and_speculates_e
     app.set_input_files("#draft_folder", str(draft))
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
     app.wait_for_function("() => window.appDraftReady === true")
     rows = app.inner_text("#progress")

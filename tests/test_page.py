@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server  # noqa: F401
+from browser_fixture import REPO_ROOT, chromium_browser, forward_console, http_server, wait_load_ended  # noqa: F401
 from exactspec.core.receipts import ALLOWED_FIELDS
 
 SHOTS = REPO_ROOT / "build" / "screenshots"
@@ -97,6 +97,9 @@ def test_load_shows_progress(app):
     assert line.endswith(" (from cache)") == (calibration["source"] == "cache"), (line, calibration["source"])
     check = app.text_content("#batch_check_line")                     # and the batch-invariance check
     assert re.fullmatch(r"Kernels checked batch-invariant \(WASM, [\d.]+ ms\)", check), check
+    # a load that never ends fails saying what the page showed (browser_fixture.wait_load_ended)
+    with pytest.raises(AssertionError, match=r"did not end within 200 ms: .*'status': 'draft ready"):
+        wait_load_ended(app, app.evaluate("() => window.appState.loads") + 1, timeout_ms=200)
 
 
 def test_the_cached_models_panel_lists_sizes_and_forgets(app):
@@ -287,17 +290,22 @@ def test_stop_says_cancelled_keeps_text_and_the_conversation_goes_on(app):
     # setter on it clicks Stop in the same task. Polling for the fifth event raced the answer (CI,
     # 2026-12-05: the WASM champion's greedy answer to "In the beginning" is 94 tokens in ~60 ms, and
     # the poll never saw it running). This prompt runs to the 480-token limit (~0.5 s on the WASM
-    # champion, the worker ~40 tokens ahead of the page's handler when it is busy)
+    # champion, the worker ~40 tokens ahead of the page's handler when it is busy). The setter is
+    # one-shot: left in place, it stopped every later answer of five events or more in this module's
+    # page (CI, 2026-12-07: test_a_gguf_file_from_the_picker's lookup answer ended 'cancelled')
     app.evaluate("""() => {
       let n = 0;
       Object.defineProperty(window.appState, 'tokenEvents', {configurable: true, get: () => n, set: (v) => {
         n = v;
-        if (v === 5 && window.appState.stage === 'generating') document.getElementById('stop').click();
+        if (v !== 5 || window.appState.stage !== 'generating') return;
+        Object.defineProperty(window.appState, 'tokenEvents', {configurable: true, writable: true, value: v});
+        document.getElementById('stop').click();
       }});
     }""")
     app.fill("#prompt", "And God said")
     app.click("#go")
     app.wait_for_function("() => window.appState.tokenEvents >= 5")
+    assert app.evaluate("() => Object.getOwnPropertyDescriptor(window.appState, 'tokenEvents').writable")   # the setter is gone
     app.screenshot(path=str(SHOTS / "page-during-answer.png"), full_page=True)
     app.wait_for_function("() => window.appState.lastResult && window.appState.stage === 'ready' && window.appDraftReady")
     result = app.evaluate("() => window.appState.lastResult")
@@ -339,7 +347,7 @@ def test_local_folder_champion_alone(app, tmp_path):
     app.set_input_files("#champion_folder", str(folder))
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
     assert "local folders: champion tiny_champion, no draft" in app.text_content("#model_source")
     assert "no draft" in app.text_content("#status")
@@ -358,7 +366,7 @@ def test_hugging_face_champion_folder_converted_in_the_page(app, tmp_path):
     app.set_input_files("#champion_folder", str(folder))
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
     rows = app.inner_text("#progress")
     assert re.search(r"model\.q8\.safetensors \(converting here\)\n(\d+\.\d) of \1 MB", rows), rows   # its bytes, all done
@@ -418,7 +426,7 @@ def test_a_load_after_the_engine_ended_makes_a_new_one(app):
     app.evaluate("() => window.appState.engine.terminate()")
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_test_pair")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
     assert answer(app, "none", max_tokens=4)[0] == "done"
 
@@ -463,7 +471,7 @@ def test_a_gguf_file_from_the_picker(app, tmp_path):
     app.evaluate("() => { document.getElementById('champion_folder').value = ''; }")
     loads = app.evaluate("() => window.appState.loads")
     app.click("#load_models")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     try:
         assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
         assert app.text_content("#model_source") == "local file: champion toy-champion.gguf, no draft"
@@ -500,7 +508,7 @@ def test_a_gguf_draft_from_the_picker(app, tmp_path):
     assert app.text_content("#status") == "E_BAD_ARGUMENT: choose a draft folder or a .gguf file, not both"
     app.evaluate("() => { document.getElementById('draft_folder').value = ''; }")
     app.click("#load_models")
-    app.wait_for_function("(n) => window.appState.loads > n && window.appState.stage !== 'loading'", arg=loads)
+    wait_load_ended(app, loads)
     try:
         assert app.evaluate("() => window.appState.stage") == "ready", app.text_content("#status")
         assert app.text_content("#model_source") == "local file: champion toy-champion.gguf, draft toy-draft.gguf"
