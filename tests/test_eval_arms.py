@@ -171,3 +171,27 @@ def test_plan_with_gate_repeats_and_the_option_checked():
     with pytest.raises(ExactSpecError):
         R.check_args(opts("--load-repeats", "0"))
     assert opts().load_repeats == 3 and R.check_args(opts("--load-repeats", "1")) is None
+
+
+def test_engine_pairs_per_topology_and_which_pair_serves_a_repeat():
+    """Gates v3: each WASM topology loads --engine-pairs engine pairs (at most one a repeat it runs),
+    WebGPU one; repeat r runs on pair r mod n, so every arm and champion alone compared for a
+    (prompt, T, repeat) share their pair, and every pair serves every arm of the first passes."""
+    test = prompts_of("test")
+    pl = R.plan_run(opts("--repeats", "3", "--gate-repeats", "10", "--toy-gate-repeats", "20"), test)
+    assert pl["engine_pairs"] == {"toy-wasm": 3, "toy-webgpu": 1, "real-wasm": 3}
+    assert R.plan_run(opts(), test)["engine_pairs"] == {"toy-wasm": 1, "toy-webgpu": 1, "real-wasm": 1}   # one repeat: one pair
+    assert R.plan_run(opts("--repeats", "2", "--engine-pairs", "5"), test)["engine_pairs"]["toy-wasm"] == 2
+    served = {}
+    for topo, arm, pid, t, rep in pl["keys"]:
+        if topo != "toy-wllama":
+            served.setdefault((topo, arm), set()).add(A.pair_of_repeat(rep, pl["engine_pairs"][topo]))
+    assert served[("toy-wasm", "draft-k4")] == served[("real-wasm", "auto")] == {0, 1, 2}
+    assert served[("toy-webgpu", "auto")] == {0}
+    assert [A.engine_name("toy-wasm", "spec", j) for j in range(3)] == ["toy-wasm-spec", "toy-wasm-spec-pair1", "toy-wasm-spec-pair2"]
+    # a test-split run loads the count the gate file names; another count is a dev-split run's
+    with pytest.raises(ExactSpecError, match="--engine-pairs 2"):
+        R.check_args(opts("--engine-pairs", "2", "--pairs", "toy"))
+    assert R.check_args(opts("--engine-pairs", "2", "--pairs", "toy", "--split", "dev")) is None
+    with pytest.raises(ExactSpecError, match="--engine-pairs must be >= 1"):
+        R.check_args(opts("--engine-pairs", "0", "--pairs", "toy", "--split", "dev"))

@@ -11,7 +11,7 @@ from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpec
 from exactspec.evaluation import analysis as A
 from exactspec.evaluation.corpus import (FIELDS, check_lock, file_hashes, load_corpus, lock_of, record_test_run,
                                         recorded_test_runs, select, write_lock)
-from exactspec.evaluation.gates import (GATES_V2_PATH, check_same_gates, deciding_cell, evaluate, evaluate_v2, gates_hash, judge,
+from exactspec.evaluation.gates import (GATES_V2_PATH, GATES_V3_PATH, check_same_gates, deciding_cell, evaluate, evaluate_v2, gates_hash, judge,
                                        load_gates)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -449,3 +449,86 @@ def test_the_engines_difference_is_named_when_it_exceeds_two_percent_either_way(
     assert f"{control:.3f}x [{control - 0.01:.3f}, {control + 0.01:.3f}] at T = 1" in said and "0.970x to 1.030x" in said
     assert ("measure the engines' difference" in said) is gap
     assert A.engine_difference(rows, cells, "toy-webgpu") is None and _engines_sentence(None) == ""
+
+
+# ---- gates v3: several engine pairs, cluster bootstrap ----
+def _in_pairs(topology, stratum, ratio_by_pair, prompts=4, t=1.0):
+    """champion alone and auto requests on engine pairs 0..n-1 (repeat r on pair r), auto's per-token
+    speed-up constant within a pair: ratio_by_pair[j]."""
+    out = []
+    for j, ratio in enumerate(ratio_by_pair):
+        for rec in _pairs(topology, stratum, [ratio] * prompts, t):
+            out.append({**rec, "rep": j, "engine_pair": j})
+    return out
+
+
+def test_a_v3_cell_resamples_the_engine_pairs_and_a_v2_cell_does_not():
+    """Auto 1.06x on one engine pair, 0.94x on the next, 1.0x on the third (the engines' draw, no
+    mode's doing): the v3 cell's interval spans the pairs and its never-slower verdict is
+    inconclusive; the same requests read as one engine pair (v2's method) give a narrow interval."""
+    recs = _in_pairs("toy-wasm", "casual", [1.06, 0.94, 1.0])
+    rows = A.per_token_rows(recs)
+    assert {r["pair"] for r in rows} == {0, 1, 2}
+    cell = A.auto_speedup_cells(rows, "toy-wasm", ["casual"], [1.0])["casual T=1"]
+    assert cell["pairs"] == 3 and cell["ci"][0] <= 0.94 + 1e-9 and cell["ci"][1] >= 1.06 - 1e-9
+    one = A.auto_speedup_cells([{**r, "pair": 0} for r in rows], "toy-wasm", ["casual"], [1.0])["casual T=1"]
+    assert one["pairs"] == 1 and one["value"] == pytest.approx(cell["value"]) and one["ci"][0] > 0.97
+    doc, _ = load_gates(os.path.join(REPO, GATES_V3_PATH))
+    ns = {v["id"]: v for v in evaluate_v2(doc, {"auto_speedup_per_stratum": {"casual T=1": cell}}, "toy-wasm")}["auto_never_slower"]
+    assert ns["verdict"] == "inconclusive"
+    # the paired cells (auto against the best fixed arm, against its own engine) cluster by auto's pair too
+    best = A.auto_over_best_fixed_cells(rows, "toy-wasm", ["casual"], [1.0])["casual T=1"]
+    assert best["pairs"] == 3 and best["ci"][1] - best["ci"][0] > 0.1
+
+
+def test_end_to_end_in_v3_charges_each_request_its_own_pairs_loads():
+    """Pair 0's engines loaded in 1000 / 1200 ms, pair 1's in 1000 / 3000: each request's gain uses the
+    loads of the pair that served it, and the interval resamples the pairs with their loads."""
+    recs = [r for s in ("casual", "dialogue") for r in _in_pairs("real-wasm", s, [1.1, 1.1], prompts=2)]
+    rows = A.per_token_rows(recs)
+    loads = {"real-wasm-alone": {"load_ms": 1000.0}, "real-wasm-spec": {"load_ms": 1200.0},
+             "real-wasm-alone-pair1": {"load_ms": 1000.0}, "real-wasm-spec-pair1": {"load_ms": 3000.0}}
+    e2e = A.end_to_end_with_loads(rows, loads, "real-wasm", ["casual", "dialogue"], 256)
+    g0, g1 = (1000 + 2560) / (1200 + 2560 / 1.1), (1000 + 2560) / (3000 + 2560 / 1.1)
+    assert e2e["value"] == pytest.approx(math.sqrt(g0 * g1)) and e2e["n"] == 8
+    assert e2e["ci"] == pytest.approx((g1, g0))                      # pairs drawn: (1, 1) ... (0, 0)
+    assert e2e["load_spec_ms"] == 1200.0                             # the first pair's, as in v2
+    missing = {k: v for k, v in loads.items() if k != "real-wasm-spec-pair1"}
+    assert A.end_to_end_with_loads(rows, missing, "real-wasm", ["casual", "dialogue"], 256)["value"] is None   # no data: a fail
+
+
+def test_shipped_gates_v3_are_v2_with_the_engine_pairs_method_only():
+    v2, _ = load_gates(os.path.join(REPO, GATES_V2_PATH))
+    v3, _ = load_gates(os.path.join(REPO, GATES_V3_PATH))
+    assert v3["version"] == 3 and v3["engine_pairs"]["count"] == 3
+    assert "engine pairs with replacement" in v3["confidence_interval"]["method"]
+    same = lambda g: {k: v for k, v in g.items() if k != "what"}
+    assert [same(g) for g in v3["gates"]] == [same(g) for g in v2["gates"]]     # no threshold, metric or scope moved
+    assert {k for k in v3 if v3[k] != v2.get(k)} == {"version", "written", "engine_pairs", "confidence_interval", "gates"}
+    assert [g["id"] for g, h in zip(v3["gates"], v2["gates"]) if g != h] == ["end_to_end_with_loads"]   # its loads: the pair's
+    from exactspec.evaluation import runner
+    assert runner.GATES_PATH == GATES_V3_PATH                        # new runs are recorded under v3
+
+
+def test_a_v3_run_is_judged_by_its_own_gate_file_and_says_how_its_intervals_were_drawn(tmp_path):
+    from exactspec.evaluation.report import pack_raw, report_markdown, write_report_from_raw
+    run_dir = tmp_path / "v3-run"
+    _synthetic_run(run_dir)
+    run_json = run_dir / "run.json"
+    run = json.loads(run_json.read_text())
+    _, v3_hash = load_gates(os.path.join(REPO, GATES_V3_PATH))
+    run["plan"].update(gates_path=GATES_V3_PATH, gates_sha256=v3_hash, gates_version=3, engine_pairs={"toy-wasm": 3})
+    run_json.write_text(json.dumps(run))
+    raw = str(tmp_path / "raw.jsonl.gz")
+    pack_raw(str(run_dir), raw, with_entropy=False)
+    res = write_report_from_raw(raw, str(tmp_path / "out"), with_plots=False)
+    assert res["gates_version"] == 3 and res["gates_file"] == "gates_v3.json"
+    text = report_markdown(res)
+    assert "gates v3): speed-ups per generated token against the champion alone, 95% cluster-bootstrap intervals " \
+           "(engine pairs, then requests; engine pairs: toy-wasm 3)." in text
+    assert "## Gates (v3:" in text and "which gates_v3.json defines on the timed loads of each engine pair" in text
+    run["plan"]["gates_sha256"] = "0" * 64                           # recorded under another file: refused
+    run_json.write_text(json.dumps(run))
+    pack_raw(str(run_dir), raw, with_entropy=False)
+    with pytest.raises(ExactSpecError):
+        write_report_from_raw(raw, str(tmp_path / "out2"), with_plots=False)

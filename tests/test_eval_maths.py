@@ -134,6 +134,45 @@ def test_bootstrap_fixed_seed_fixed_interval_and_constant_ratios_zero_width():
     assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
 
 
+def _slow_cluster_bootstrap(clusters, resamples, seed, level=0.95):
+    """The two-stage bootstrap written as its definition reads (loops, its own RNG stream)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(resamples):
+        drawn = []
+        for c in rng.integers(0, len(clusters), size=len(clusters)):
+            for g in clusters[c]:
+                drawn += [g[i] for i in rng.integers(0, len(g), size=len(g))]
+        stats.append(M.geo_mean(drawn))
+    return tuple(np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2]))
+
+
+def test_cluster_bootstrap_carries_the_spread_between_engine_pairs():
+    """Gates v3: two engine pairs, each constant within (1.1x and 0.9x): the clusters drawn are
+    (1.1, 1.1), (1.1, 0.9) or (0.9, 0.9), so the interval is exactly [0.9, 1.1]; the v2 request
+    bootstrap of the same 40 values pooled (what ignoring the pairs gives) is far narrower."""
+    fast, slow = [[1.1] * 20], [[0.9] * 20]
+    lo, hi = M.cluster_bootstrap_ci([fast, slow])
+    assert lo == pytest.approx(0.9) and hi == pytest.approx(1.1)
+    naive = M.bootstrap_ci([fast[0] + slow[0]])
+    assert 0.93 < naive[0] and naive[1] < 1.06                 # the broken variant: the pairs' spread left out
+    # one pair: exactly v2's stratified request bootstrap (a v2 run's intervals unchanged)
+    data = [[0.9, 1.1, 1.3, 0.8, 1.0], [1.2, 1.4]]
+    assert M.cluster_bootstrap_ci([data]) == M.bootstrap_ci(data)
+    assert M.cluster_bootstrap_ci([[[]], [[None]]]) is None
+    # strata stay strata inside each pair: constant strata 1 and 4 in both pairs -> the pooled mean 2, fixed
+    lo, hi = M.cluster_bootstrap_ci([[[1.0, 1.0], [4.0, 4.0]], [[1.0, 1.0], [4.0, 4.0]]])
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    # against the definition written as loops (three pairs with spread inside them; 4000 resamples each,
+    # fixed seeds): the vectorised draw, a pair drawn twice included, gives the same interval to 0.01
+    clusters = [[[1.02, 0.97, 1.05, 0.99, 1.01, 0.95]], [[0.93, 0.96, 0.91, 0.98, 0.94, 0.97]], [[1.08, 1.03, 1.06, 1.1, 1.04, 1.07]]]
+    fast_ci = M.cluster_bootstrap_ci(clusters, resamples=4000)
+    slow_ci = _slow_cluster_bootstrap(clusters, 4000, seed=7)
+    assert fast_ci == pytest.approx(slow_ci, abs=0.01), (fast_ci, slow_ci)
+    assert fast_ci == M.cluster_bootstrap_ci(clusters, resamples=4000)   # the seed fixes it
+
+
 def test_per_token_units_and_geometric_mean():
     assert M.ms_per_token(100.0, 20) == 5.0 and M.ms_per_token(100.0, 0) is None
     assert M.geo_mean([2.0, 0.5]) == pytest.approx(1.0) and M.geo_mean([None]) is None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from . import metrics as M
-from .arms import ADAPTIVE_K_MAX, DRAFT_KS, arm_spec
+from .arms import ADAPTIVE_K_MAX, DRAFT_KS, arm_spec, engine_name
 
 KV_BYTES = 4   # float32 K and V
 
@@ -413,6 +413,13 @@ def n_tokens(rec: dict):
     return rec.get("n_tokens") if rec.get("n_tokens") is not None else len(rec.get("token_ids") or [])
 
 
+def engine_pair(rec: dict) -> int:
+    """Which of the topology's engine pairs served the request (the runner's --engine-pairs, gates
+    v3: repeat r on pair r mod E; the arm and champion alone it is compared with share the repeat,
+    so the pair); 0 for a run with one pair (every v2 run)."""
+    return rec.get("engine_pair", 0)
+
+
 def per_token_rows(records: list) -> list:
     """Each request of an arm against champion alone (same topology, prompt, T, repeat), per
     generated token: ratio = alone's page ms per token / the arm's (> 1: the arm is faster)."""
@@ -430,7 +437,7 @@ def per_token_rows(records: list) -> list:
         if ratio is None:
             continue
         out.append({"topology": t, "arm": r["arm"], "prompt_id": r["prompt_id"], "stratum": r["stratum"],
-                    "temperature": r["temperature"], "rep": r.get("rep", 0), "ratio": ratio,
+                    "temperature": r["temperature"], "rep": r.get("rep", 0), "pair": engine_pair(r), "ratio": ratio,
                     "base_ms_per_token": mb, "arm_ms_per_token": ma})
     return out
 
@@ -442,11 +449,26 @@ def cell_name(stratum: str, t: float) -> str:
 MIN_CI_REQUESTS = 2       # one request has no spread to resample: no interval, so a CI gate is inconclusive there
 
 
-def _stat(groups: list) -> dict:
-    """{"value": geometric mean of the pooled values, "ci": stratified bootstrap (None with fewer than
-    MIN_CI_REQUESTS values), "n": count}."""
+def _stat(groups: list, pairs: list | None = None) -> dict:
+    """{"value": geometric mean of the pooled values, "ci", "n": count, "pairs": engine pairs}.
+    groups: lists of values (strata); pairs: the same shape, each value's engine pair (None: one
+    pair). ci: the stratified bootstrap of the requests when they come from one engine pair (every
+    v2 run), else the cluster bootstrap (gates v3: engine pairs, then requests within their strata;
+    metrics.cluster_bootstrap_ci); None with fewer than MIN_CI_REQUESTS values."""
     flat = [v for g in groups for v in g]
-    return {"value": M.geo_mean(flat), "ci": M.bootstrap_ci(groups) if len(flat) >= MIN_CI_REQUESTS else None, "n": len(flat)}
+    labels = sorted({x for g in (pairs or []) for x in g})
+    if len(labels) > 1:
+        clusters = [[[v for v, x in zip(g, pg) if x == label] for g, pg in zip(groups, pairs)] for label in labels]
+        ci = M.cluster_bootstrap_ci(clusters)
+    else:
+        ci = M.bootstrap_ci(groups)
+    return {"value": M.geo_mean(flat), "ci": ci if len(flat) >= MIN_CI_REQUESTS else None, "n": len(flat),
+            "pairs": max(len(labels), 1)}
+
+
+def _ratio_stat(groups_of_rows: list, value=lambda r: r["ratio"]) -> dict:
+    """_stat of value(row) over groups (strata) of rows, clustered by the rows' engine pairs."""
+    return _stat([[value(r) for r in g] for g in groups_of_rows], [[r["pair"] for r in g] for g in groups_of_rows])
 
 
 def _rows(rows, topology, arm, t=None, strata=None):
@@ -457,8 +479,7 @@ def _rows(rows, topology, arm, t=None, strata=None):
 def auto_speedup_cells(rows: list, topology: str, strata: list, temps: list) -> dict:
     """{"<stratum> T=<t>": {value, ci, n}}: auto's per-token speed-up over champion alone; every
     planned cell appears (value None: no data)."""
-    return {cell_name(s, t): _stat([[r["ratio"] for r in _rows(rows, topology, "auto", t, [s])]])
-            for s in strata for t in temps}
+    return {cell_name(s, t): _ratio_stat([_rows(rows, topology, "auto", t, [s])]) for s in strata for t in temps}
 
 
 def auto_over_best_fixed_cells(rows: list, topology: str, strata: list, temps: list) -> dict:
@@ -467,26 +488,29 @@ def auto_over_best_fixed_cells(rows: list, topology: str, strata: list, temps: l
     out = {}
     for s in strata:
         for t in temps:
-            auto = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, "auto", t, [s])}
+            auto_rows = {(r["prompt_id"], r["rep"]): r for r in _rows(rows, topology, "auto", t, [s])}
+            auto = {k: r["ratio"] for k, r in auto_rows.items()}
             cands = {"none": {k: 1.0 for k in auto}}
             for arm in FIXED_ARMS[1:]:
                 got = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, arm, t, [s])}
                 if got:
                     cands[arm] = got
             best = max(sorted(cands), key=lambda a: M.geo_mean(cands[a].values()) or 0.0) if auto else None
-            pairs = [auto[k] / cands[best][k] for k in sorted(auto) if best and k in cands[best]]
-            out[cell_name(s, t)] = {**_stat([pairs]), "best": best}
+            both = [k for k in sorted(auto) if best and k in cands[best]]
+            out[cell_name(s, t)] = {**_stat([[auto[k] / cands[best][k] for k in both]], [[auto_rows[k]["pair"] for k in both]]),
+                                    "best": best}
     return out
 
 
 def conversational_auto(rows: list, topology: str, conversational: list, t: float = 1.0) -> dict:
     """auto's per-token speed-up at T = t on the conversational strata pooled (stratified bootstrap)."""
-    return _stat([[r["ratio"] for r in _rows(rows, topology, "auto", t, [s])] for s in conversational])
+    return _ratio_stat([_rows(rows, topology, "auto", t, [s]) for s in conversational])
 
 
-def engine_load_ms(loads: dict, topology: str, role: str):
-    """The page-clock load of the topology's engine, role "alone" or "spec" (None when not recorded)."""
-    got = loads.get(f"{topology}-{role}")
+def engine_load_ms(loads: dict, topology: str, role: str, pair: int = 0):
+    """The page-clock load of the topology's engine, role "alone" or "spec", of engine pair `pair`
+    (None when not recorded)."""
+    got = loads.get(engine_name(topology, role, pair))
     return got.get("load_ms") if got else None
 
 
@@ -504,23 +528,30 @@ def loads_at_median(loads: dict) -> dict:
 def end_to_end_with_loads(rows: list, loads: dict, topology: str, conversational: list, tokens: int,
                           t: float = 1.0) -> dict:
     """The adoption condition with loads: per conversational request at T = t, (L_alone + N c_alone)
-    / (L_spec + N c_auto), N = tokens; geometric mean, stratified bootstrap (loads held fixed).
-    L is the page-clock load to ready. A draft loaded in the background (after ready, while the
-    engine is idle) is not in L_spec; `value_draft_in_the_way` is the same ratio (point value) with
-    L_spec up to the end of the draft's load and calibration instead, as for a session whose first
-    request had to wait for all of it (None when the draft was not loaded in the background)."""
-    la, ls = engine_load_ms(loads, topology, "alone"), engine_load_ms(loads, topology, "spec")
-    spec = loads.get(f"{topology}-spec") or {}
-    full = spec.get("draft_calibrated_ms") or spec.get("draft_ready_ms")
+    / (L_spec + N c_auto), N = tokens; geometric mean. L is the page-clock load to ready of the
+    engines that served the request (its engine pair's: with several pairs, gates v3, each pair's
+    own loads, and the cluster bootstrap resamples pairs with their loads; with one, v2, the loads
+    are held fixed and the requests resampled). A draft loaded in the background (after ready,
+    while the engine is idle) is not in L_spec; `value_draft_in_the_way` is the same ratio (point
+    value) with L_spec up to the end of the draft's load and calibration instead, as for a session
+    whose first request had to wait for all of it (None when the draft was not loaded in the
+    background). load_alone_ms / load_spec_ms: the first pair's."""
+    def of_pair(j):
+        spec = loads.get(engine_name(topology, "spec", j)) or {}
+        return (engine_load_ms(loads, topology, "alone", j), engine_load_ms(loads, topology, "spec", j),
+                spec.get("draft_calibrated_ms") or spec.get("draft_ready_ms"))
+    la, ls, full = of_pair(0)
     extra = {"load_alone_ms": la, "load_spec_ms": ls, "tokens": tokens, "draft_in_background_to_ms": full}
-    if la is None or ls is None:
+    by_stratum = [_rows(rows, topology, "auto", t, [s]) for s in conversational]
+    loads_of = {j: of_pair(j) for j in {r["pair"] for g in by_stratum for r in g}}
+    if la is None or ls is None or any(a is None or b is None for a, b, _ in loads_of.values()):
         return {"value": None, "ci": None, "n": 0, **extra, "value_draft_in_the_way": None}
-    mine = [r for s in conversational for r in _rows(rows, topology, "auto", t, [s])]
-    groups = [[(la + tokens * r["base_ms_per_token"]) / (ls + tokens * r["arm_ms_per_token"])
-               for r in _rows(rows, topology, "auto", t, [s])] for s in conversational]
-    in_way = (M.geo_mean([(la + tokens * r["base_ms_per_token"]) / (full + tokens * r["arm_ms_per_token"]) for r in mine])
-              if full is not None and mine else None)
-    return {**_stat(groups), **extra, "value_draft_in_the_way": in_way}
+    gain = lambda r, spec_ms: ((loads_of[r["pair"]][0] + tokens * r["base_ms_per_token"])
+                               / (spec_ms + tokens * r["arm_ms_per_token"]))
+    mine = [r for g in by_stratum for r in g]
+    in_way = (M.geo_mean([gain(r, loads_of[r["pair"]][2]) for r in mine])
+              if mine and all(f is not None for _, _, f in loads_of.values()) else None)
+    return {**_ratio_stat(by_stratum, lambda r: gain(r, loads_of[r["pair"]][1])), **extra, "value_draft_in_the_way": in_way}
 
 
 def greedy_mismatches_v2(records: list, topology: str):
@@ -587,9 +618,10 @@ def auto_over_control_cells(rows: list, topology: str, strata: list, temps: list
     out = {}
     for s in strata:
         for t in temps:
-            auto = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, "auto", t, [s])}
+            auto = {(r["prompt_id"], r["rep"]): r for r in _rows(rows, topology, "auto", t, [s])}
             ctrl = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, control, t, [s])}
-            out[cell_name(s, t)] = _stat([[auto[k] / ctrl[k] for k in sorted(auto) if k in ctrl]])
+            both = [k for k in sorted(auto) if k in ctrl]
+            out[cell_name(s, t)] = _stat([[auto[k]["ratio"] / ctrl[k] for k in both]], [[auto[k]["pair"] for k in both]])
     return out
 
 

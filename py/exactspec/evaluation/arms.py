@@ -67,6 +67,24 @@ def arm_spec(name: str) -> dict:
             "engine": "spec" if mode == "draft" else "alone"}   # lookup needs no draft model
 
 
+def engine_name(topology: str, role: str, pair: int = 0) -> str:
+    """An engine's name in a run (its page key and run_info["loads"] key): "<topology>-<role>" for the
+    first engine pair (every v2 run's only one), "<topology>-<role>-pair<j>" for pair j > 0."""
+    return f"{topology}-{role}" + (f"-pair{pair}" if pair else "")
+
+
+def engine_pairs_of(topo: str, wanted: int, repeats: int) -> int:
+    """How many engine pairs a topology loads (gates v3): `wanted`, at most one a repeat it runs (a
+    pair would serve nothing beyond), and one on WebGPU (its topologies run repeat 0 only)."""
+    return 1 if split_topology(topo)[1] == "webgpu" else max(1, min(wanted, repeats))
+
+
+def pair_of_repeat(rep: int, pairs: int) -> int:
+    """The engine pair that serves repeat `rep` of every arm (so an arm and champion alone compared
+    for the same prompt, temperature and repeat share their pair)."""
+    return rep % pairs
+
+
 def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: int | None = None) -> dict:
     """The page's config for one request of an arm (same seed, length and constraint for every arm). Every
     request prefills its whole prompt (prefix_reuse off): arms are compared cold, as a first turn

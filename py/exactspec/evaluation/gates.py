@@ -1,6 +1,6 @@
-"""Preregistered gates (eval/gates_v2.json; eval/gates.json is v1's record): load with their hash, judge
-metrics (with bootstrap intervals in v2: pass, fail, inconclusive, fail (no data)), refuse a run recorded
-under a different gate file."""
+"""Preregistered gates (eval/gates_v3.json; eval/gates_v2.json and eval/gates.json stay the records of
+v2's and v1's runs): load with their hash, judge metrics (with bootstrap intervals from v2 on: pass,
+fail, inconclusive, fail (no data)), refuse a run recorded under a different gate file."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +12,7 @@ from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 
 GATES_V1_PATH = os.path.join("eval", "gates.json")
 GATES_V2_PATH = os.path.join("eval", "gates_v2.json")
+GATES_V3_PATH = os.path.join("eval", "gates_v3.json")   # v2's gates, judged over several engine pairs (cluster bootstrap)
 PASS, FAIL, INCONCLUSIVE, NO_DATA = "pass", "fail", "inconclusive", "fail (no data)"
 OPS = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 

@@ -221,6 +221,42 @@ def bootstrap_ci(groups, statistic=geo_mean, resamples: int = BOOT_RESAMPLES, se
     return float(lo), float(hi)
 
 
+def cluster_bootstrap_ci(clusters, resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED, level: float = BOOT_LEVEL):
+    """Two-stage percentile bootstrap of the geometric mean (gates v3): `clusters` is a list of
+    clusters (engine pairs), each a list of groups (strata) of positive values. Each resample draws
+    as many clusters as there are, with replacement, then within every drawn cluster's groups as
+    many values as each has, with replacement (a cluster drawn twice gets two independent inner
+    draws); the statistic is the geometric mean of everything drawn. So the interval carries the
+    spread between clusters (two engines loaded side by side differ by a few per cent, and which
+    one is faster changes from load to load), which resampling requests alone leaves out. One
+    cluster is bootstrap_ci of its groups exactly. (lo, hi), or None without data."""
+    import numpy as np
+    clusters = [[[v for v in g if v is not None] for g in c] for c in clusters]
+    clusters = [[g for g in c if g] for c in clusters]
+    clusters = [c for c in clusters if c]
+    if not clusters:
+        return None
+    if len(clusters) == 1:
+        return bootstrap_ci(clusters[0], resamples=resamples, seed=seed, level=level)
+    n_clusters = len(clusters)
+    rng = np.random.default_rng(seed)
+    # per cluster and draw slot: the log-sum and count of one inner resample (resamples x slots)
+    log_sums, counts = [], []
+    for c in clusters:
+        arrays = [np.log(np.asarray(g, dtype=float)) for g in c]
+        total = np.zeros((resamples, n_clusters))
+        for a in arrays:
+            total += a[rng.integers(0, len(a), size=(resamples, n_clusters, len(a)))].sum(axis=2)
+        log_sums.append(total)
+        counts.append(sum(len(a) for a in arrays))
+    log_sums, counts = np.stack(log_sums), np.asarray(counts, dtype=float)   # clusters x resamples x slots
+    picked = rng.integers(0, n_clusters, size=(resamples, n_clusters))       # resamples x slots: which cluster
+    rows, slots = np.arange(resamples)[:, None], np.arange(n_clusters)[None, :]
+    stats = np.exp(log_sums[picked, rows, slots].sum(axis=1) / counts[picked].sum(axis=1))
+    lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
 def conditional_position_samples(a: list, b: list, position: int) -> tuple:
     """The tokens at answer position `position` (1-based) of the samples (lists of ids) of two
     arms, kept only where the first position-1 tokens equal the most common such prefix among

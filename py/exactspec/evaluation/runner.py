@@ -14,12 +14,12 @@ from ..host.safe_files import append_text, write_file
 from ..host.server import REPO_ROOT
 from . import arms as arms_mod
 from .corpus import load_corpus, record_test_run, select
-from .gates import GATES_V2_PATH, check_same_gates, load_gates
+from .gates import GATES_V3_PATH, check_same_gates, load_gates
 
 MODELS = {"champion": arms_mod.PAIRS["toy"]["champion"], "draft": arms_mod.PAIRS["toy"]["draft"]}
 CORPUS_DIR = os.path.join("eval", "corpus")
 LOCK_PATH = os.path.join("eval", "corpus.lock.json")
-GATES_PATH = GATES_V2_PATH
+GATES_PATH = GATES_V3_PATH
 # The distribution samples (the gate's data): prompts chosen by this rule, applied to the DEV split
 # before any v2 test run (tests/test_eval_arms.py recomputes it), never for a result.
 SAMPLE_RULE = ("three dev-split prompts from three strata: in corpus order, the first prompt of each stratum whose "
@@ -173,8 +173,10 @@ def plan_run(opts, prompts: list) -> dict:
         n = {("toy", "wasm"): opts.samples, ("toy", "webgpu"): opts.webgpu_samples}.get((pair, backend), opts.real_samples)
         if n:
             seeds[topo] = n
+    engine_pairs = {t: arms_mod.engine_pairs_of(t, opts.engine_pairs, max(opts.repeats, gate_repeats_of(opts, t)))
+                    for t in arms_by_topo}
     return {"prompts": prompts, "pairs": pairs, "arms": arms_by_topo, "prompt_ids": ids_by_topo, "not_run": not_run,
-            "wllama": wllama, "keys": keys, "sample_seeds": seeds}
+            "wllama": wllama, "keys": keys, "sample_seeds": seeds, "engine_pairs": engine_pairs}
 
 
 def gate_repeats_of(opts, topo: str) -> int:
@@ -236,6 +238,8 @@ def run_bench(opts) -> str:
         plan["toy_gate_repeats"] = opts.toy_gate_repeats
     if not opts.quick:                       # runs before it had none (a quick run's plan is unchanged)
         plan["load_settle_s"] = LOAD_SETTLE_S
+    if any(n > 1 for n in pl["engine_pairs"].values()):   # gates v3: repeat r on engine pair r mod n
+        plan["engine_pairs"] = pl["engine_pairs"]
     if os.path.exists(run_path):
         with open(run_path) as f:
             before = json.load(f)
@@ -258,8 +262,9 @@ def run_bench(opts) -> str:
     todo = [k for k in keys if k not in done]
     todo_samples = [k for k in s_keys if k not in done_samples]
     est = estimate_ms(todo, by_id, todo_samples, sample_prompts, opts.max_new_tokens) / 1000
-    # warm-up, then alone and spec load_repeats times each
-    est_loads = sum((1 + 2 * opts.load_repeats) * arms_mod.LOAD_PRIOR_MS.get(t, 5000.0) for t in pl["arms"]) / 1000
+    # warm-up, then alone and spec once per engine pair and load_repeats - 1 times more each
+    est_loads = sum((1 + 2 * (pl["engine_pairs"][t] + opts.load_repeats - 1)) * arms_mod.LOAD_PRIOR_MS.get(t, 5000.0)
+                    for t in pl["arms"]) / 1000
     run_info["estimate_s"] = {"requests_and_samples": round(est), "loads": round(est_loads)}
 
     if pl["wllama"]:
@@ -289,13 +294,14 @@ def run_bench(opts) -> str:
 
         settle_s = plan.get("load_settle_s", 0.0)
 
-        def load(topo, role, models, backend, pinned=None, repeat=0):
+        def load(topo, role, models, backend, pinned=None, repeat=0, pair=0):
             # the default options (warm-up, calibration, batch check: what a user's load pays); the timed
             # loads measure their own calibration as a first visit does ("force": the throwaway load's,
             # measured in a cold browser and cached under the same key, is not read back); `pinned`:
             # the WASM champion's thread count the throwaway load chose, for both timed engines
-            # `repeat` > 0: a further load of the same engine, timed and unloaded (load_ms_repeats)
-            name = f"{topo}-{role}" + (f"-again{repeat}" if repeat else "")
+            # `repeat` > 0: a further load of the same engine, timed and unloaded (load_ms_repeats);
+            # `pair` > 0: the engine of a further engine pair (gates v3), which serves requests too
+            name = arms_mod.engine_name(topo, role, pair) + (f"-again{repeat}" if repeat else "")
             if role != "warmup":
                 time.sleep(settle_s)        # every timed load starts on an idle page (LOAD_SETTLE_S)
             # a draft loads in the background, as the page, createEngine and the CLI load it: ready with the
@@ -309,7 +315,8 @@ def run_bench(opts) -> str:
                 run_info["loads"][f"{topo}-{role}"]["load_ms_repeats"].append(r["load_ms"])
                 run_info["loads"][f"{topo}-{role}"]["timing_ms_repeats"].append(r["ready"].get("timing_ms"))
             else:
-                run_info["loads"][name] = {**_load_entry(topo, role, r), "load_ms_repeats": [], "timing_ms_repeats": []}
+                run_info["loads"][name] = {**_load_entry(topo, role, r), "load_ms_repeats": [], "timing_ms_repeats": [],
+                                           **({"engine_pair": pair} if pair else {})}
             late = f" (its draft in the background: in at {r['draft_ready_ms']:.0f} ms)" if r.get("draft_ready_ms") else ""
             print(f"load {name}: {r['load_ms']:.0f} ms{late}", flush=True)
             return r
@@ -341,6 +348,12 @@ def run_bench(opts) -> str:
                     raise ExactSpecError(cold["refused"]["code"], f"{topo}-{role} cold request: {cold['refused']['message']}")
                 run_info.setdefault("cold", {})[f"{topo}-{role}"] = _record(topo, arm, first, 0.0, cold, 0, opts.max_new_tokens)
                 sample(f"after cold request {topo}-{role}", f"{topo}-{role}", cold)
+            # the further engine pairs (gates v3), loaded the same way and kept: their requests are
+            # warm ones (each engine's warm-up ran at its load; the cold request is the first pair's)
+            for j in range(1, pl["engine_pairs"][topo]):
+                for role in ("alone", "spec"):
+                    r = load(topo, role, models if role == "spec" else {**models, "draft": None}, backend, pinned, pair=j)
+                    sample(f"after load {arms_mod.engine_name(topo, role, j)}", arms_mod.engine_name(topo, role, j), r)
             # further loads of both engines, alternating, each unloaded at once: one load per engine is
             # noisy here (run #6: the same Python boot 480 ms in one engine, 1440 in the other); the
             # gate uses the timed engine's own load as gates_v2.json says, the report adds the median's
@@ -375,12 +388,16 @@ def run_bench(opts) -> str:
                        "token_ids": w["token_ids"], "n_tokens": w["n_tokens"], "prompt_len": w["prompt_tokens"],
                        "first_token_ms": w["first_token_ms"], "total_ms": w["total_ms"], "finish_reason": w["finish_reason"]}
             else:
-                engine = f"{topo}-{arms_mod.arm_spec(arm)['engine']}"
+                n_pairs = pl["engine_pairs"][topo]
+                pair_j = arms_mod.pair_of_repeat(rep, n_pairs)
+                engine = arms_mod.engine_name(topo, arms_mod.arm_spec(arm)["engine"], pair_j)
                 out = call("generate", engine, {"prompt": p["prompt"], "chat": p["chat"],
                                                 "config": arms_mod.request_config(arm, p, t, opts.max_new_tokens)})
                 if "refused" in out:
                     raise ExactSpecError(out["refused"]["code"], f"{topo}:{arm} {pid}: {out['refused']['message']}")
                 rec = _record(topo, arm, p, t, out, rep, opts.max_new_tokens)
+                if n_pairs > 1:
+                    rec["engine_pair"] = pair_j
                 if i % 25 == 0:
                     sample(f"request {i}", engine, out)
             rec["kind"] = "request"
@@ -400,8 +417,9 @@ def run_bench(opts) -> str:
                       f"{time.perf_counter() - t0:.0f} s, left ~{_left_s(time.perf_counter() - t0, prior_done, est):.0f} s",
                       flush=True)
         for topo in pl["arms"]:
-            for role in ("alone", "spec"):
-                call("unload", f"{topo}-{role}")
+            for j in range(pl["engine_pairs"][topo]):
+                for role in ("alone", "spec"):
+                    call("unload", arms_mod.engine_name(topo, role, j))
         context.close()
     finally:
         browser.close()
@@ -461,6 +479,13 @@ def check_args(opts) -> None:
         raise ExactSpecError(E_BAD_ARGUMENT, f"--split {opts.split}: dev or test")
     if opts.load_repeats < 1:
         raise ExactSpecError(E_BAD_ARGUMENT, "--load-repeats must be >= 1")
+    if opts.engine_pairs < 1:
+        raise ExactSpecError(E_BAD_ARGUMENT, "--engine-pairs must be >= 1")
+    if opts.split == "test" and not opts.quick and not opts.report_only:
+        wanted = load_gates(GATES_PATH)[0]["engine_pairs"]["count"]   # preregistered: a test run does not choose
+        if opts.engine_pairs != wanted:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--engine-pairs {opts.engine_pairs}: a test-split run loads the "
+                                 f"{wanted} engine pairs that {GATES_PATH} names (any other count: --split dev)")
     if opts.gate_repeats < 0 or (opts.toy_gate_repeats is not None and opts.toy_gate_repeats < 0):
         raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats and --toy-gate-repeats must be >= 0")
     if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,

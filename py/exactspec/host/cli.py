@@ -159,6 +159,10 @@ def _add_bench_args(p):
     p.add_argument("--load-repeats", type=int, default=3,
                    help="loads of each timed engine (champion alone, champion + draft): the first serves the run, "
                         "the others are timed and unloaded; the report gives their median beside the gate's one load")
+    p.add_argument("--engine-pairs", type=int, default=3,
+                   help="engine pairs per WASM topology (champion alone's engine and champion + draft's, each loaded "
+                        "fresh; repeat r runs on pair r mod n): the intervals resample the pairs, since two engines "
+                        "loaded side by side differ by a few per cent (eval/gates_v3.json; a test-split run uses its count)")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
     p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
