@@ -471,6 +471,13 @@ def _ratio_stat(groups_of_rows: list, value=lambda r: r["ratio"]) -> dict:
     return _stat([[value(r) for r in g] for g in groups_of_rows], [[r["pair"] for r in g] for g in groups_of_rows])
 
 
+def _paired_stat(auto: dict, other: dict) -> dict:
+    """_stat of auto's ratio over the other arm's, paired by key ((prompt, repeat)), clustered by
+    auto's engine pairs (the paired request shares its pair). auto: key -> row; other: key -> ratio."""
+    both = [k for k in sorted(auto) if k in other]
+    return _stat([[auto[k]["ratio"] / other[k] for k in both]], [[auto[k]["pair"] for k in both]])
+
+
 def _rows(rows, topology, arm, t=None, strata=None):
     return [r for r in rows if r["topology"] == topology and r["arm"] == arm and (t is None or r["temperature"] == t)
             and (strata is None or r["stratum"] in strata)]
@@ -488,17 +495,14 @@ def auto_over_best_fixed_cells(rows: list, topology: str, strata: list, temps: l
     out = {}
     for s in strata:
         for t in temps:
-            auto_rows = {(r["prompt_id"], r["rep"]): r for r in _rows(rows, topology, "auto", t, [s])}
-            auto = {k: r["ratio"] for k, r in auto_rows.items()}
+            auto = {(r["prompt_id"], r["rep"]): r for r in _rows(rows, topology, "auto", t, [s])}
             cands = {"none": {k: 1.0 for k in auto}}
             for arm in FIXED_ARMS[1:]:
                 got = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, arm, t, [s])}
                 if got:
                     cands[arm] = got
             best = max(sorted(cands), key=lambda a: M.geo_mean(cands[a].values()) or 0.0) if auto else None
-            both = [k for k in sorted(auto) if best and k in cands[best]]
-            out[cell_name(s, t)] = {**_stat([[auto[k] / cands[best][k] for k in both]], [[auto_rows[k]["pair"] for k in both]]),
-                                    "best": best}
+            out[cell_name(s, t)] = {**_paired_stat(auto, cands[best] if best else {}), "best": best}
     return out
 
 
@@ -620,8 +624,7 @@ def auto_over_control_cells(rows: list, topology: str, strata: list, temps: list
         for t in temps:
             auto = {(r["prompt_id"], r["rep"]): r for r in _rows(rows, topology, "auto", t, [s])}
             ctrl = {(r["prompt_id"], r["rep"]): r["ratio"] for r in _rows(rows, topology, control, t, [s])}
-            both = [k for k in sorted(auto) if k in ctrl]
-            out[cell_name(s, t)] = _stat([[auto[k]["ratio"] / ctrl[k] for k in both]], [[auto[k]["pair"] for k in both]])
+            out[cell_name(s, t)] = _paired_stat(auto, ctrl)
     return out
 
 

@@ -186,7 +186,8 @@ def recalibrations(records: list) -> dict:
 def summarise(run_info: dict, records: list, samples: list, failures: list, gates_path: str | None = None) -> dict:
     """Everything the report, the plots and the gates need, from a run's raw content."""
     # the gate file the run recorded (v2 or v3), and it unchanged since
-    gates_doc, g_hash = load_gates(gates_path or os.path.join(REPO_ROOT, run_info["plan"].get("gates_path") or GATES_V2_PATH))
+    gates_path = gates_path or os.path.join(REPO_ROOT, run_info["plan"].get("gates_path") or GATES_V2_PATH)
+    gates_doc, g_hash = load_gates(gates_path)
     check_same_gates(run_info["plan"]["gates_sha256"], g_hash)
     plan = run_info["plan"]
     # the v1 helpers compare "backend": give them the topology there (the champion backend stays in champion_backend)
@@ -255,7 +256,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "versions": run_info.get("versions"), "wall_s": run_info.get("wall_s"),
            "test_split_runs": run_info.get("test_split_runs"), "not_run": run_info.get("not_run", []),
            "gates_version": gates_doc["version"], "gates_sha256": g_hash, "topologies_run": topologies,
-           "gates_file": os.path.basename(gates_path or run_info["plan"].get("gates_path") or GATES_V2_PATH),
+           "gates_file": os.path.basename(gates_path),
            "identities": identities(records, run_info),
            "loads": {k: {kk: v.get(kk) for kk in ("pair", "backend", "topology", "load_ms", "timing_ms", "draft_ready_ms",
                                                   "draft_calibrated_ms", "load_ms_repeats", "timing_ms_repeats")
@@ -402,14 +403,18 @@ def load_stage_medians(alone: dict, spec: dict) -> list:
     return sorted(rows, key=lambda r: (-abs(r[2] - r[1]), r[0]))
 
 
+def _engine_pairs(res: dict) -> dict:
+    """{topology: engine pairs} for the topologies that ran several (gates v3); {} for a v2 run."""
+    return {t: n for t, n in (res["plan"].get("engine_pairs") or {}).items() if n > 1}
+
+
 def _intervals(res: dict) -> str:
     """How the run's intervals were drawn: v2's request bootstrap, or (several engine pairs, gates v3)
     the cluster bootstrap over the pairs."""
-    pairs = res["plan"].get("engine_pairs") or {}
-    if not any(n > 1 for n in pairs.values()):
+    many = _engine_pairs(res)
+    if not many:
         return "95% bootstrap intervals"
-    many = ", ".join(f"{t} {n}" for t, n in pairs.items() if n > 1)
-    return f"95% cluster-bootstrap intervals (engine pairs, then requests; engine pairs: {many})"
+    return f"95% cluster-bootstrap intervals (engine pairs, then requests; engine pairs: {', '.join(f'{t} {n}' for t, n in many.items())})"
 
 
 def headline(res: dict) -> list:
@@ -463,7 +468,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
     L += ["", "## Headline", ""] + headline(res)
     L += ["", "## Conclusion per topology", ""]
     for t, c in res["conclusions"].items():
-        L.append(f"- **{t}**: {c}" + _engines_sentence((res.get("engines") or {}).get(t), (plan.get("engine_pairs") or {}).get(t, 1)))
+        L.append(f"- **{t}**: {c}" + _engines_sentence((res.get("engines") or {}).get(t), _engine_pairs(res).get(t, 1)))
     L += ["", f"## Gates (v{res['gates_version']}: speed-ups per generated token; a gate with a CI passes only when its 95% interval clears the threshold)", "",
           "| topology | gate | value | 95% CI | op | threshold | verdict |", "|---|---|---|---|---|---|---|"]
     for t, g in res["gates"].items():
@@ -507,7 +512,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         L += ["", "Each arm's first sampled token against the toy champion's exact first-token distribution (CPython reference, "
               "q8 weights; goodness of fit, not a gate): " + ", ".join(
                   f"{x['topology']} {x['prompt_id']} {x['arm']} p = {_value(x['p'])} (n {x['n']})" for x in res["fit_to_champion"]) + "."]
-    ci_words = "95% bootstrap CI" if _intervals(res) == "95% bootstrap intervals" else "95% cluster-bootstrap CI over engine pairs"
+    ci_words = "95% cluster-bootstrap CI over engine pairs" if _engine_pairs(res) else "95% bootstrap CI"
     L += ["", f"## Arms (per generated token: geometric mean of per-request speed-ups, {ci_words})", "",
           "| topology | arm | T | n | speed-up per token | 95% CI | ms/token (median) | request ms (median) | tokens/round |",
           "|---|---|---|---|---|---|---|---|---|"]
@@ -547,7 +552,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
             L.append(f"\n{t}: with each engine's median load instead of its one timed load (champion alone "
                      f"{_f(med.get('load_alone_ms'), '.0f')} ms, champion + draft {_f(med.get('load_spec_ms'), '.0f')} ms; "
                      f"not the gate, which {res.get('gates_file', 'gates_v2.json')} defines on the timed load"
-                     f"{'s of each engine pair' if (res['plan'].get('engine_pairs') or {}).get(t, 1) > 1 else ''}): end to end {_f(med.get('value'))}x "
+                     f"{'s of each engine pair' if t in _engine_pairs(res) else ''}): end to end {_f(med.get('value'))}x "
                      f"{_ci(med.get('ci'))}.")
         stages = load_stage_medians(res["loads"].get(f"{t}-alone") or {}, res["loads"].get(f"{t}-spec") or {})
         if stages:

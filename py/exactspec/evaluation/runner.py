@@ -327,6 +327,7 @@ def run_bench(opts) -> str:
         for topo in pl["arms"]:
             pair, backend = arms_mod.split_topology(topo)
             models = {"champion": arms_mod.PAIRS[pair]["champion"], "draft": arms_mod.PAIRS[pair]["draft"]}
+            models_of = lambda role: models if role == "spec" else {**models, "draft": None}   # champion alone: no draft
             # a throwaway load first, so that both engines start "cold engine, warm browser" (Pyodide
             # and the WASM modules compiled, the files in the HTTP cache), whichever loads first
             warm = load(topo, "warmup", models, backend)
@@ -338,7 +339,7 @@ def run_bench(opts) -> str:
             pinned = {"threads": threads} if backend == "wasm" and isinstance(threads, int) else None
             first = by_id[pl["prompt_ids"][topo][0]]
             for role in ("alone", "spec"):
-                r = load(topo, role, models if role == "spec" else {**models, "draft": None}, backend, pinned)
+                r = load(topo, role, models_of(role), backend, pinned)
                 sample(f"after load {topo}-{role}", f"{topo}-{role}", r)
                 # the cold request: the first one this engine serves (its first prompt, T = 0, the default mode)
                 arm = "none" if role == "alone" else "auto"
@@ -352,14 +353,14 @@ def run_bench(opts) -> str:
             # warm ones (each engine's warm-up ran at its load; the cold request is the first pair's)
             for j in range(1, pl["engine_pairs"][topo]):
                 for role in ("alone", "spec"):
-                    r = load(topo, role, models if role == "spec" else {**models, "draft": None}, backend, pinned, pair=j)
+                    r = load(topo, role, models_of(role), backend, pinned, pair=j)
                     sample(f"after load {arms_mod.engine_name(topo, role, j)}", arms_mod.engine_name(topo, role, j), r)
             # further loads of both engines, alternating, each unloaded at once: one load per engine is
             # noisy here (run #6: the same Python boot 480 ms in one engine, 1440 in the other); the
             # gate uses the timed engine's own load as gates_v2.json says, the report adds the median's
             for again in range(1, opts.load_repeats):
                 for role in ("alone", "spec"):
-                    load(topo, role, models if role == "spec" else {**models, "draft": None}, backend, pinned, again)
+                    load(topo, role, models_of(role), backend, pinned, again)
                     call("unload", f"{topo}-{role}-again{again}")
         if pl["wllama"]:
             w = page.evaluate("(a) => window.peerBench.loadWllama(...a)", ["/" + peer.GGUF_PATH.replace(os.sep, "/"), {"nThreads": 1}])
