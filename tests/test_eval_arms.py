@@ -81,7 +81,8 @@ def test_plan_of_a_test_run_both_pairs_and_its_estimate():
     s_keys = A.sample_keys(pl["sample_seeds"], list(R.SAMPLE_PROMPTS))
     assert len(s_keys) == (150 + 20) * 3 * 3 + 20 * 3 * 3      # every topology samples none, auto and draft k = 4
     est = (R.estimate_ms(pl["keys"], by_id, s_keys, dev, None) + sum(3 * A.LOAD_PRIOR_MS[t] for t in pl["arms"])) / 60000
-    assert 10 < est <= 30, est       # a full test-split run of both pairs: about 28 min here (11 strata since issue 22)
+    assert 10 < est <= 36, est       # a full test-split run of both pairs: about 34 min here (11 strata since issue 22;
+    #                                  gates v4's WebGPU gate repeats ~6 min of it)
 
 
 def test_real_pair_on_webgpu_runs_only_when_asked_and_then_the_webgpu_subset():
@@ -150,8 +151,9 @@ def test_auto_distribution_samples_are_long_enough_to_speculate():
 
 def test_plan_with_gate_repeats_and_the_option_checked():
     test = prompts_of("test")
-    base = R.plan_run(opts("--repeats", "2"), test)
-    more = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5"), test)
+    one = ("--webgpu-gate-repeats", "1")       # WebGPU's own gate repeats (gates v4): the next test
+    base = R.plan_run(opts("--repeats", "2", *one), test)
+    more = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", *one), test)
     extra = [k for k in more["keys"] if k not in set(base["keys"])]
     assert base["keys"] == [k for k in more["keys"] if k[4] < 2]
     assert {k[1] for k in extra} == set(A.GATE_ARMS) and {k[4] for k in extra} == {2, 3, 4}
@@ -161,12 +163,12 @@ def test_plan_with_gate_repeats_and_the_option_checked():
     with pytest.raises(ExactSpecError):
         R.check_args(opts("--toy-gate-repeats", "-1"))
     # the toy pair's own gate passes: toy-wasm's gate arms to 9, real-wasm's still to 5, nothing else added
-    toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "9"), test)
+    toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "9", *one), test)
     reps = lambda keys, topo: sorted({k[4] for k in keys if k[0] == topo})
     assert reps(toy["keys"], "toy-wasm") == list(range(9)) and reps(toy["keys"], "real-wasm") == list(range(5))
     assert [k for k in toy["keys"] if k[4] < 5] == more["keys"]
     assert {k[1] for k in toy["keys"] if k[4] >= 5} == set(A.GATE_ARMS)
-    none_for_toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "0"), test)["keys"]
+    none_for_toy = R.plan_run(opts("--repeats", "2", "--gate-repeats", "5", "--toy-gate-repeats", "0", *one), test)["keys"]
     assert sorted(none_for_toy) == sorted(k for k in more["keys"] if k[0] != "toy-wasm" or k[4] < 2)   # (rows rotate by length)
     with pytest.raises(ExactSpecError):
         R.check_args(opts("--load-repeats", "0"))
@@ -195,3 +197,79 @@ def test_engine_pairs_per_topology_and_which_pair_serves_a_repeat():
     assert R.check_args(opts("--engine-pairs", "2", "--pairs", "toy", "--split", "dev")) is None
     with pytest.raises(ExactSpecError, match="--engine-pairs must be >= 1"):
         R.check_args(opts("--engine-pairs", "0", "--pairs", "toy", "--split", "dev"))
+
+
+def test_webgpu_gate_repeats_run_the_gate_arms_under_a_seed_per_repeat_at_t1():
+    """Gates v4: a WebGPU topology runs repeat 0 with every arm and repeats 1..n-1 with its gate arms
+    (champion alone and auto), on its one engine pair, whatever --repeats says; at T = 1 repeat r
+    samples under the prompt's seed + r for every arm alike (so requests still pair), at T = 0 and on
+    WASM under the prompt's seed. A test-split run uses the count eval/gates_v4.json names."""
+    test = prompts_of("test")
+    pl = R.plan_run(opts("--repeats", "3", "--webgpu-gate-repeats", "4", "--webgpu-per-stratum", "2"), test)
+    web = [k for k in pl["keys"] if k[0] == "toy-webgpu"]
+    assert {k[4] for k in web} == {0, 1, 2, 3} and pl["engine_pairs"]["toy-webgpu"] == 1
+    assert {k[1] for k in web if k[4] == 0} == set(A.WEBGPU_SUBSET) and {k[1] for k in web if k[4] > 0} == {"none", "auto"}
+    assert len([k for k in web if k[4] > 0]) == 3 * 22 * 2 * 2       # 3 passes x 22 prompts x 2 T x 2 arms
+    assert sorted(k for k in pl["keys"] if k[0] != "toy-webgpu") == \
+        sorted(k for k in R.plan_run(opts("--repeats", "3", "--webgpu-gate-repeats", "1", "--webgpu-per-stratum", "2"),
+                                     test)["keys"] if k[0] != "toy-webgpu")      # nothing else moves (rows rotate by length)
+    p = {"id": "x", "seed": 40, "max_new_tokens": 8, "chat": True}
+    assert [A.repeat_seed("toy-webgpu", p, 1.0, r) for r in range(4)] == [40, 41, 42, 43]
+    assert [A.repeat_seed("toy-webgpu", p, 0.0, r) for r in range(4)] == [40] * 4
+    assert [A.repeat_seed("real-wasm", p, 1.0, r) for r in range(4)] == [40] * 4
+    assert A.request_config("auto", p, 1.0, None, 42)["seed"] == A.request_config("none", p, 1.0, None, 42)["seed"] == 42
+    assert R.check_args(opts("--pairs", "toy")) is None             # the default is the file's count
+    with pytest.raises(ExactSpecError, match="--webgpu-gate-repeats 2"):
+        R.check_args(opts("--pairs", "toy", "--webgpu-gate-repeats", "2"))
+    assert R.check_args(opts("--pairs", "toy", "--webgpu-gate-repeats", "2", "--split", "dev")) is None
+    assert R.check_args(opts("--pairs", "toy", "--webgpu-gate-repeats", "2", "--backends", "wasm")) is None
+    with pytest.raises(ExactSpecError, match="must be >= 1"):
+        R.check_args(opts("--webgpu-gate-repeats", "0", "--split", "dev"))
+
+
+def test_constraint_warm_up_compiles_every_planned_constraint_on_every_engine_before_timing():
+    """Gates v4: one throwaway one-token request (T = 0, no speculation) per constrained prompt on each
+    engine of each pair, recorded with the compile it paid; a resumed run warms again (its engines are
+    new); an unconstrained prompt is not sent; a refusal is an error naming the engine."""
+    test = {p["id"]: p for p in prompts_of("test")}
+    pl = {"prompt_ids": {"real-wasm": ["casual-4", "structured-4", "structured-5"]}, "engine_pairs": {"real-wasm": 2}}
+    sent = []
+
+    def call(fn, engine, req):
+        sent.append((fn, engine, req["prompt"], req["config"]))
+        first = sum(1 for s in sent if s[1] == engine and s[2] == req["prompt"]) == 1
+        return {"total_ms": 900.0 if first else 300.0,
+                "result": {"stats": {"structured": {"compile_ms": 600.0 if first else 0.1, "cached": not first}}}}
+
+    run_info = {}
+    R.warm_constraints(call, "real-wasm", pl, test, run_info)
+    engines = ["real-wasm-alone", "real-wasm-spec", "real-wasm-alone-pair1", "real-wasm-spec-pair1"]
+    assert [s[1] for s in sent] == [e for e in engines for _ in range(2)]
+    assert {s[2] for s in sent} == {test["structured-4"]["prompt"], test["structured-5"]["prompt"]}
+    cfg = sent[0][3]
+    assert cfg["max_new_tokens"] == 1 and cfg["temperature"] == 0.0 and cfg["speculate"] == "none"
+    assert cfg["response_format"] == test["structured-4"]["response_format"]
+    assert list(run_info["constraint_warmup"]) == engines
+    assert run_info["constraint_warmup"]["real-wasm-spec"][0] == {"prompt_id": "structured-4", "compile_ms": 600.0,
+                                                                  "cached": False, "total_ms": 900.0}
+    R.warm_constraints(call, "real-wasm", pl, test, run_info)        # resumed: the list is the new engines' only
+    assert len(run_info["constraint_warmup"]["real-wasm-spec"]) == 2
+    with pytest.raises(ExactSpecError, match="real-wasm-alone constraint warm-up structured-4"):
+        R.warm_constraints(lambda *a: {"refused": {"code": "E_BAD_ARGUMENT", "message": "no"}}, "real-wasm", pl, test, {})
+    assert R.plan_run(opts("--pairs", "toy"), prompts_of("test")) and "constraint_warmup" in R.load_gates(R.GATES_PATH)[0]
+
+
+def test_the_report_gives_each_constraints_compile_per_topology():
+    from exactspec.evaluation.report import _constraint_warmup_lines
+    res = {"topologies_run": ["real-wasm", "toy-wasm"], "constraint_warmup": {
+        "real-wasm-alone": [{"prompt_id": "structured-4", "compile_ms": 640.0}, {"prompt_id": "structured-5", "compile_ms": 210.0}],
+        "real-wasm-spec-pair1": [{"prompt_id": "structured-4", "compile_ms": 700.0}, {"prompt_id": "structured-5", "compile_ms": None}],
+        "toy-wasm-alone": [{"prompt_id": "structured-4", "compile_ms": 150.0}]}}
+    lines = _constraint_warmup_lines(res)
+    assert lines == ["\nreal-wasm: each constraint compiled on each of its 2 engines before the timed requests (gates v4; in no "
+                     "speed-up: its first use on an engine costs this once, in every mode alike), median [range] ms: "
+                     "structured-4 670 [640, 700], structured-5 210 [210, 210].",
+                     "\ntoy-wasm: each constraint compiled on each of its 1 engines before the timed requests (gates v4; in no "
+                     "speed-up: its first use on an engine costs this once, in every mode alike), median [range] ms: "
+                     "structured-4 150 [150, 150]."]
+    assert _constraint_warmup_lines({"topologies_run": ["toy-wasm"]}) == []      # a v3 run: nothing

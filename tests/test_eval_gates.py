@@ -11,7 +11,7 @@ from exactspec.core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpec
 from exactspec.evaluation import analysis as A
 from exactspec.evaluation.corpus import (FIELDS, check_lock, file_hashes, load_corpus, lock_of, record_test_run,
                                         recorded_test_runs, select, write_lock)
-from exactspec.evaluation.gates import (GATES_V2_PATH, GATES_V3_PATH, check_same_gates, deciding_cell, evaluate, evaluate_v2, gates_hash, judge,
+from exactspec.evaluation.gates import (GATES_V2_PATH, GATES_V3_PATH, GATES_V4_PATH, check_same_gates, deciding_cell, evaluate, evaluate_v2, gates_hash, judge,
                                        load_gates)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -506,8 +506,6 @@ def test_shipped_gates_v3_are_v2_with_the_engine_pairs_method_only():
     assert [same(g) for g in v3["gates"]] == [same(g) for g in v2["gates"]]     # no threshold, metric or scope moved
     assert {k for k in v3 if v3[k] != v2.get(k)} == {"version", "written", "engine_pairs", "confidence_interval", "gates"}
     assert [g["id"] for g, h in zip(v3["gates"], v2["gates"]) if g != h] == ["end_to_end_with_loads"]   # its loads: the pair's
-    from exactspec.evaluation import runner
-    assert runner.GATES_PATH == GATES_V3_PATH                        # new runs are recorded under v3
 
 
 def test_a_v3_run_is_judged_by_its_own_gate_file_and_says_how_its_intervals_were_drawn(tmp_path):
@@ -532,3 +530,16 @@ def test_a_v3_run_is_judged_by_its_own_gate_file_and_says_how_its_intervals_were
     pack_raw(str(run_dir), raw, with_entropy=False)
     with pytest.raises(ExactSpecError):
         write_report_from_raw(raw, str(tmp_path / "out2"), with_plots=False)
+
+
+def test_shipped_gates_v4_are_v3_with_two_method_notes_only():
+    """v4 moves no gate, threshold, arm or interval: it adds the constraint warm-up and WebGPU's gate
+    repeats (count 4), and new runs are recorded under it."""
+    v3, _ = load_gates(os.path.join(REPO, GATES_V3_PATH))
+    v4, _ = load_gates(os.path.join(REPO, GATES_V4_PATH))
+    assert v4["version"] == 4 and v4["webgpu_gate_repeats"]["count"] == 4 and "response_format" in v4["constraint_warmup"]
+    assert v4["gates"] == v3["gates"] and v4["confidence_interval"] == v3["confidence_interval"]
+    assert {k for k in set(v3) | set(v4) if v3.get(k) != v4.get(k)} == {"version", "written", "constraint_warmup",
+                                                                          "webgpu_gate_repeats"}
+    from exactspec.evaluation import runner
+    assert runner.GATES_PATH == GATES_V4_PATH                        # new runs are recorded under v4

@@ -75,7 +75,7 @@ def engine_name(topology: str, role: str, pair: int = 0) -> str:
 
 def engine_pairs_of(topo: str, wanted: int, repeats: int) -> int:
     """How many engine pairs a topology loads (gates v3): `wanted`, at most one a repeat it runs (a
-    pair would serve nothing beyond), and one on WebGPU (its topologies run repeat 0 only)."""
+    pair would serve nothing beyond), and one on WebGPU (one engine pair serves all its repeats)."""
     return 1 if split_topology(topo)[1] == "webgpu" else max(1, min(wanted, repeats))
 
 
@@ -85,14 +85,26 @@ def pair_of_repeat(rep: int, pairs: int) -> int:
     return rep % pairs
 
 
-def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: int | None = None) -> dict:
-    """The page's config for one request of an arm (same seed, length and constraint for every arm). Every
-    request prefills its whole prompt (prefix_reuse off): arms are compared cold, as a first turn
-    is; reuse would hand the repeats of a prompt on one engine their prefill."""
+def repeat_seed(topo: str, prompt: dict, temperature: float, rep: int) -> int:
+    """The sampling seed of repeat `rep` (every arm alike, so that requests pair): the prompt's own,
+    except on a WebGPU topology at T > 0, whose repeat r >= 1 samples under the prompt's seed + r
+    (gates v4: its gate repeats exist to sample the answers' spread, which one seed repeats
+    exactly; WASM repeats keep the prompt's seed, as in v3)."""
+    if rep > 0 and temperature > 0 and split_topology(topo)[1] == "webgpu":
+        return prompt["seed"] + rep
+    return prompt["seed"]
+
+
+def request_config(arm: str, prompt: dict, temperature: float, max_new_tokens: int | None = None,
+                   seed: int | None = None) -> dict:
+    """The page's config for one request of an arm (same seed, length and constraint for every arm;
+    seed: repeat_seed's, default the prompt's). Every request prefills its whole prompt (prefix_reuse
+    off): arms are compared cold, as a first turn is; reuse would hand the repeats of a prompt on one
+    engine their prefill."""
     a = arm_spec(arm)
     config = {"max_new_tokens": max_new_tokens or prompt["max_new_tokens"], "temperature": temperature,
               "top_k": 0, "top_p": 1.0, "speculate": a["speculate"], "k": max(a["k"], 1), "scheduler": a["scheduler"],
-              "seed": prompt["seed"], "prefix_reuse": False}
+              "seed": prompt["seed"] if seed is None else seed, "prefix_reuse": False}
     if prompt.get("response_format") is not None:     # the structured stratum: every arm under the same constraint
         config["response_format"] = prompt["response_format"]
     return config
@@ -105,25 +117,27 @@ def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_t
              repeats: int = 1, gate_repeats: int | dict = 0) -> list:
     """Interleaved request keys (topology, arm, prompt id, temperature, repeat): per repeat, prompt
     and temperature every topology's arms once, their order rotated by the prompt's index so that
-    drift falls on all alike. A topology runs only the prompts in ids_by_topology[topology] (a
-    webgpu topology: only repeat 0); wllama ("toy-wllama") runs toy-wasm's prompts without the
-    chat template. Repeats from `repeats` to `gate_repeats` (when larger) run GATE_ARMS alone, on
-    WASM topologies: more requests for the per-stratum gates' cells, whose intervals need them;
-    a dict gives each topology its own (absent: 0)."""
-    gate_of = gate_repeats if isinstance(gate_repeats, dict) else {t: gate_repeats for t in arms_by_topology}
+    drift falls on all alike. A topology runs only the prompts in ids_by_topology[topology];
+    wllama ("toy-wllama") runs toy-wasm's prompts without the chat template. Repeats from `repeats`
+    to `gate_repeats` (when larger) run GATE_ARMS alone: more requests for the per-stratum gates'
+    cells, whose intervals need them; a number applies to the WASM topologies, a dict gives each
+    topology its own (absent: 0). A WebGPU
+    topology runs repeat 0 with every arm and its gate repeats (gates v4; default none) with
+    GATE_ARMS: `repeats` does not apply to it (SwiftShader is slow)."""
+    gate_of = (gate_repeats if isinstance(gate_repeats, dict) else   # a number: WASM's (WebGPU: its own, in a dict)
+               {t: gate_repeats for t in arms_by_topology if split_topology(t)[1] != "webgpu"})
     keys = []
     for rep in range(max(repeats, *gate_of.values(), 0)):
-        extra = rep >= repeats
         for i, p in enumerate(prompts):
             for t in temperatures:
                 row = []
                 for topo, arms in arms_by_topology.items():
-                    if p["id"] not in ids_by_topology.get(topo, ()) or (rep > 0 and split_topology(topo)[1] == "webgpu"):
-                        continue
-                    if extra and rep >= gate_of.get(topo, 0):
+                    webgpu = split_topology(topo)[1] == "webgpu"
+                    extra = rep >= (1 if webgpu else repeats)
+                    if p["id"] not in ids_by_topology.get(topo, ()) or (extra and rep >= gate_of.get(topo, 0)):
                         continue
                     row += [(topo, arm, p["id"], t, rep) for arm in arms if not extra or arm in GATE_ARMS]
-                if wllama and not extra and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):
+                if wllama and rep < repeats and not p["chat"] and p["id"] in ids_by_topology.get(topology("toy", "wasm"), ()):
                     row.append((topology("toy", "wllama"), "wllama", p["id"], t, rep))
                 r = i % len(row) if row else 0
                 keys += row[r:] + row[:r]

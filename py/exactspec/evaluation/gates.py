@@ -1,5 +1,5 @@
-"""Preregistered gates (eval/gates_v3.json; eval/gates_v2.json and eval/gates.json stay the records of
-v2's and v1's runs): load with their hash, judge metrics (with bootstrap intervals from v2 on: pass,
+"""Preregistered gates (eval/gates_v4.json; eval/gates_v3.json, gates_v2.json and gates.json stay the
+records of v3's, v2's and v1's runs): load with their hash, judge metrics (with bootstrap intervals from v2 on: pass,
 fail, inconclusive, fail (no data)), refuse a run recorded under a different gate file."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ..core.errors import E_BAD_ARGUMENT, E_MANIFEST_MISMATCH, ExactSpecError
 GATES_V1_PATH = os.path.join("eval", "gates.json")
 GATES_V2_PATH = os.path.join("eval", "gates_v2.json")
 GATES_V3_PATH = os.path.join("eval", "gates_v3.json")   # v2's gates, judged over several engine pairs (cluster bootstrap)
+GATES_V4_PATH = os.path.join("eval", "gates_v4.json")   # v3's, constraints compiled before timing, WebGPU gate repeats
 PASS, FAIL, INCONCLUSIVE, NO_DATA = "pass", "fail", "inconclusive", "fail (no data)"
 OPS = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 

@@ -2,7 +2,8 @@
 docs/evaluation.md that names the latest full run. A run's per-request records are packed into
 docs/evaluation/<run>/raw.jsonl.gz (gzip, mtime 0: committed with the doc), and the report and plots are
 regenerated from that file alone (`--report-only`), judged against the gate file the run recorded
-(eval/gates_v2.json, or eval/gates_v3.json: several engine pairs, cluster bootstrap)."""
+(eval/gates_v2.json; eval/gates_v3.json: several engine pairs, cluster bootstrap; eval/gates_v4.json: v3
+with each constraint compiled before timing and WebGPU gate repeats)."""
 from __future__ import annotations
 
 import gzip
@@ -257,6 +258,7 @@ def summarise(run_info: dict, records: list, samples: list, failures: list, gate
            "test_split_runs": run_info.get("test_split_runs"), "not_run": run_info.get("not_run", []),
            "gates_version": gates_doc["version"], "gates_sha256": g_hash, "topologies_run": topologies,
            "gates_file": os.path.basename(gates_path),
+           **({"constraint_warmup": run_info["constraint_warmup"]} if run_info.get("constraint_warmup") else {}),
            "identities": identities(records, run_info),
            "loads": {k: {kk: v.get(kk) for kk in ("pair", "backend", "topology", "load_ms", "timing_ms", "draft_ready_ms",
                                                   "draft_calibrated_ms", "load_ms_repeats", "timing_ms_repeats")
@@ -401,6 +403,26 @@ def load_stage_medians(alone: dict, spec: dict) -> list:
     a, b = medians(alone), medians(spec)
     rows = [(k, a[k], b[k]) for k in set(a) & set(b)]
     return sorted(rows, key=lambda r: (-abs(r[2] - r[1]), r[0]))
+
+
+def _constraint_warmup_lines(res: dict) -> list:
+    """Gates v4: what each constraint's compile cost the engines before the timed requests (per topology
+    and prompt: the median over its engines, and their range), in no speed-up."""
+    warm = res.get("constraint_warmup") or {}
+    by = {}
+    for engine, rows in warm.items():
+        topo = next((t for t in res["topologies_run"] if engine.startswith(t + "-")), None)
+        for r in rows:
+            if topo and isinstance(r.get("compile_ms"), (int, float)):
+                by.setdefault(topo, {}).setdefault(r["prompt_id"], []).append(r["compile_ms"])
+    out = []
+    for topo, per in sorted(by.items()):
+        n = len({e for e in warm if e.startswith(topo + "-")})
+        out.append(f"\n{topo}: each constraint compiled on each of its {n} engines before the timed requests (gates v4; "
+                   "in no speed-up: its first use on an engine costs this once, in every mode alike), median [range] ms: "
+                   + ", ".join(f"{pid} {_f(M.median(v), '.0f')} [{_f(min(v), '.0f')}, {_f(max(v), '.0f')}]"
+                               for pid, v in sorted(per.items())) + ".")
+    return out
 
 
 def _engine_pairs(res: dict) -> dict:
@@ -558,6 +580,7 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
         if stages:
             L.append(f"\n{t}: stages to ready, median over each engine's loads (champion alone / champion + draft, ms): "
                      + ", ".join(f"{k} {_f(a, '.0f')} / {_f(b, '.0f')}" for k, a, b in stages) + ".")
+    L += _constraint_warmup_lines(res)
     L += ["", "## Cold and warm (first prompt, T = 0: champion alone vs the champion + draft engine's cold request)", "",
           "| topology | cold T_baseline ms | cold T_spec ms | cold speed-up | warm T_baseline ms | warm T_spec ms | warm speed-up |",
           "|---|---|---|---|---|---|---|"]

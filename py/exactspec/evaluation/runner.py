@@ -14,12 +14,12 @@ from ..host.safe_files import append_text, write_file
 from ..host.server import REPO_ROOT
 from . import arms as arms_mod
 from .corpus import load_corpus, record_test_run, select
-from .gates import GATES_V3_PATH, check_same_gates, load_gates
+from .gates import GATES_V4_PATH, check_same_gates, load_gates
 
 MODELS = {"champion": arms_mod.PAIRS["toy"]["champion"], "draft": arms_mod.PAIRS["toy"]["draft"]}
 CORPUS_DIR = os.path.join("eval", "corpus")
 LOCK_PATH = os.path.join("eval", "corpus.lock.json")
-GATES_PATH = GATES_V3_PATH
+GATES_PATH = GATES_V4_PATH
 # The distribution samples (the gate's data): prompts chosen by this rule, applied to the DEV split
 # before any v2 test run (tests/test_eval_arms.py recomputes it), never for a result.
 SAMPLE_RULE = ("three dev-split prompts from three strata: in corpus order, the first prompt of each stratum whose "
@@ -81,21 +81,22 @@ def _sample_key(rec: dict) -> tuple:
     return (rec["topology"], rec["arm"], rec["prompt_id"], rec["seed"])
 
 
-def _record(topo, arm, prompt, temperature, out, rep: int = 0, max_new_tokens: int | None = None) -> dict:
+def _record(topo, arm, prompt, temperature, out, rep: int = 0, max_new_tokens: int | None = None,
+            seed: int | None = None) -> dict:
     """What a request leaves in the checkpoint (ids, not text; times; rounds; auto's choices; memory; identities)."""
     pair, backend = arms_mod.split_topology(topo)
     res = out["result"]
     st, receipt = res["stats"], res.get("receipt") or {}
     return {"pair": pair, "backend": backend, "topology": topo, "engine": f"{topo}-{arms_mod.arm_spec(arm)['engine']}",
             "arm": arm, "prompt_id": prompt["id"], "stratum": prompt["stratum"], "split": prompt.get("split"),
-            "temperature": temperature, "rep": rep, "seed": prompt["seed"],
+            "temperature": temperature, "rep": rep, "seed": prompt["seed"] if seed is None else seed,
             "max_new_tokens": max_new_tokens or prompt["max_new_tokens"], "token_ids": res["token_ids"],
             "n_tokens": len(res["token_ids"]),
             "prompt_ids_sha256": hashlib.sha256(json.dumps(res["prompt_ids"]).encode()).hexdigest(),
             "prompt_len": len(res["prompt_ids"]), "finish_reason": res["finish_reason"], "error": res["error"],
             "first_token_ms": out["first_token_ms"], "total_ms": out["total_ms"], "timing_ms": res["timing_ms"],
             "stats": {k: st.get(k) for k in ("rounds", "proposed", "accepted", "baseline_steps", "tokens_per_round",
-                                              "accepted_count_histogram", "mode", "fallback_code")},
+                                              "accepted_count_histogram", "mode", "fallback_code", "structured")},
             "rounds": [[r.get("proposed", 0), r.get("accepted", 0), r["n"], r.get("draft_ms", 0), r.get("verify_ms", 0),
                         r.get("steps", 1)] for r in out["rounds"]],      # steps: a chain's baseline steps
             "auto": st.get("auto"),
@@ -180,8 +181,11 @@ def plan_run(opts, prompts: list) -> dict:
 
 
 def gate_repeats_of(opts, topo: str) -> int:
-    """The topology's --gate-repeats: the toy pair's own --toy-gate-repeats when given (its requests
-    are short and noisy: its cells need more of them), else --gate-repeats."""
+    """The topology's --gate-repeats: --webgpu-gate-repeats on WebGPU (gates v4), the toy pair's own
+    --toy-gate-repeats when given (its requests are short and noisy: its cells need more of them),
+    else --gate-repeats."""
+    if arms_mod.split_topology(topo)[1] == "webgpu":
+        return getattr(opts, "webgpu_gate_repeats", 1)
     toy = opts.toy_gate_repeats
     return toy if toy is not None and arms_mod.split_topology(topo)[0] == "toy" else opts.gate_repeats
 
@@ -240,6 +244,10 @@ def run_bench(opts) -> str:
         plan["load_settle_s"] = LOAD_SETTLE_S
     if any(n > 1 for n in pl["engine_pairs"].values()):   # gates v3: repeat r on engine pair r mod n
         plan["engine_pairs"] = pl["engine_pairs"]
+    if getattr(opts, "webgpu_gate_repeats", 1) > 1 and any(arms_mod.split_topology(t)[1] == "webgpu" for t in pl["arms"]):
+        plan["webgpu_gate_repeats"] = opts.webgpu_gate_repeats     # gates v4 (absent: earlier runs' plans stay equal)
+    if gates.get("constraint_warmup") and not opts.quick:           # gates v4: constraints compiled before timing
+        plan["constraint_warmup"] = True
     if os.path.exists(run_path):
         with open(run_path) as f:
             before = json.load(f)
@@ -355,6 +363,8 @@ def run_bench(opts) -> str:
                 for role in ("alone", "spec"):
                     r = load(topo, role, models_of(role), backend, pinned, pair=j)
                     sample(f"after load {arms_mod.engine_name(topo, role, j)}", arms_mod.engine_name(topo, role, j), r)
+            if plan.get("constraint_warmup"):
+                warm_constraints(call, topo, pl, by_id, run_info)
             # further loads of both engines, alternating, each unloaded at once: one load per engine is
             # noisy here (run #6: the same Python boot 480 ms in one engine, 1440 in the other); the
             # gate uses the timed engine's own load as gates_v2.json says, the report adds the median's
@@ -392,11 +402,12 @@ def run_bench(opts) -> str:
                 n_pairs = pl["engine_pairs"][topo]
                 pair_j = arms_mod.pair_of_repeat(rep, n_pairs)
                 engine = arms_mod.engine_name(topo, arms_mod.arm_spec(arm)["engine"], pair_j)
+                seed = arms_mod.repeat_seed(topo, p, t, rep)
                 out = call("generate", engine, {"prompt": p["prompt"], "chat": p["chat"],
-                                                "config": arms_mod.request_config(arm, p, t, opts.max_new_tokens)})
+                                                "config": arms_mod.request_config(arm, p, t, opts.max_new_tokens, seed)})
                 if "refused" in out:
                     raise ExactSpecError(out["refused"]["code"], f"{topo}:{arm} {pid}: {out['refused']['message']}")
-                rec = _record(topo, arm, p, t, out, rep, opts.max_new_tokens)
+                rec = _record(topo, arm, p, t, out, rep, opts.max_new_tokens, seed)
                 if n_pairs > 1:
                     rec["engine_pair"] = pair_j
                 if i % 25 == 0:
@@ -430,6 +441,33 @@ def run_bench(opts) -> str:
     run_info["wall_s"] = round(time.perf_counter() - t_start, 1)
     _write_json(run_path, run_info)
     return run_dir
+
+
+def warm_constraints(call, topo: str, pl: dict, by_id: dict, run_info: dict) -> None:
+    """Gates v4: every engine of the topology (every pair, both roles) compiles each planned prompt's
+    constraint before the first timed request, by a throwaway one-token request (T = 0, no
+    speculation). A constraint's first use on an engine pays its compile (~0.2 s toy, ~0.5-1 s
+    SmolLM2's 49k-token vocabulary, any mode alike); left in, it landed on whichever arm that engine
+    served first (run #20). Recorded in run_info["constraint_warmup"][engine]: the compile each paid."""
+    prompts = [by_id[i] for i in pl["prompt_ids"][topo] if by_id[i].get("response_format") is not None]
+    seen = run_info.setdefault("constraint_warmup", {})
+    for j in range(pl["engine_pairs"][topo]):
+        for role in ("alone", "spec"):
+            engine = arms_mod.engine_name(topo, role, j)
+            if engine in seen:       # a resumed run: this engine was warmed before (and is loaded again now)
+                seen[engine] = []
+            out_rows = seen.setdefault(engine, [])
+            for p in prompts:
+                out = call("generate", engine, {"prompt": p["prompt"], "chat": p["chat"],
+                                                "config": arms_mod.request_config("none", p, 0.0, 1)})
+                if "refused" in out:
+                    raise ExactSpecError(out["refused"]["code"], f"{engine} constraint warm-up {p['id']}: {out['refused']['message']}")
+                st = out["result"]["stats"].get("structured") or {}
+                out_rows.append({"prompt_id": p["id"], "compile_ms": st.get("compile_ms"), "cached": st.get("cached"),
+                                 "total_ms": out["total_ms"]})
+            if prompts:
+                print(f"constraint warm-up {engine}: " + ", ".join(f"{r['prompt_id']} {r['compile_ms'] or 0:.0f} ms"
+                                                                 for r in out_rows), flush=True)
 
 
 def _left_s(elapsed_s: float, prior_done_s: float, prior_total_s: float) -> float:
@@ -487,6 +525,13 @@ def check_args(opts) -> None:
         if opts.engine_pairs != wanted:
             raise ExactSpecError(E_BAD_ARGUMENT, f"--engine-pairs {opts.engine_pairs}: a test-split run loads the "
                                  f"{wanted} engine pairs that {GATES_PATH} names (any other count: --split dev)")
+    if getattr(opts, "webgpu_gate_repeats", 1) < 1:
+        raise ExactSpecError(E_BAD_ARGUMENT, "--webgpu-gate-repeats must be >= 1")
+    if opts.split == "test" and not opts.quick and not opts.report_only and "webgpu" in opts.backends.split(","):
+        wanted = load_gates(GATES_PATH)[0].get("webgpu_gate_repeats", {}).get("count", 1)
+        if getattr(opts, "webgpu_gate_repeats", 1) != wanted:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--webgpu-gate-repeats {getattr(opts, 'webgpu_gate_repeats', 1)}: a "
+                                 f"test-split run runs the {wanted} WebGPU repeats that {GATES_PATH} names (any other: --split dev)")
     if opts.gate_repeats < 0 or (opts.toy_gate_repeats is not None and opts.toy_gate_repeats < 0):
         raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats and --toy-gate-repeats must be >= 0")
     if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,

@@ -149,11 +149,14 @@ def _add_bench_args(p):
                    help="distribution samples: seeds per arm and prompt, toy pair on WASM (0: none)")
     p.add_argument("--webgpu-samples", type=int, default=20, help="the same on WebGPU (0: none)")
     p.add_argument("--real-samples", type=int, default=20, help="the same for the real pair (0: none)")
-    p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only)")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (webgpu: the first only; see --webgpu-gate-repeats)")
     p.add_argument("--gate-repeats", type=int, default=0,
                    help="passes of the gate's arms alone (champion alone, auto, auto's control) up to this many "
                         "(WASM only): the per-stratum gates' cells need more requests than the other arms (the "
                         "report's 'Noise and power')")
+    p.add_argument("--webgpu-gate-repeats", type=int, default=4,
+                   help="passes of the gate's arms (champion alone, auto) on WebGPU, the first with every arm; at T = 1 "
+                        "pass r samples under the prompt's seed + r (eval/gates_v4.json; a test-split run uses its count)")
     p.add_argument("--toy-gate-repeats", type=int, default=None,
                    help="the toy pair's own --gate-repeats (default: --gate-repeats): its short requests are noisier")
     p.add_argument("--load-repeats", type=int, default=3,
@@ -162,7 +165,7 @@ def _add_bench_args(p):
     p.add_argument("--engine-pairs", type=int, default=3,
                    help="engine pairs per WASM topology (champion alone's engine and champion + draft's, each loaded "
                         "fresh; repeat r runs on pair r mod n): the intervals resample the pairs, since two engines "
-                        "loaded side by side differ by a few per cent (eval/gates_v3.json; a test-split run uses its count)")
+                        "loaded side by side differ by a few per cent (eval/gates_v3.json, v4; a test-split run uses its count)")
     p.add_argument("--no-wllama", dest="wllama", action="store_false", help="leave out the llama.cpp arm")
     p.add_argument("--report-only", action="store_true", help="rewrite the report of an existing --run")
     p.add_argument("--doc", action="store_true", help="write the run into docs/evaluation.md")
