@@ -121,9 +121,9 @@ def schedule(prompts: list, temperatures: list, arms_by_topology: dict, ids_by_t
     wllama ("toy-wllama") runs toy-wasm's prompts without the chat template. Repeats from `repeats`
     to `gate_repeats` (when larger) run GATE_ARMS alone: more requests for the per-stratum gates'
     cells, whose intervals need them; a number applies to the WASM topologies, a dict gives each
-    topology its own (absent: 0). A WebGPU
-    topology runs repeat 0 with every arm and its gate repeats (gates v4; default none) with
-    GATE_ARMS: `repeats` does not apply to it (SwiftShader is slow)."""
+    topology its own (absent: 0). A WebGPU topology runs repeat 0 with every arm and its gate
+    repeats (gates v4; default none) with GATE_ARMS: `repeats` does not apply to it (SwiftShader
+    is slow)."""
     gate_of = (gate_repeats if isinstance(gate_repeats, dict) else   # a number: WASM's (WebGPU: its own, in a dict)
                {t: gate_repeats for t in arms_by_topology if split_topology(t)[1] != "webgpu"})
     keys = []
