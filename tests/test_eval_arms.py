@@ -273,3 +273,20 @@ def test_the_report_gives_each_constraints_compile_per_topology():
                      "speed-up: its first use on an engine costs this once, in every mode alike), median [range] ms: "
                      "structured-4 150 [150, 150]."]
     assert _constraint_warmup_lines({"topologies_run": ["toy-wasm"]}) == []      # a v3 run: nothing
+
+
+def test_stages_to_ready_take_every_load_of_each_role_every_engine_pair():
+    """The report's stage medians read each role's loads over all its engine pairs (gates v3 on) and
+    the further loads, not pair 0's alone; one load a role gives no table."""
+    from exactspec.evaluation.report import load_stage_medians, role_loads
+    loads = {"real-wasm-alone": {"timing_ms": {"warmup": 100.0, "total": 1000.0}, "timing_ms_repeats": [{"warmup": 110.0, "total": 1010.0}]},
+             "real-wasm-alone-pair1": {"timing_ms": {"warmup": 300.0, "total": 1200.0}},
+             "real-wasm-spec": {"timing_ms": {"warmup": 100.0, "total": 1000.0}, "timing_ms_repeats": [None]},
+             "real-wasm-spec-pair1": {"timing_ms": {"warmup": 500.0, "total": 1400.0}},
+             "real-wasm-spec-pair2": {"timing_ms": {"warmup": 700.0, "total": 1600.0}},
+             "toy-wasm-spec": {"timing_ms": {"warmup": 1.0, "total": 2.0}}}
+    spec = role_loads(loads, "real-wasm", "spec")
+    assert spec == [loads["real-wasm-spec"], loads["real-wasm-spec-pair1"], loads["real-wasm-spec-pair2"]]
+    rows = load_stage_medians(role_loads(loads, "real-wasm", "alone"), spec)
+    assert rows == [("total", 1010.0, 1400.0), ("warmup", 110.0, 500.0)]   # pair 0 alone would read 105 / 100
+    assert load_stage_medians([loads["toy-wasm-spec"]], [loads["toy-wasm-spec"]]) == []

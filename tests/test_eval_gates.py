@@ -288,10 +288,10 @@ def test_report_from_the_raw_file_alone_is_reproducible_and_judges_by_intervals(
     assert (f"champion alone 1000 ms, champion + draft 1050 ms; not the gate, which gates_v2.json defines on the timed "
             f"load): end to end {math.exp(sum(map(math.log, at_median)) / 4):.2f}x [") in one
     assert "the draft in the background: in at 1400, calibrated at 1700" in one
-    # which stage a slower engine loses time in: medians over each engine's loads, largest gap first
+    # which stage a slower engine loses time in: medians over every load of each role, largest gap first
     # (alone: pyodide 300, 280, 310 -> 300; spec: 600, 700 -> 650; a repeat without a breakdown skipped)
-    assert "toy-wasm: stages to ready, median over each engine's loads (champion alone / champion + draft, ms): " \
-           "pyodide 300 / 650, champion_load 500 / 505." in one
+    assert "toy-wasm: stages to ready, median over every load of each role (each engine pair's timed load and the " \
+           "further loads; champion alone / champion + draft, ms): pyodide 300 / 650, champion_load 500 / 505." in one
 
 
 def _pairs(topology, stratum, ratios, t=1.0, arm="auto", mismatch=False):

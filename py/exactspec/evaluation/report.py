@@ -388,21 +388,29 @@ def _not_run(nr: dict) -> str:
     return why if why.startswith("not run") else f"not run: {why}"
 
 
-def load_stage_medians(alone: dict, spec: dict) -> list:
-    """[(stage, alone's median ms, spec's median ms)] over each engine's timed load and its repeats
-    (timing_ms, timing_ms_repeats: ready.timing_ms), for the stages both report, largest gap first;
-    [] when neither engine was loaded again (one load each says nothing a table of loads does not)."""
-    def medians(v):
-        runs = [v.get("timing_ms")] + list(v.get("timing_ms_repeats") or [])
-        runs = [t for t in runs if isinstance(t, dict)]
+def load_stage_medians(alone: list, spec: list) -> list:
+    """[(stage, alone's median ms, spec's median ms)] over every load of each role: the timed load of
+    each engine pair's engine and the further loads (timing_ms, timing_ms_repeats: ready.timing_ms),
+    for the stages both report, largest gap first; [] when each role was loaded once (one load each
+    says nothing a table of loads does not). alone, spec: the role's load entries (run.json loads)."""
+    def runs_of(entries):
+        return [t for v in entries for t in [v.get("timing_ms"), *(v.get("timing_ms_repeats") or [])] if isinstance(t, dict)]
+
+    def medians(runs):
         keys = set().union(*runs) if runs else set()
         return {k: M.median([t[k] for t in runs if isinstance(t.get(k), (int, float))]) for k in keys
                 if any(isinstance(t.get(k), (int, float)) for t in runs)}
-    if not (alone.get("timing_ms_repeats") or spec.get("timing_ms_repeats")):
+    runs_a, runs_b = runs_of(alone), runs_of(spec)
+    if len(runs_a) <= 1 and len(runs_b) <= 1:
         return []
-    a, b = medians(alone), medians(spec)
+    a, b = medians(runs_a), medians(runs_b)
     rows = [(k, a[k], b[k]) for k in set(a) & set(b)]
     return sorted(rows, key=lambda r: (-abs(r[2] - r[1]), r[0]))
+
+
+def role_loads(loads: dict, topology: str, role: str) -> list:
+    """The load entries of a topology's engines of one role, every engine pair's (pair 0 first)."""
+    return [loads[k] for k in sorted(loads, key=len) if k == f"{topology}-{role}" or k.startswith(f"{topology}-{role}-pair")]
 
 
 def _constraint_warmup_lines(res: dict) -> list:
@@ -576,9 +584,11 @@ def report_markdown(res: dict, plots_rel: str = "plots") -> str:
                      f"not the gate, which {res.get('gates_file', 'gates_v2.json')} defines on the timed load"
                      f"{'s of each engine pair' if t in _engine_pairs(res) else ''}): end to end {_f(med.get('value'))}x "
                      f"{_ci(med.get('ci'))}.")
-        stages = load_stage_medians(res["loads"].get(f"{t}-alone") or {}, res["loads"].get(f"{t}-spec") or {})
+        alone, spec = role_loads(res["loads"], t, "alone"), role_loads(res["loads"], t, "spec")
+        stages = load_stage_medians(alone, spec)
         if stages:
-            L.append(f"\n{t}: stages to ready, median over each engine's loads (champion alone / champion + draft, ms): "
+            L.append(f"\n{t}: stages to ready, median over every load of each role (each engine pair's timed load and the "
+                     "further loads; champion alone / champion + draft, ms): "
                      + ", ".join(f"{k} {_f(a, '.0f')} / {_f(b, '.0f')}" for k, a, b in stages) + ".")
     L += _constraint_warmup_lines(res)
     L += ["", "## Cold and warm (first prompt, T = 0: champion alone vs the champion + draft engine's cold request)", "",
