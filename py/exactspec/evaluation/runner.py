@@ -185,7 +185,7 @@ def gate_repeats_of(opts, topo: str) -> int:
     --toy-gate-repeats when given (its requests are short and noisy: its cells need more of them),
     else --gate-repeats."""
     if arms_mod.split_topology(topo)[1] == "webgpu":
-        return getattr(opts, "webgpu_gate_repeats", 1)
+        return opts.webgpu_gate_repeats
     toy = opts.toy_gate_repeats
     return toy if toy is not None and arms_mod.split_topology(topo)[0] == "toy" else opts.gate_repeats
 
@@ -244,7 +244,7 @@ def run_bench(opts) -> str:
         plan["load_settle_s"] = LOAD_SETTLE_S
     if any(n > 1 for n in pl["engine_pairs"].values()):   # gates v3: repeat r on engine pair r mod n
         plan["engine_pairs"] = pl["engine_pairs"]
-    if getattr(opts, "webgpu_gate_repeats", 1) > 1 and any(arms_mod.split_topology(t)[1] == "webgpu" for t in pl["arms"]):
+    if opts.webgpu_gate_repeats > 1 and any(arms_mod.split_topology(t)[1] == "webgpu" for t in pl["arms"]):
         plan["webgpu_gate_repeats"] = opts.webgpu_gate_repeats     # gates v4 (absent: earlier runs' plans stay equal)
     if gates.get("constraint_warmup") and not opts.quick:           # gates v4: constraints compiled before timing
         plan["constraint_warmup"] = True
@@ -454,9 +454,7 @@ def warm_constraints(call, topo: str, pl: dict, by_id: dict, run_info: dict) -> 
     for j in range(pl["engine_pairs"][topo]):
         for role in ("alone", "spec"):
             engine = arms_mod.engine_name(topo, role, j)
-            if engine in seen:       # a resumed run: this engine was warmed before (and is loaded again now)
-                seen[engine] = []
-            out_rows = seen.setdefault(engine, [])
+            out_rows = seen[engine] = []     # a resumed run's engines are loaded again: their compiles are these
             for p in prompts:
                 out = call("generate", engine, {"prompt": p["prompt"], "chat": p["chat"],
                                                 "config": arms_mod.request_config("none", p, 0.0, 1)})
@@ -520,18 +518,18 @@ def check_args(opts) -> None:
         raise ExactSpecError(E_BAD_ARGUMENT, "--load-repeats must be >= 1")
     if opts.engine_pairs < 1:
         raise ExactSpecError(E_BAD_ARGUMENT, "--engine-pairs must be >= 1")
-    if opts.split == "test" and not opts.quick and not opts.report_only:
-        wanted = load_gates(GATES_PATH)[0]["engine_pairs"]["count"]   # preregistered: a test run does not choose
+    if opts.webgpu_gate_repeats < 1:
+        raise ExactSpecError(E_BAD_ARGUMENT, "--webgpu-gate-repeats must be >= 1")
+    if opts.split == "test" and not opts.quick and not opts.report_only:   # preregistered: a test run does not choose
+        gates = load_gates(GATES_PATH)[0]
+        wanted = gates["engine_pairs"]["count"]
         if opts.engine_pairs != wanted:
             raise ExactSpecError(E_BAD_ARGUMENT, f"--engine-pairs {opts.engine_pairs}: a test-split run loads the "
                                  f"{wanted} engine pairs that {GATES_PATH} names (any other count: --split dev)")
-    if getattr(opts, "webgpu_gate_repeats", 1) < 1:
-        raise ExactSpecError(E_BAD_ARGUMENT, "--webgpu-gate-repeats must be >= 1")
-    if opts.split == "test" and not opts.quick and not opts.report_only and "webgpu" in opts.backends.split(","):
-        wanted = load_gates(GATES_PATH)[0].get("webgpu_gate_repeats", {}).get("count", 1)
-        if getattr(opts, "webgpu_gate_repeats", 1) != wanted:
-            raise ExactSpecError(E_BAD_ARGUMENT, f"--webgpu-gate-repeats {getattr(opts, 'webgpu_gate_repeats', 1)}: a "
-                                 f"test-split run runs the {wanted} WebGPU repeats that {GATES_PATH} names (any other: --split dev)")
+        wanted = gates.get("webgpu_gate_repeats", {}).get("count", 1)
+        if "webgpu" in opts.backends.split(",") and opts.webgpu_gate_repeats != wanted:
+            raise ExactSpecError(E_BAD_ARGUMENT, f"--webgpu-gate-repeats {opts.webgpu_gate_repeats}: a test-split run "
+                                 f"runs the {wanted} WebGPU repeats that {GATES_PATH} names (any other: --split dev)")
     if opts.gate_repeats < 0 or (opts.toy_gate_repeats is not None and opts.toy_gate_repeats < 0):
         raise ExactSpecError(E_BAD_ARGUMENT, "--gate-repeats and --toy-gate-repeats must be >= 0")
     if min(opts.samples, opts.webgpu_samples, opts.real_samples) < 0 or min(opts.per_stratum, opts.repeats,
